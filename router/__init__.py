@@ -1,0 +1,1 @@
+"""The Shoal router: speaks AMQP 0-9-1 to clients and forwards work to nodes over ZeroMQ."""

@@ -1,0 +1,69 @@
+"""Events produced by :class:`shoal.router.amqp.connection.AMQPConnection.receive_data`.
+
+The connection object handles everything of connection class 10 (handshake, SASL, tune,
+heartbeats, close), channel class 20 lifecycle, frame assembly of published content, and frame
+level errors itself. What it cannot decide alone reaches the broker logic as these events.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class ConnectionOpened:
+    """``connection.open`` accepted: the client may now open channels.
+
+    ``client_properties``: the table from ``connection.start-ok`` (``capabilities`` inside).
+    """
+    vhost: str
+    user: str
+    client_properties: dict
+
+
+@dataclass(slots=True)
+class ChannelOpened:
+    channel: int
+
+
+@dataclass(slots=True)
+class ChannelClosed:
+    """The channel is gone (client ``channel.close``, or ``close-ok`` after a server close).
+
+    The broker must release its consumers and unacknowledged deliveries.
+    """
+    channel: int
+
+
+@dataclass(slots=True)
+class MethodReceived:
+    """Any other method on an open channel, as a pamqp frame object
+    (``pamqp.commands.Queue.Declare``, ``Basic.Ack`` ...). ``basic.publish`` comes as
+    :class:`MessagePublished` once its content is complete."""
+    channel: int
+    method: Any
+
+
+@dataclass(slots=True)
+class MessagePublished:
+    """A complete ``basic.publish``: method fields, then the content header frame payload
+    (``header``: bytes exactly as received: class id, weight, body size, property flags and
+    property list) and the body (all body frames joined)."""
+    channel: int
+    exchange: str
+    routing_key: str
+    mandatory: bool
+    immediate: bool
+    header: bytes
+    body: bytes
+
+
+@dataclass(slots=True)
+class ConnectionClosed:
+    """The connection is over (client close, hard error, missed heartbeats, EOF).
+
+    After this the transport writes what ``data_to_send()`` still returns and closes.
+    ``reply_code``/``reply_text`` tell why (200 for a clean client close).
+    """
+    reply_code: int
+    reply_text: str

@@ -1,0 +1,88 @@
+"""One error root for Shoal (design.md section 7, "one error root, converted once").
+
+Every protocol error carries its AMQP 0-9-1 reply code (spec section 1.2, "Constants") and
+whether it is a *soft* error (closes the channel) or a *hard* error (closes the connection).
+Exactly one function on the router, ``shoal.router.amqp.connection.AMQPConnection.fail``,
+turns these into ``channel.close`` / ``connection.close``.
+"""
+from __future__ import annotations
+
+# AMQP 0-9-1 reply codes (spec 1.2 "Constants").
+REPLY_SUCCESS = 200
+CONTENT_TOO_LARGE = 311
+NO_ROUTE = 312
+NO_CONSUMERS = 313
+CONNECTION_FORCED = 320
+INVALID_PATH = 402
+ACCESS_REFUSED = 403
+NOT_FOUND = 404
+RESOURCE_LOCKED = 405
+PRECONDITION_FAILED = 406
+FRAME_ERROR = 501
+SYNTAX_ERROR = 502
+COMMAND_INVALID = 503
+CHANNEL_ERROR = 504
+UNEXPECTED_FRAME = 505
+RESOURCE_ERROR = 506
+NOT_ALLOWED = 530
+NOT_IMPLEMENTED = 540
+INTERNAL_ERROR = 541
+
+#: Reply codes that are soft errors (close the channel only); all others close the connection.
+SOFT_CODES = frozenset({CONTENT_TOO_LARGE, NO_ROUTE, NO_CONSUMERS, ACCESS_REFUSED, NOT_FOUND,
+                        RESOURCE_LOCKED, PRECONDITION_FAILED})
+
+REPLY_TEXT_NAMES = {
+    CONTENT_TOO_LARGE: "CONTENT_TOO_LARGE", NO_ROUTE: "NO_ROUTE", NO_CONSUMERS: "NO_CONSUMERS",
+    CONNECTION_FORCED: "CONNECTION_FORCED", INVALID_PATH: "INVALID_PATH",
+    ACCESS_REFUSED: "ACCESS_REFUSED", NOT_FOUND: "NOT_FOUND", RESOURCE_LOCKED: "RESOURCE_LOCKED",
+    PRECONDITION_FAILED: "PRECONDITION_FAILED", FRAME_ERROR: "FRAME_ERROR",
+    SYNTAX_ERROR: "SYNTAX_ERROR", COMMAND_INVALID: "COMMAND_INVALID",
+    CHANNEL_ERROR: "CHANNEL_ERROR", UNEXPECTED_FRAME: "UNEXPECTED_FRAME",
+    RESOURCE_ERROR: "RESOURCE_ERROR", NOT_ALLOWED: "NOT_ALLOWED",
+    NOT_IMPLEMENTED: "NOT_IMPLEMENTED", INTERNAL_ERROR: "INTERNAL_ERROR",
+}
+
+
+class ShoalError(Exception):
+    """Root of every error Shoal raises on purpose."""
+
+
+class ConfigError(ShoalError):
+    """An invalid setting. ``str(err)`` is a one-line message naming the setting."""
+
+
+class AMQPError(ShoalError):
+    """A protocol error with an AMQP reply code.
+
+    ``reply_code``: spec 1.2 constant. ``soft``: True closes the channel, False the connection.
+    ``class_id``/``method_id``: the method that failed (0, 0 when none).
+    The reply text sent to the client is ``"<NAME> - <text>"`` as RabbitMQ writes it.
+    """
+
+    def __init__(self, reply_code: int, text: str, class_id: int = 0, method_id: int = 0,
+                 soft: bool | None = None) -> None:
+        super().__init__(text)
+        self.reply_code = reply_code
+        self.text = text
+        self.class_id = class_id
+        self.method_id = method_id
+        self.soft = (reply_code in SOFT_CODES) if soft is None else soft
+
+    @property
+    def reply_text(self) -> str:
+        name = REPLY_TEXT_NAMES.get(self.reply_code, "ERROR")
+        return f"{name} - {self.text}"[:255]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.reply_code}, {self.text!r})"
+
+
+def soft_error(code: int, text: str) -> AMQPError:
+    """A channel-closing error with ``code`` (e.g. ``NOT_FOUND``)."""
+    return AMQPError(code, text, soft=True)
+
+
+def hard_error(code: int, text: str) -> AMQPError:
+    """A connection-closing error with ``code`` (e.g. ``FRAME_ERROR``)."""
+    return AMQPError(code, text, soft=False)

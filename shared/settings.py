@@ -1,0 +1,173 @@
+"""One ``Settings`` object for every Shoal process (design.md section 7, "thin entry points").
+
+Sources, lowest precedence first: built-in defaults, a YAML file (``--config``), ``SHOAL_*``
+environment variables (``SHOAL_PORT=5673``; lists comma-separated; users as
+``name:password,name2:password2``), then command-line flags. Any invalid value raises
+:class:`~shoal.shared.errors.ConfigError` whose message names the setting, e.g.
+``invalid setting 'port': must be an integer from 1 to 65535 (got 'abc')``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import ConfigError
+
+
+def _default_data_dir() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                           "share")
+    return os.path.join(base, "shoal")
+
+
+@dataclass
+class Settings:
+    """Every setting, with its unit. Field names are the YAML keys and ``SHOAL_<NAME>``."""
+
+    host: str = "127.0.0.1"                  #: router listen address
+    port: int = 5672                         #: router AMQP port (0 = pick a free one)
+    nodes: int = field(default_factory=lambda: os.cpu_count() or 1)  #: ``serve``: node count
+    data_dir: str = field(default_factory=_default_data_dir)  #: node journals, runtime files
+    node_endpoints: list[str] = field(default_factory=list)  #: router: ZeroMQ node endpoints,
+    #: in node-id order; ``ID=ENDPOINT`` names the node, a bare endpoint is ``node-<index>``
+    node_id: str = "node-0"                  #: node: its id (placement hashes over ids)
+    node_bind: str = "tcp://127.0.0.1:5680"  #: node: ZeroMQ endpoint to bind
+    users: dict[str, str] = field(default_factory=lambda: {"guest": "guest"})
+    loopback_users: list[str] = field(default_factory=lambda: ["guest"])  #: loopback-only users
+    vhosts: list[str] = field(default_factory=lambda: ["/"])
+    max_message_size: int = 16 * 1024 * 1024  #: bytes; larger publishes get 406 / 311
+    frame_max: int = 131072                  #: bytes, offered in connection.tune
+    channel_max: int = 2047                  #: offered in connection.tune
+    heartbeat: int = 60                      #: seconds, offered in connection.tune
+    link_heartbeat_ms: int = 500             #: router<->node heartbeat interval, ms
+    link_timeout_ms: int = 3000              #: a silent peer is dead after this, ms
+    max_output_buffer: int = 4 * 1024 * 1024  #: bytes unflushed per client before pausing
+    log_level: str = "info"                  #: debug, info, warning, error
+
+    def validate(self) -> "Settings":
+        """Check every value; raise ConfigError naming the first bad setting. Returns self."""
+        def bad(name: str, why: str) -> ConfigError:
+            return ConfigError(f"invalid setting '{name}': {why} (got {getattr(self, name)!r})")
+
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise bad("port", "must be an integer from 0 to 65535")
+        if not isinstance(self.nodes, int) or not 1 <= self.nodes <= 256:
+            raise bad("nodes", "must be an integer from 1 to 256")
+        if not isinstance(self.frame_max, int) or not 4096 <= self.frame_max <= 2**31 - 1:
+            raise bad("frame_max", "must be an integer from 4096 to 2147483647")
+        if not isinstance(self.channel_max, int) or not 1 <= self.channel_max <= 65535:
+            raise bad("channel_max", "must be an integer from 1 to 65535")
+        if not isinstance(self.heartbeat, int) or not 0 <= self.heartbeat <= 65535:
+            raise bad("heartbeat", "must be an integer from 0 to 65535 (seconds)")
+        if not isinstance(self.max_message_size, int) or self.max_message_size < 1:
+            raise bad("max_message_size", "must be a positive integer (bytes)")
+        for name in ("link_heartbeat_ms", "link_timeout_ms", "max_output_buffer"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise bad(name, "must be a positive integer")
+        if self.link_timeout_ms <= self.link_heartbeat_ms:
+            raise bad("link_timeout_ms", "must be larger than link_heartbeat_ms")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise bad("log_level", "must be one of debug, info, warning, error")
+        if not self.users or not all(isinstance(k, str) and isinstance(v, str)
+                                     for k, v in self.users.items()):
+            raise bad("users", "must map user names to passwords")
+        if not self.vhosts:
+            raise bad("vhosts", "must name at least one virtual host")
+        for ep in self.node_endpoints:
+            if "://" not in ep:
+                raise bad("node_endpoints", "each entry must be a ZeroMQ endpoint like "
+                                            "tcp://host:port or ipc:///path")
+        if "://" not in self.node_bind:
+            raise bad("node_bind", "must be a ZeroMQ endpoint like tcp://host:port")
+        return self
+
+    def node_map(self) -> list[tuple[str, str]]:
+        """``node_endpoints`` as ``[(node_id, endpoint), ...]`` in order."""
+        out = []
+        for i, ep in enumerate(self.node_endpoints):
+            if "=" in ep.split("://", 1)[0]:
+                node_id, ep = ep.split("=", 1)
+            else:
+                node_id = f"node-{i}"
+            out.append((node_id, ep))
+        return out
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Turn a YAML/env/flag value into the field's type; raise ConfigError naming it."""
+    proto = getattr(Settings(), name)
+    try:
+        if isinstance(proto, bool):
+            if isinstance(value, str):
+                return value.strip().lower() in ("1", "true", "yes", "on")
+            return bool(value)
+        if isinstance(proto, int):
+            if isinstance(value, bool):
+                raise ValueError
+            return int(value)
+        if isinstance(proto, list):
+            if isinstance(value, str):
+                return [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, list):
+                raise ValueError
+            return [str(v) for v in value]
+        if isinstance(proto, dict):
+            if isinstance(value, str):
+                pairs = [p.split(":", 1) for p in value.split(",") if p.strip()]
+                if any(len(p) != 2 for p in pairs):
+                    raise ValueError
+                return {k.strip(): v for k, v in pairs}
+            if not isinstance(value, dict):
+                raise ValueError
+            return {str(k): str(v) for k, v in value.items()}
+        return str(value)
+    except (TypeError, ValueError):
+        kind = type(proto).__name__
+        raise ConfigError(f"invalid setting '{name}': expected {kind} (got {value!r})") from None
+
+
+def load_settings(config_file: str | os.PathLike | None = None,
+                  env: Mapping[str, str] | None = None,
+                  overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Build and validate Settings from file, environment and flags (flags win).
+
+    ``overrides`` holds flag values; ``None`` values are ignored (flag not given).
+    Raises ConfigError for an unreadable file, an unknown key or a bad value.
+    """
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        path = Path(config_file)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: "
+                              f"{str(exc).splitlines()[0]}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping of settings")
+        for key, value in data.items():
+            name = str(key).replace("-", "_")
+            if name not in _FIELDS:
+                raise ConfigError(f"unknown setting '{key}' in {str(path)!r}")
+            values[name] = _coerce(name, value)
+    env = os.environ if env is None else env
+    for key, value in env.items():
+        if key.startswith("SHOAL_"):
+            name = key[6:].lower()
+            if name in _FIELDS:
+                values[name] = _coerce(name, value)
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            if name not in _FIELDS:
+                raise ConfigError(f"unknown setting '{name}'")
+            values[name] = _coerce(name, value)
+    return Settings(**values).validate()

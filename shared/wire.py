@@ -1,0 +1,158 @@
+"""The router <-> node wire protocol (design.md section 4).
+
+Transport: each node binds one ZeroMQ ROUTER socket; each router connects one DEALER socket per
+node. One ZeroMQ message (a single frame) carries a *batch*: a msgpack array of wire messages,
+so each side sends at most one ZeroMQ message per peer per event-loop turn.
+
+Every wire message is a msgpack array whose first element is a :class:`T` tag; its other fields
+are listed, in order, in :data:`FIELDS`. Bodies and content-header payloads travel as msgpack
+``bin`` (Python ``bytes``) exactly as the publisher sent them; they are never re-encoded.
+
+Requests that expect an answer carry a ``req_id`` (int, unique per router) and are answered
+with ``REPLY`` carrying the same ``req_id``. ``code`` 0 means success; any other value is an AMQP
+reply code (shoal.shared.errors) and ``text`` explains it.
+
+Identities
+  * ``owner``: ``"<router_id>/<connection_id>"``, the connection that declares or uses an
+    exclusive queue (spec 1.7.2.1 ``exclusive``).
+  * ``consumer_id``: int, unique within one router. The node keys consumers by
+    (router identity, consumer_id).
+  * ``delivery_id``: int, unique within one node for its lifetime (the entry id). The router
+    settles deliveries with these ids.
+
+Version: :data:`WIRE_VERSION` is checked by HELLO; a node refuses a router with another version.
+"""
+from __future__ import annotations
+
+import datetime
+import decimal
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+#: Bumped whenever a message's fields change. Checked at connect time (HELLO).
+WIRE_VERSION = 1
+
+
+class T(IntEnum):
+    """Wire message tags. R->N: router to node. N->R: node to router."""
+
+    # --- session (both ways) ---
+    HELLO = 1             # R->N [T, wire_version, router_id, expected_node_id]
+    HELLO_OK = 2          # N->R [T, wire_version, node_id, incarnation]
+                          #   incarnation: random str per node process start; a router that
+                          #   sees a new one knows the node restarted.
+    HEARTBEAT = 3         # both [T]  (sent every link_heartbeat_ms; see settings)
+    GOODBYE = 4           # both [T]  R->N: router stops cleanly, forget it now (as if it timed
+                          #   out). N->R: the node is stopping, or it does not know this router
+                          #   (message before HELLO, e.g. after a node restart): the router
+                          #   treats the node as down and says HELLO again.
+    REPLY = 5             # N->R [T, req_id, code, text, payload]
+
+    # --- topology (R->N requests, answered by REPLY) ---
+    QUEUE_DECLARE = 10    # [T, req_id, vhost, name, passive, durable, exclusive, auto_delete,
+                          #     arguments, owner]  -> payload [name, message_count, consumer_count]
+    QUEUE_DELETE = 11     # [T, req_id, vhost, name, if_unused, if_empty, owner] -> [message_count]
+    QUEUE_PURGE = 12      # [T, req_id, vhost, name, owner] -> [message_count]
+    EXCHANGE_DECLARE = 13  # [T, req_id, vhost, name, type, passive, durable, auto_delete,
+                           #     internal, arguments] -> None
+    EXCHANGE_DELETE = 14  # [T, req_id, vhost, name, if_unused] -> None
+    BIND = 15             # [T, req_id, vhost, exchange, dest_kind, destination, routing_key,
+                          #     arguments] -> None   (sent to the exchange's owner node)
+    UNBIND = 16           # same fields as BIND -> None
+    UNBIND_DESTINATION = 17  # [T, vhost, dest_kind, destination]  no reply: drop every binding
+                             # to a deleted queue ("q") or exchange ("e")
+    TOPOLOGY_SNAPSHOT = 18   # [T, req_id] -> payload [exchanges, bindings] (see TOPOLOGY_EVENT)
+    CONNECTION_CLOSED = 19   # [T, owner]  no reply: delete the owner's exclusive queues
+
+    # --- topology change feed (N->R, to every router that said HELLO) ---
+    TOPOLOGY_EVENT = 20   # [T, event, data]; event in EV_*; data as below
+    # EV_EXCHANGE_ADDED   data = [vhost, name, type, durable, auto_delete, internal, arguments]
+    # EV_EXCHANGE_REMOVED data = [vhost, name]
+    # EV_BINDING_ADDED    data = [vhost, exchange, dest_kind, destination, routing_key, arguments]
+    # EV_BINDING_REMOVED  data = same as EV_BINDING_ADDED
+    # EV_QUEUE_REMOVED    data = [vhost, name]   (deleted, auto-deleted, exclusive owner gone)
+
+    # --- messages ---
+    PUBLISH = 30          # R->N [T, seq, vhost, queues, exchange, routing_key, header, body]
+                          #   seq: 0 = no answer wanted; else answered by PUBLISH_RESULT.
+                          #   queues: list of queue names on this node.
+                          #   header: content-header frame payload (class, weight, body size,
+                          #   property flags and list) as the client sent it.
+    PUBLISH_RESULT = 31   # N->R [T, seq, code, routed]; routed = queues that accepted it
+
+    # --- consumers ---
+    CONSUME = 40          # R->N [T, req_id, consumer_id, vhost, queue, tag, no_ack, exclusive,
+                          #       arguments, owner] -> None
+    CANCEL = 41           # R->N [T, req_id, consumer_id] -> None.  Unsettled deliveries stay
+                          #   acquired until SETTLE (spec: basic.cancel keeps unacked messages).
+    CREDIT = 42           # R->N [T, consumer_id, credit, drain]
+                          #   adds ``credit`` deliveries to the consumer's allowance.  drain=True:
+                          #   use what can be used now, return the rest with CREDIT_DRAINED.
+    DELIVER = 43          # N->R [T, consumer_id, delivery_id, redelivered, exchange,
+                          #       routing_key, header, body]
+    WORK = 44             # N->R [T, consumer_id]: the queue has a message for a consumer with
+                          #   no credit (seed 002 notifyWork across the process boundary); sent
+                          #   once until the next CREDIT.
+    CREDIT_DRAINED = 45   # N->R [T, consumer_id, unused]
+    CONSUMER_CANCELLED = 46  # N->R [T, consumer_id, reason]: the node ended the consumer
+                             #   (queue deleted); the router sends basic.cancel.
+    SETTLE = 47           # R->N [T, outcome, delivery_ids]; outcome in OUTCOME_*
+    GET = 48              # R->N [T, req_id, vhost, queue, no_ack, owner]
+                          #   -> payload None (empty) or [delivery_id, redelivered, exchange,
+                          #      routing_key, header, body, message_count]
+
+
+# Topology events.
+EV_EXCHANGE_ADDED = 1
+EV_EXCHANGE_REMOVED = 2
+EV_BINDING_ADDED = 3
+EV_BINDING_REMOVED = 4
+EV_QUEUE_REMOVED = 5
+
+# Settlement outcomes (SETTLE).
+OUTCOME_ACK = 1       # basic.ack: dequeue
+OUTCOME_REQUEUE = 2   # nack/reject requeue=true, channel closed: release to original position,
+                      # redelivered=true
+OUTCOME_REJECT = 3    # nack/reject requeue=false: dead-letter if configured, else drop
+
+# Binding destination kinds.
+DEST_QUEUE = "q"
+DEST_EXCHANGE = "e"
+
+OK = 0
+
+
+def _default(obj: Any) -> Any:
+    """msgpack fallback for AMQP table values msgpack has no type for."""
+    if isinstance(obj, decimal.Decimal):
+        return str(obj)
+    if isinstance(obj, datetime.datetime):
+        return int(obj.timestamp())
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"cannot encode {type(obj).__name__} on the wire")
+
+
+_packer = msgpack.Packer(use_bin_type=True, default=_default)
+
+
+def encode_batch(messages: list[list[Any]]) -> bytes:
+    """Encode a batch (list of wire messages) to one ZeroMQ frame. Raises TypeError."""
+    return _packer.pack(messages)
+
+
+def decode_batch(frame: bytes) -> list[list[Any]]:
+    """Decode one ZeroMQ frame into its wire messages.
+
+    Raises ``ValueError`` when the frame is not a msgpack array of arrays (a peer bug or
+    garbage); callers log and drop such frames, they never crash.
+    """
+    try:
+        batch = msgpack.unpackb(frame, raw=False, strict_map_key=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ValueError(f"undecodable wire frame: {exc}") from None
+    if not isinstance(batch, list) or not all(isinstance(m, list) and m for m in batch):
+        raise ValueError("wire frame is not a batch of messages")
+    return batch
