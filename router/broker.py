@@ -1,0 +1,317 @@
+"""The router's shared state: node links, topology cache, consumers and pending publishes.
+
+Everything the router keeps across connections lives here, owned by the router's single event
+loop (no locks). Work queued during one event-loop turn (CREDIT grants, client writes) leaves
+once at the end of the turn (design.md section 4, "batch on both sides").
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import zmq.asyncio
+
+from shoal.shared import placement, wire
+from shoal.shared.errors import NO_ROUTE
+from shoal.shared.settings import Settings
+from shoal.shared.wire import T
+
+from . import consumers as credit
+from .consumers import ConsumerTarget
+from .link import NodeLink
+from .routing import Topology
+
+if TYPE_CHECKING:
+    from .channel import Channel, Delivery
+    from .client import ClientConnection
+
+log = logging.getLogger("shoal.router.broker")
+
+
+class PendingPublish:
+    """A publish waiting for PUBLISH_RESULT from ``waiting`` nodes (confirms / mandatory)."""
+    __slots__ = ("channel", "seq", "ev", "waiting", "routed", "failed")
+
+    def __init__(self, channel: "Channel", seq: int, ev: Any, waiting: set[str]) -> None:
+        self.channel, self.seq, self.ev = channel, seq, ev
+        self.waiting = waiting
+        self.routed = 0
+        self.failed = False
+
+
+class Broker:
+    """Owns the node links and routes work between client channels and nodes."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.router_id = uuid.uuid4().hex[:12]
+        self.node_map = settings.node_map()
+        self.node_ids = [n for n, _ in self.node_map]
+        self.topology = Topology(settings.vhosts)
+        self.links: dict[str, NodeLink] = {}
+        self.consumers: dict[int, tuple["Channel", ConsumerTarget]] = {}
+        self.publishes: dict[int, PendingPublish] = {}
+        self.connections: set["ClientConnection"] = set()
+        self._next_consumer = 0
+        self._next_publish = 0
+        self._next_conn = 0
+        self._placement: dict[tuple[str, str, str], str] = {}
+        self._dirty: set["ClientConnection"] = set()
+        self._flush_scheduled = False
+        self._ctx = zmq.asyncio.Context()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self, timeout: float = 30.0) -> None:
+        """Connect to every node and wait (up to ``timeout`` s) until all said HELLO_OK and
+        their topology is loaded. Raises TimeoutError naming the nodes that did not answer."""
+        s = self.settings
+        for node_id, endpoint in self.node_map:
+            link = NodeLink(self._ctx, node_id, endpoint, self.router_id, s.link_heartbeat_ms,
+                            s.link_timeout_ms, self._on_node_message, self._on_node_up,
+                            self._on_node_down)
+            self.links[node_id] = link
+            link.start()
+        self._snapshots: dict[str, asyncio.Future] = {}
+        try:
+            await asyncio.wait_for(asyncio.gather(*(l.ready.wait() for l in self.links.values())),
+                                   timeout)
+            await asyncio.gather(*self._snapshots.values())
+        except asyncio.TimeoutError:
+            missing = [n for n, l in self.links.items() if not l.up]
+            raise TimeoutError(f"nodes did not answer within {timeout:.0f} s: "
+                               f"{', '.join(missing)}") from None
+
+    async def stop(self) -> None:
+        for link in self.links.values():
+            await link.stop()
+        self._ctx.term()
+
+    def new_connection_id(self) -> str:
+        self._next_conn += 1
+        return f"{self.router_id}/{self._next_conn}"
+
+    def new_consumer_id(self) -> int:
+        self._next_consumer += 1
+        return self._next_consumer
+
+    # ---- placement ---------------------------------------------------------------------------
+    def _owner(self, vhost: str, name: str, kind: str) -> str:
+        key = (kind, vhost, name)
+        node = self._placement.get(key)
+        if node is None:
+            node = placement.owner(vhost, name, self.node_ids, kind)
+            if len(self._placement) > 100_000:
+                self._placement.clear()
+            self._placement[key] = node
+        return node
+
+    def queue_link(self, vhost: str, name: str) -> NodeLink:
+        return self.links[self._owner(vhost, name, "q")]
+
+    def exchange_link(self, vhost: str, name: str) -> NodeLink:
+        return self.links[self._owner(vhost, name, "e")]
+
+    # ---- end-of-turn flushing ----------------------------------------------------------------
+    def mark_dirty(self, client: "ClientConnection") -> None:
+        self._dirty.add(client)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        for client in dirty:
+            client.flush()
+
+    # ---- publishing --------------------------------------------------------------------------
+    def publish(self, ch: "Channel", seq: int, ev: Any, queues: set[str]) -> None:
+        """Send a routed publish to the owner node of each queue (one PUBLISH per node)."""
+        by_node: dict[str, list[str]] = {}
+        for q in queues:
+            by_node.setdefault(self._owner(ch.vhost, q, "q"), []).append(q)
+        want_result = seq or ev.mandatory
+        if not want_result:
+            for node_id, qs in by_node.items():
+                link = self.links[node_id]
+                if link.up:
+                    link.send([T.PUBLISH, 0, ch.vhost, qs, ev.exchange, ev.routing_key,
+                               ev.header, ev.body])
+            return
+        pending = PendingPublish(ch, seq, ev, set())
+        self._next_publish += 1
+        pid = self._next_publish
+        for node_id, qs in by_node.items():
+            link = self.links[node_id]
+            if not link.up:
+                pending.failed = True
+                continue
+            pending.waiting.add(node_id)
+            link.send([T.PUBLISH, pid, ch.vhost, qs, ev.exchange, ev.routing_key, ev.header,
+                       ev.body])
+        if pending.waiting:
+            self.publishes[pid] = pending
+        else:
+            self._finish_publish(pending)
+
+    def _finish_publish(self, p: PendingPublish) -> None:
+        ch = p.channel
+        if ch.closed:
+            return
+        amqp = ch.client.amqp
+        if p.ev.mandatory and p.routed == 0 and not p.failed:
+            amqp.send_return(ch.number, NO_ROUTE, "NO_ROUTE", p.ev.exchange, p.ev.routing_key,
+                             p.ev.header, p.ev.body)
+        if p.seq:
+            amqp.send_confirm(ch.number, p.seq, False, not p.failed)
+        self.mark_dirty(ch.client)
+
+    # ---- consumers and credit ----------------------------------------------------------------
+    def replenish(self, ch: "Channel", c: ConsumerTarget) -> None:
+        """Grant ``c`` whatever credit the qos invariant allows now (consumers.py)."""
+        msgs = credit.credit_messages(ch.pool, c)
+        if msgs:
+            link = self.links[c.node_id]
+            if link.up:
+                for m in msgs:
+                    link.send(m)
+
+    def replenish_channel(self, ch: "Channel") -> None:
+        for c in ch.pool.consumers.values():
+            self.replenish(ch, c)
+
+    def cancel_consumer(self, ch: "Channel", c: ConsumerTarget) -> None:
+        """Client basic.cancel or channel close: the node forgets the consumer; deliveries it
+        already made stay unacked (spec 1.8.3.5)."""
+        c.cancelled = True
+        ch.pool.consumers.pop(c.tag, None)
+        self.consumers.pop(c.consumer_id, None)
+        link = self.links[c.node_id]
+        if link.up:
+            link.request([T.CANCEL, c.consumer_id]).add_done_callback(_ignore)
+
+    def settle(self, ch: "Channel", deliveries: list["Delivery"], outcome: int) -> None:
+        """Forward settlements to the nodes (one SETTLE per node) and free their credit."""
+        by_node: dict[str, list[int]] = {}
+        touched = []
+        for d in deliveries:
+            if d.node_id is not None:
+                by_node.setdefault(d.node_id, []).append(d.delivery_id)
+            if d.consumer is not None:
+                credit.on_settled(ch.pool, d.consumer)
+                touched.append(d.consumer)
+        for node_id, ids in by_node.items():
+            link = self.links[node_id]
+            if link.up:
+                link.send([T.SETTLE, outcome, ids])
+        if ch.pool.global_prefetch:
+            self.replenish_channel(ch)
+        else:
+            for c in set(touched):
+                self.replenish(ch, c)
+
+    # ---- node messages -----------------------------------------------------------------------
+    def _on_node_message(self, link: NodeLink, msg: list) -> None:
+        tag = msg[0]
+        if tag == T.DELIVER:
+            _, cid, delivery_id, redelivered, exchange, routing_key, header, body = msg
+            entry = self.consumers.get(cid)
+            if entry is None or entry[0].closed:
+                link.send([T.SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
+                return
+            ch, c = entry
+            ch.deliver(c, link.node_id, delivery_id, redelivered, exchange, routing_key, header,
+                       body)
+            self.mark_dirty(ch.client)
+        elif tag == T.PUBLISH_RESULT:
+            _, pid, code, routed = msg
+            p = self.publishes.get(pid)
+            if p is None:
+                return
+            p.routed += routed
+            if code != wire.OK:
+                p.failed = True
+            p.waiting.discard(link.node_id)
+            if not p.waiting:
+                del self.publishes[pid]
+                self._finish_publish(p)
+        elif tag == T.WORK:
+            entry = self.consumers.get(msg[1])
+            if entry is not None:
+                credit.on_work(entry[1])
+                self.replenish(*entry)
+        elif tag == T.CREDIT_DRAINED:
+            entry = self.consumers.get(msg[1])
+            if entry is not None:
+                credit.on_drained(entry[1], msg[2])
+                self.replenish_channel(entry[0])
+        elif tag == T.CONSUMER_CANCELLED:
+            entry = self.consumers.get(msg[1])
+            if entry is not None:
+                self._server_cancel(*entry)
+        elif tag == T.TOPOLOGY_EVENT:
+            for vhost, name in self.topology.apply(msg[1], msg[2]):
+                self._queue_removed(vhost, name)
+            if msg[1] == wire.EV_EXCHANGE_REMOVED:
+                for l in self.links.values():
+                    if l.up:
+                        l.send([T.UNBIND_DESTINATION, msg[2][0], wire.DEST_EXCHANGE, msg[2][1]])
+        else:
+            log.warning("unexpected message %r from node %s", tag, link.node_id)
+
+    def _queue_removed(self, vhost: str, name: str) -> None:
+        for l in self.links.values():
+            if l.up:
+                l.send([T.UNBIND_DESTINATION, vhost, wire.DEST_QUEUE, name])
+
+    def _server_cancel(self, ch: "Channel", c: ConsumerTarget) -> None:
+        """The broker ends a consumer (queue deleted, node lost): basic.cancel to clients that
+        announced ``consumer_cancel_notify`` (RabbitMQ extension)."""
+        c.cancelled = True
+        ch.pool.consumers.pop(c.tag, None)
+        self.consumers.pop(c.consumer_id, None)
+        if not ch.closed and ch.client.capabilities.get("consumer_cancel_notify"):
+            from pamqp import commands as C
+            ch.send(C.Basic.Cancel(c.tag, nowait=True))
+            self.mark_dirty(ch.client)
+
+    def _on_node_up(self, link: NodeLink, restarted: bool) -> None:
+        if restarted:
+            self.topology.forget_owned(
+                lambda vhost, name: self._owner(vhost, name, "e") == link.node_id)
+        fut = link.request([T.TOPOLOGY_SNAPSHOT])
+
+        def loaded(f: asyncio.Future) -> None:
+            if not f.cancelled() and f.exception() is None:
+                exchanges, bindings = f.result()
+                self.topology.load_snapshot(exchanges, bindings)
+        fut.add_done_callback(loaded)
+        if hasattr(self, "_snapshots"):
+            self._snapshots[link.node_id] = fut
+
+    def _on_node_down(self, link: NodeLink) -> None:
+        """A node is lost: cancel its consumers, nack its pending confirms, and make its
+        unacked deliveries settle as no-ops (design.md section 4)."""
+        node_id = link.node_id
+        for ch, c in list(self.consumers.values()):
+            if c.node_id == node_id:
+                self._server_cancel(ch, c)
+        for pid, p in list(self.publishes.items()):
+            if node_id in p.waiting:
+                p.failed = True
+                p.waiting.discard(node_id)
+                if not p.waiting:
+                    del self.publishes[pid]
+                    self._finish_publish(p)
+        for client in self.connections:
+            for ch in client.channels.values():
+                for d in ch.unacked.values():
+                    if d.node_id == node_id:
+                        d.node_id = None
+
+
+def _ignore(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()

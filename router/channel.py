@@ -1,0 +1,403 @@
+"""One AMQP channel on the router: its methods, delivery tags, qos and publisher confirms.
+
+Methods that need a node's answer (declares, binds, consume, get, ...) run as tasks; while one
+runs, later frames of the same channel wait in a backlog so that a channel's methods take effect
+in the order the client sent them (AMQP 0-9-1 spec 2.3.5.2 "Channels"). Publishes and acks are
+handled inline on the hot path when nothing waits.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands as C
+from pamqp.header import ContentHeader
+
+from shoal.shared import wire
+from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_ALLOWED, NOT_FOUND,
+                                 NOT_IMPLEMENTED, PRECONDITION_FAILED, AMQPError, hard_error,
+                                 soft_error)
+from shoal.shared.wire import T
+
+from . import consumers as credit
+from .amqp.events import MessagePublished
+from .consumers import ConsumerTarget, CreditPool
+from .routing import BUILTIN_EXCHANGES, EXCHANGE_TYPES
+
+if TYPE_CHECKING:
+    from .client import ClientConnection
+
+log = logging.getLogger("shoal.router.channel")
+
+
+class Delivery:
+    """An unacknowledged delivery: which node holds the message (``delivery_id`` there)."""
+    __slots__ = ("node_id", "delivery_id", "consumer")
+
+    def __init__(self, node_id: str | None, delivery_id: int, consumer: ConsumerTarget | None):
+        self.node_id = node_id          # None once that node went down (settling is a no-op)
+        self.delivery_id = delivery_id
+        self.consumer = consumer        # None for basic.get
+
+
+def _q(vhost: str, name: str) -> str:
+    return f"queue '{name}' in vhost '{vhost}'"
+
+
+class Channel:
+    """Channel ``number`` of one client connection."""
+
+    def __init__(self, client: "ClientConnection", number: int) -> None:
+        self.client = client
+        self.broker = client.broker
+        self.number = number
+        self.vhost = client.vhost
+        self.pool = CreditPool()
+        self.unacked: dict[int, Delivery] = {}
+        self.next_tag = 1
+        self.confirm = False
+        self.publish_seq = 0
+        self.last_queue = ""
+        self.closed = False
+        self._busy = False
+        self._backlog: deque = deque()
+
+    # ---- dispatch --------------------------------------------------------------------------
+    def handle_method(self, method: Any) -> None:
+        if self._busy:
+            self._backlog.append(method)
+            return
+        self._dispatch(method)
+
+    def handle_publish(self, ev: Any) -> None:
+        if self._busy:
+            self._backlog.append(ev)
+            return
+        self._guard(self.publish, ev)
+
+    def _dispatch(self, item: Any) -> None:
+        if isinstance(item, MessagePublished):
+            self._guard(self.publish, item)
+            return
+        name = item.name.replace(".", "_").lower()
+        handler = getattr(self, "on_" + name, None)
+        if handler is None:
+            self.client.fail(self.number, hard_error(
+                NOT_IMPLEMENTED, f"method {item.name} is not implemented"))
+            return
+        if asyncio.iscoroutinefunction(handler):
+            self._busy = True
+            asyncio.ensure_future(self._run(handler(item)))
+        else:
+            self._guard(handler, item)
+
+    def _guard(self, fn, arg) -> None:
+        try:
+            fn(arg)
+        except AMQPError as err:
+            self.client.fail(self.number, err)
+
+    async def _run(self, coro) -> None:
+        try:
+            await coro
+        except AMQPError as err:
+            if not self.closed:
+                self.client.fail(self.number, err)
+        finally:
+            self._busy = False
+        while self._backlog and not self._busy and not self.closed:
+            self._dispatch(self._backlog.popleft())
+        self.client.flush()
+
+    def send(self, method: Any) -> None:
+        if not self.closed:
+            self.client.amqp.send_method(self.number, method)
+
+    # ---- exchanges ---------------------------------------------------------------------------
+    async def on_exchange_declare(self, m: C.Exchange.Declare) -> None:
+        b = self.broker
+        name, type_ = m.exchange, m.exchange_type
+        if name in BUILTIN_EXCHANGES:
+            if name == "" or not (m.passive or type_ == BUILTIN_EXCHANGES[name]):
+                raise soft_error(ACCESS_REFUSED, "operation not permitted on exchange "
+                                                 f"'{name}' in vhost '{self.vhost}'"
+                                 if name == "" else
+                                 f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        elif not m.passive:
+            if type_ not in EXCHANGE_TYPES:
+                raise hard_error(COMMAND_INVALID, f"unknown exchange type '{type_}'")
+            if name.startswith("amq."):
+                raise soft_error(ACCESS_REFUSED,
+                                 f"exchange name '{name}' contains reserved prefix 'amq.*'")
+            await b.exchange_link(self.vhost, name).request(
+                [T.EXCHANGE_DECLARE, self.vhost, name, type_, False, m.durable, m.auto_delete,
+                 m.internal, m.arguments or {}])
+        else:
+            await b.exchange_link(self.vhost, name).request(
+                [T.EXCHANGE_DECLARE, self.vhost, name, type_, True, False, False, False, {}])
+        if not m.nowait:
+            self.send(C.Exchange.DeclareOk())
+
+    async def on_exchange_delete(self, m: C.Exchange.Delete) -> None:
+        if m.exchange in BUILTIN_EXCHANGES:
+            raise soft_error(ACCESS_REFUSED, f"operation not permitted on exchange "
+                                             f"'{m.exchange}' in vhost '{self.vhost}'")
+        await self.broker.exchange_link(self.vhost, m.exchange).request(
+            [T.EXCHANGE_DELETE, self.vhost, m.exchange, m.if_unused])
+        if not m.nowait:
+            self.send(C.Exchange.DeleteOk())
+
+    async def on_exchange_bind(self, m: C.Exchange.Bind) -> None:
+        await self._bind(T.BIND, m.source, wire.DEST_EXCHANGE, m.destination, m.routing_key,
+                         m.arguments)
+        if not m.nowait:
+            self.send(C.Exchange.BindOk())
+
+    async def on_exchange_unbind(self, m: C.Exchange.Unbind) -> None:
+        await self._bind(T.UNBIND, m.source, wire.DEST_EXCHANGE, m.destination, m.routing_key,
+                         m.arguments)
+        if not m.nowait:
+            self.send(C.Exchange.UnbindOk())
+
+    async def _bind(self, tag: int, exchange: str, kind: str, dest: str, key: str,
+                    arguments: dict | None) -> None:
+        b = self.broker
+        if exchange == "" or (kind == wire.DEST_EXCHANGE and dest == ""):
+            raise soft_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        for name in (exchange, dest) if kind == wire.DEST_EXCHANGE else (exchange,):
+            if b.topology.get(self.vhost, name) is None:
+                raise soft_error(NOT_FOUND, f"no exchange '{name}' in vhost '{self.vhost}'")
+        if kind == wire.DEST_QUEUE:
+            # The queue must exist and be ours to use (404 / 405), asked of its node.
+            await b.queue_link(self.vhost, dest).request(
+                [T.QUEUE_DECLARE, self.vhost, dest, True, False, False, False, {},
+                 self.client.owner])
+        await b.exchange_link(self.vhost, exchange).request(
+            [tag, self.vhost, exchange, kind, dest, key, arguments or {}])
+
+    # ---- queues ------------------------------------------------------------------------------
+    def _queue_name(self, name: str) -> str:
+        if name == "":
+            if not self.last_queue:
+                raise soft_error(NOT_FOUND, "no previously declared queue")
+            return self.last_queue
+        return name
+
+    async def on_queue_declare(self, m: C.Queue.Declare) -> None:
+        name = m.queue
+        if name == "":
+            if m.passive:
+                raise soft_error(NOT_FOUND, "no previously declared queue")
+            name = "amq.gen-" + secrets.token_urlsafe(16)
+        elif name.startswith("amq.") and not m.passive:
+            raise soft_error(ACCESS_REFUSED,
+                             f"queue name '{name}' contains reserved prefix 'amq.*'")
+        payload = await self.broker.queue_link(self.vhost, name).request(
+            [T.QUEUE_DECLARE, self.vhost, name, m.passive, m.durable, m.exclusive,
+             m.auto_delete, m.arguments or {}, self.client.owner])
+        self.last_queue = name
+        if m.exclusive:
+            self.client.exclusive_queues.add(name)
+        if not m.nowait:
+            self.send(C.Queue.DeclareOk(payload[0], payload[1], payload[2]))
+
+    async def on_queue_bind(self, m: C.Queue.Bind) -> None:
+        await self._bind(T.BIND, m.exchange, wire.DEST_QUEUE, self._queue_name(m.queue),
+                         m.routing_key, m.arguments)
+        if not m.nowait:
+            self.send(C.Queue.BindOk())
+
+    async def on_queue_unbind(self, m: C.Queue.Unbind) -> None:
+        await self._bind(T.UNBIND, m.exchange, wire.DEST_QUEUE, self._queue_name(m.queue),
+                         m.routing_key, m.arguments)
+        self.send(C.Queue.UnbindOk())
+
+    async def on_queue_purge(self, m: C.Queue.Purge) -> None:
+        name = self._queue_name(m.queue)
+        payload = await self.broker.queue_link(self.vhost, name).request(
+            [T.QUEUE_PURGE, self.vhost, name, self.client.owner])
+        if not m.nowait:
+            self.send(C.Queue.PurgeOk(payload[0]))
+
+    async def on_queue_delete(self, m: C.Queue.Delete) -> None:
+        name = self._queue_name(m.queue)
+        payload = await self.broker.queue_link(self.vhost, name).request(
+            [T.QUEUE_DELETE, self.vhost, name, m.if_unused, m.if_empty, self.client.owner])
+        if not m.nowait:
+            self.send(C.Queue.DeleteOk(payload[0]))
+
+    # ---- publishing --------------------------------------------------------------------------
+    def on_confirm_select(self, m: C.Confirm.Select) -> None:
+        self.confirm = True
+        if not m.nowait:
+            self.send(C.Confirm.SelectOk())
+
+    def on_tx_select(self, m: Any) -> None:
+        raise hard_error(NOT_IMPLEMENTED, "transactions (tx.select) are not supported yet")
+
+    def publish(self, ev: Any) -> None:
+        """Route one basic.publish (spec 1.8.3.7) and forward it to the nodes of its queues.
+
+        Raises 404 (no such exchange), 403 (internal exchange), 540 (immediate=true, as
+        RabbitMQ). Confirms: basic.ack once every target node accepted it, basic.nack if one
+        failed; mandatory and unroutable: basic.return 312 NO_ROUTE before the confirm.
+        """
+        b = self.broker
+        seq = 0
+        if self.confirm:
+            self.publish_seq += 1
+            seq = self.publish_seq
+        if ev.immediate:
+            raise hard_error(NOT_IMPLEMENTED, "immediate=true")
+        ex = b.topology.get(self.vhost, ev.exchange)
+        if ex is None:
+            raise soft_error(NOT_FOUND, f"no exchange '{ev.exchange}' in vhost '{self.vhost}'")
+        if ex.internal:
+            raise soft_error(ACCESS_REFUSED,
+                             f"cannot publish to internal exchange '{ev.exchange}'")
+        queues = b.topology.route(self.vhost, ev.exchange, ev.routing_key,
+                                  lambda: _headers_of(ev.header))
+        b.publish(self, seq, ev, queues)
+
+    # ---- consuming ---------------------------------------------------------------------------
+    def on_basic_qos(self, m: C.Basic.Qos) -> None:
+        if m.prefetch_size:
+            raise hard_error(NOT_IMPLEMENTED, "prefetch_size is not supported; use "
+                                              "prefetch_count")
+        if m.global_:
+            self.pool.global_prefetch = m.prefetch_count
+        else:
+            self.pool.prefetch_count = m.prefetch_count
+        self.send(C.Basic.QosOk())
+        for c in self.pool.consumers.values():
+            self.broker.replenish(self, c)
+
+    async def on_basic_consume(self, m: C.Basic.Consume) -> None:
+        b = self.broker
+        queue = self._queue_name(m.queue)
+        tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
+        if tag in self.pool.consumers:
+            raise hard_error(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        link = b.queue_link(self.vhost, queue)
+        c = ConsumerTarget(b.new_consumer_id(), tag, self.number, self.vhost, queue,
+                           link.node_id, m.no_ack)
+        self.pool.consumers[tag] = c  # reserve the tag while the node answers
+        b.consumers[c.consumer_id] = (self, c)
+        try:
+            await link.request([T.CONSUME, c.consumer_id, self.vhost, queue, tag, m.no_ack,
+                                m.exclusive, m.arguments or {}, self.client.owner])
+        except AMQPError:
+            self.pool.consumers.pop(tag, None)
+            b.consumers.pop(c.consumer_id, None)
+            raise
+        if self.closed or c.cancelled:
+            return
+        if not m.nowait:
+            self.send(C.Basic.ConsumeOk(tag))
+        b.replenish(self, c)
+
+    def on_basic_cancel(self, m: C.Basic.Cancel) -> None:
+        c = self.pool.consumers.get(m.consumer_tag)
+        if c is not None:
+            self.broker.cancel_consumer(self, c)
+        if not m.nowait:
+            self.send(C.Basic.CancelOk(m.consumer_tag))
+
+    async def on_basic_get(self, m: C.Basic.Get) -> None:
+        queue = self._queue_name(m.queue)
+        link = self.broker.queue_link(self.vhost, queue)
+        payload = await link.request([T.GET, self.vhost, queue, m.no_ack, self.client.owner])
+        if payload is None:
+            self.send(C.Basic.GetEmpty())
+            return
+        delivery_id, redelivered, exchange, routing_key, header, body, count = payload
+        tag = self.next_tag
+        self.next_tag += 1
+        if not m.no_ack:
+            self.unacked[tag] = Delivery(link.node_id, delivery_id, None)
+        if self.closed:
+            return
+        self.client.amqp.send_get_ok(self.number, tag, redelivered, exchange, routing_key,
+                                     count, header, body)
+
+    def deliver(self, c: ConsumerTarget, node_id: str, delivery_id: int, redelivered: bool,
+                exchange: str, routing_key: str, header: bytes, body: bytes) -> None:
+        """Write one basic.deliver for consumer ``c`` (the node acquired it for us)."""
+        tag = self.next_tag
+        self.next_tag += 1
+        credit.on_delivered(self.pool, c)
+        if not c.no_ack:
+            self.unacked[tag] = Delivery(node_id, delivery_id, c)
+        self.client.amqp.send_deliver(self.number, c.tag, tag, redelivered, exchange,
+                                      routing_key, header, body)
+        if c.no_ack:
+            self.broker.replenish(self, c)
+
+    # ---- settlement --------------------------------------------------------------------------
+    def _take(self, delivery_tag: int, multiple: bool) -> list[Delivery]:
+        if multiple:
+            if delivery_tag == 0:
+                tags = list(self.unacked)
+            else:
+                if delivery_tag not in self.unacked:
+                    raise soft_error(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+                tags = []
+                for t in self.unacked:
+                    if t > delivery_tag:
+                        break
+                    tags.append(t)
+        else:
+            if delivery_tag not in self.unacked:
+                raise soft_error(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+            tags = [delivery_tag]
+        return [self.unacked.pop(t) for t in tags]
+
+    def settle(self, deliveries: list[Delivery], outcome: int) -> None:
+        self.broker.settle(self, deliveries, outcome)
+
+    def on_basic_ack(self, m: C.Basic.Ack) -> None:
+        self.settle(self._take(m.delivery_tag, m.multiple), wire.OUTCOME_ACK)
+
+    def on_basic_nack(self, m: C.Basic.Nack) -> None:
+        self.settle(self._take(m.delivery_tag, m.multiple),
+                    wire.OUTCOME_REQUEUE if m.requeue else wire.OUTCOME_REJECT)
+
+    def on_basic_reject(self, m: C.Basic.Reject) -> None:
+        self.settle(self._take(m.delivery_tag, False),
+                    wire.OUTCOME_REQUEUE if m.requeue else wire.OUTCOME_REJECT)
+
+    def on_basic_recover(self, m: Any) -> None:
+        """basic.recover (spec 1.8.3.16): every unacked delivery is requeued and redelivered
+        (requeue=false is treated like true, as RabbitMQ does)."""
+        self.settle(self._take(0, True), wire.OUTCOME_REQUEUE)
+        self.send(C.Basic.RecoverOk())
+
+    def on_basic_recover_async(self, m: Any) -> None:
+        self.settle(self._take(0, True), wire.OUTCOME_REQUEUE)
+
+    def on_channel_flow(self, m: Any) -> None:  # handled by the connection; kept for safety
+        self.send(C.Channel.FlowOk(m.active))
+
+    # ---- teardown ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """The channel is gone: cancel its consumers, requeue its unacked deliveries."""
+        if self.closed:
+            return
+        self.closed = True
+        self._backlog.clear()
+        for c in list(self.pool.consumers.values()):
+            self.broker.cancel_consumer(self, c)
+        self.settle(self._take(0, True), wire.OUTCOME_REQUEUE)
+
+
+def _headers_of(header: bytes) -> dict | None:
+    """The ``headers`` table of a content-header payload (for headers exchanges)."""
+    h = ContentHeader()
+    try:
+        h.unmarshal(header)
+    except Exception:  # a header we cannot parse routes as if it had no headers
+        return None
+    return h.properties.headers

@@ -1,0 +1,35 @@
+"""``shoal router``: run one router process (for Kubernetes, docker, or the local launcher)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from shoal.shared.errors import ConfigError
+from shoal.shared.settings import load_settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, load settings, run the router. Exit 2 with one line on a bad setting."""
+    p = argparse.ArgumentParser(prog="shoal router", description="Run one Shoal router.")
+    p.add_argument("--config", help="YAML settings file")
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="AMQP port (default 5672; 0 picks a free one)")
+    p.add_argument("--node", action="append", dest="node_endpoints", metavar="[ID=]ENDPOINT",
+                   help="a node's ZeroMQ endpoint, repeatable, in node-id order")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    args = p.parse_args(argv)
+    try:
+        settings = load_settings(args.config, overrides={
+            "host": args.host, "port": args.port, "node_endpoints": args.node_endpoints,
+            "log_level": args.log_level})
+        if not settings.node_endpoints:
+            raise ConfigError("invalid setting 'node_endpoints': the router needs at least one "
+                              "node endpoint (--node or SHOAL_NODE_ENDPOINTS)")
+    except ConfigError as exc:
+        print(f"shoal router: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s router %(levelname)s %(name)s: %(message)s")
+    from .server import run_router
+    return run_router(settings)

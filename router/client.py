@@ -1,0 +1,160 @@
+"""One client TCP connection: moves bytes between the socket and the sans-IO AMQPConnection.
+
+asyncio only moves bytes here (design.md section 7); the protocol lives in
+:mod:`shoal.router.amqp.connection` and the broker logic in :mod:`shoal.router.channel`.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from shoal.shared.errors import AMQPError
+from shoal.shared.wire import T
+
+from .amqp import events as E
+from .amqp.connection import AMQPConnection
+from .channel import Channel
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger("shoal.router.client")
+
+
+def _is_loopback(peer) -> bool:
+    try:
+        return ipaddress.ip_address(peer[0]).is_loopback
+    except (TypeError, ValueError, IndexError):
+        return False
+
+
+class ClientConnection(asyncio.Protocol):
+    """The asyncio side of one AMQP client connection."""
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        s = broker.settings
+        self.owner = broker.new_connection_id()
+        self.vhost = "/"
+        self.channels: dict[int, Channel] = {}
+        self.exclusive_queues: set[str] = set()
+        self.capabilities: dict = {}
+        self.transport: asyncio.Transport | None = None
+        self.amqp: AMQPConnection | None = None
+        self._settings = s
+        self._done = False
+
+    # ---- asyncio.Protocol --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        s = self._settings
+        peer = transport.get_extra_info("peername")
+        self.amqp = AMQPConnection(
+            authenticate=lambda user, password: s.users.get(user) == password,
+            vhosts=s.vhosts, frame_max=s.frame_max, channel_max=s.channel_max,
+            heartbeat=s.heartbeat, max_message_size=s.max_message_size,
+            peer_is_loopback=_is_loopback(peer), loopback_users=tuple(s.loopback_users))
+        transport.set_write_buffer_limits(high=s.max_output_buffer,
+                                          low=s.max_output_buffer // 4)
+        self.broker.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        self._handle(self.amqp.receive_data(data))
+        self.flush()
+
+    def eof_received(self) -> bool:
+        self._handle(self.amqp.receive_data(b""))
+        self.flush()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._teardown()
+
+    def pause_writing(self) -> None:
+        for ch in self.channels.values():
+            ch.pool.paused = True
+
+    def resume_writing(self) -> None:
+        for ch in self.channels.values():
+            ch.pool.paused = False
+            self.broker.replenish_channel(ch)
+
+    # ---- events ------------------------------------------------------------------------------
+    def _handle(self, events: list) -> None:
+        for ev in events:
+            t = type(ev)
+            if t is E.MessagePublished:
+                ch = self.channels.get(ev.channel)
+                if ch is not None:
+                    ch.handle_publish(ev)
+            elif t is E.MethodReceived:
+                ch = self.channels.get(ev.channel)
+                if ch is not None:
+                    ch.handle_method(ev.method)
+            elif t is E.ChannelOpened:
+                self.channels[ev.channel] = Channel(self, ev.channel)
+            elif t is E.ChannelClosed:
+                ch = self.channels.pop(ev.channel, None)
+                if ch is not None:
+                    ch.close()
+            elif t is E.ConnectionOpened:
+                self.vhost = ev.vhost
+                caps = (ev.client_properties or {}).get("capabilities") or {}
+                self.capabilities = caps if isinstance(caps, dict) else {}
+            elif t is E.ConnectionClosed:
+                self._teardown()
+
+    def fail(self, channel: int, err: AMQPError) -> None:
+        """Turn a broker error into channel.close / connection.close (the one converter)."""
+        if self.amqp is not None and not self.amqp.is_closed:
+            self.amqp.fail(channel, err)
+            self.broker.mark_dirty(self)
+
+    def flush(self) -> None:
+        if self.transport is None or self.amqp is None:
+            return
+        data = self.amqp.data_to_send()
+        if data and not self.transport.is_closing():
+            self.transport.write(data)
+        if self.amqp.is_closed:
+            self._teardown()
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    def tick(self, now: float) -> None:
+        if self.amqp is not None and not self._done:
+            self._handle(self.amqp.tick(now))
+            self.flush()
+
+    def shutdown(self, code: int, text: str) -> None:
+        """Broker shutdown: connection.close ``code`` (320) to the client."""
+        if self.amqp is not None and not self.amqp.is_closed:
+            self.amqp.close(code, text)
+            self.flush()
+
+    def _teardown(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        for ch in list(self.channels.values()):
+            ch.close()
+        self.channels.clear()
+        for link in self.broker.links.values():
+            if link.up:
+                link.send([T.CONNECTION_CLOSED, self.owner])
+        self.broker.connections.discard(self)
+
+
+async def heartbeat_loop(broker: "Broker") -> None:
+    """Drive every connection's heartbeat clock once a second."""
+    while True:
+        await asyncio.sleep(1.0)
+        now = time.monotonic()
+        for client in list(broker.connections):
+            try:
+                client.tick(now)
+            except Exception:  # one bad connection must not stop the clock for the others
+                log.exception("heartbeat tick failed")

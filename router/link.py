@@ -1,0 +1,219 @@
+"""One router's link to one node over ZeroMQ (design.md section 4).
+
+A DEALER socket connects to the node's ROUTER socket. Outgoing wire messages are queued with
+:meth:`NodeLink.send` and leave as ONE ZeroMQ message per event-loop turn (a batch). The link
+says HELLO, exchanges heartbeats every ``link_heartbeat_ms`` and declares the node down after
+``link_timeout_ms`` of silence, or when the node says GOODBYE. It is the only place a node's
+death is noticed; the broker is told through ``on_up`` / ``on_down`` callbacks.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+import zmq
+import zmq.asyncio
+
+from shoal.shared import wire
+from shoal.shared.errors import AMQPError, NOT_FOUND
+from shoal.shared.wire import T
+
+log = logging.getLogger("shoal.router.link")
+
+
+class NodeDown(AMQPError):
+    """A request could not be answered because its node is down (soft 404, as RabbitMQ
+    answers for a queue whose home node is unreachable)."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(NOT_FOUND, f"node '{node_id}' is down or unreachable", soft=True)
+
+
+class NodeLink:
+    """The DEALER side of the router<->node link.
+
+    ``on_message(link, msg)`` receives every node message except REPLY / HELLO_OK /
+    HEARTBEAT / GOODBYE, which the link handles. ``on_up(link, restarted)`` runs after HELLO_OK
+    (``restarted``: the node's incarnation changed); ``on_down(link)`` when it is lost.
+    """
+
+    def __init__(self, ctx: zmq.asyncio.Context, node_id: str, endpoint: str, router_id: str,
+                 heartbeat_ms: int, timeout_ms: int,
+                 on_message: Callable[["NodeLink", list], None],
+                 on_up: Callable[["NodeLink", bool], None],
+                 on_down: Callable[["NodeLink"], None]) -> None:
+        self.node_id = node_id
+        self.endpoint = endpoint
+        self.router_id = router_id
+        self.up = False
+        self.incarnation: str | None = None
+        self._hb = heartbeat_ms / 1000.0
+        self._timeout = timeout_ms / 1000.0
+        self._on_message, self._on_up, self._on_down = on_message, on_up, on_down
+        self._sock = ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.IMMEDIATE, 1)
+        self._sock.setsockopt(zmq.SNDHWM, 0)
+        self._sock.setsockopt(zmq.RCVHWM, 0)
+        self._sock.connect(endpoint)
+        self._outbox: list[list] = []
+        self._flush_scheduled = False
+        self._req_seq = 0
+        self._pending: dict[int, asyncio.Future] = {}
+        self._last_recv = 0.0
+        self._last_send = 0.0
+        self._tasks: list[asyncio.Task] = []
+        self._closed = False
+        self.ready = asyncio.Event()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._tasks = [asyncio.ensure_future(self._recv_loop()),
+                       asyncio.ensure_future(self._timer_loop())]
+        self._hello()
+
+    async def stop(self) -> None:
+        """Say GOODBYE (the node drops our consumers at once) and close."""
+        if self._closed:
+            return
+        if self.up:
+            self._outbox.append([T.GOODBYE])
+            self._flush()
+        self._closed = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.sleep(0)
+        self._sock.close(linger=100)
+
+    def _hello(self) -> None:
+        # Straight to the socket: a HELLO must not wait behind a batch for a dead node.
+        self._send_now([[T.HELLO, wire.WIRE_VERSION, self.router_id, self.node_id]])
+
+    # ---- sending -----------------------------------------------------------------------------
+    def send(self, msg: list) -> None:
+        """Queue one wire message; the batch leaves at the end of this event-loop turn."""
+        self._outbox.append(msg)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def request(self, msg_without_req_id: list) -> asyncio.Future:
+        """Send ``[tag, req_id, *fields]`` and return a future for the REPLY payload.
+
+        The future raises AMQPError (the node's reply code and text) or NodeDown.
+        """
+        fut = asyncio.get_running_loop().create_future()
+        if not self.up:
+            fut.set_exception(NodeDown(self.node_id))
+            return fut
+        self._req_seq += 1
+        req_id = self._req_seq
+        self._pending[req_id] = fut
+        self.send([msg_without_req_id[0], req_id, *msg_without_req_id[1:]])
+        return fut
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._outbox or self._closed:
+            return
+        batch, self._outbox = self._outbox, []
+        self._send_now(batch)
+
+    def _send_now(self, batch: list[list]) -> None:
+        try:
+            self._sock.send(wire.encode_batch(batch), zmq.NOBLOCK, copy=False)
+            self._last_send = time.monotonic()
+        except zmq.Again:
+            # No connected peer (IMMEDIATE): the node is down; the timer declares it so.
+            log.debug("node %s unreachable, %d messages not sent", self.node_id, len(batch))
+        except zmq.ZMQError as exc:
+            log.warning("send to node %s failed: %s", self.node_id, exc)
+
+    # ---- receiving ---------------------------------------------------------------------------
+    async def _recv_loop(self) -> None:
+        sock = self._sock
+        while True:
+            frame = await sock.recv(copy=False)
+            self._handle_frame(frame.bytes)
+            # Drain what is already there before yielding: one wake-up, many batches.
+            for _ in range(256):
+                try:
+                    frame = sock.recv(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                if asyncio.isfuture(frame):
+                    frame = await frame
+                self._handle_frame(frame.bytes)
+
+    def _handle_frame(self, data: bytes) -> None:
+        try:
+            batch = wire.decode_batch(data)
+        except ValueError as exc:
+            log.error("dropping frame from node %s: %s", self.node_id, exc)
+            return
+        self._last_recv = time.monotonic()
+        for msg in batch:
+            tag = msg[0]
+            if tag == T.REPLY:
+                fut = self._pending.pop(msg[1], None)
+                if fut is not None and not fut.done():
+                    code, text, payload = msg[2], msg[3], msg[4]
+                    if code == wire.OK:
+                        fut.set_result(payload)
+                    else:
+                        fut.set_exception(AMQPError(code, text))
+            elif tag == T.HEARTBEAT:
+                pass
+            elif tag == T.HELLO_OK:
+                self._hello_ok(msg)
+            elif tag == T.GOODBYE:
+                if self.up:
+                    log.warning("node %s said goodbye", self.node_id)
+                    self._go_down()
+                self._hello()
+            elif self.up:
+                self._on_message(self, msg)
+
+    def _hello_ok(self, msg: list) -> None:
+        version, node_id, incarnation = msg[1], msg[2], msg[3]
+        if version != wire.WIRE_VERSION or node_id != self.node_id:
+            log.error("node at %s is %r with wire version %s; expected %r with version %s",
+                      self.endpoint, node_id, version, self.node_id, wire.WIRE_VERSION)
+            return
+        restarted = self.incarnation is not None and incarnation != self.incarnation
+        if self.up and not restarted:
+            return
+        if self.up and restarted:
+            self._go_down()
+        self.incarnation = incarnation
+        self.up = True
+        log.info("node %s is up at %s", self.node_id, self.endpoint)
+        self._on_up(self, restarted)
+        self.ready.set()
+
+    def _go_down(self) -> None:
+        self.up = False
+        self.ready.clear()
+        self._outbox.clear()
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(NodeDown(self.node_id))
+        self._on_down(self)
+
+    async def _timer_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._hb)
+            now = time.monotonic()
+            if self.up:
+                if now - self._last_recv > self._timeout:
+                    log.warning("node %s silent for %.1f s: marking it down", self.node_id,
+                                now - self._last_recv)
+                    self._go_down()
+                    self._hello()
+                elif now - self._last_send >= self._hb:
+                    self.send([T.HEARTBEAT])
+            else:
+                self._hello()

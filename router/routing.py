@@ -1,0 +1,249 @@
+"""The router's topology cache and exchange routing (AMQP 0-9-1 spec section 3.1.3).
+
+Each exchange is owned by one node (``shoal.shared.placement.owner(..., kind="e")``), which
+stores it and its bindings and feeds every router a change stream (``TOPOLOGY_EVENT``). This
+module keeps the router's copy and answers "which queues does this publish reach?" locally, so
+routing never waits on a node.
+
+Exchange types: direct, fanout, topic (``*`` one word, ``#`` zero or more words) and headers
+(``x-match`` = all | any; ``all-with-x`` / ``any-with-x`` also compare ``x-`` headers).
+Exchange-to-exchange bindings are followed, each exchange visited once per publish.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from shoal.shared import wire
+
+EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers"})
+
+#: Exchanges every virtual host has (spec 3.1.3.*, RabbitMQ's amq.match alias of headers).
+BUILTIN_EXCHANGES: dict[str, str] = {
+    "": "direct",
+    "amq.direct": "direct",
+    "amq.fanout": "fanout",
+    "amq.topic": "topic",
+    "amq.headers": "headers",
+    "amq.match": "headers",
+}
+
+
+@dataclass(slots=True)
+class Binding:
+    """One binding from an exchange to a queue (``dest_kind`` "q") or exchange ("e")."""
+    dest_kind: str
+    destination: str
+    routing_key: str
+    arguments: dict
+    matcher: Callable[[str], bool] | None = None  # topic exchanges: compiled key
+
+    @property
+    def key(self) -> tuple:
+        return (self.dest_kind, self.destination, self.routing_key, _freeze(self.arguments))
+
+
+@dataclass(slots=True)
+class Exchange:
+    """An exchange as the router sees it. ``bindings`` keyed by :attr:`Binding.key`."""
+    vhost: str
+    name: str
+    type: str
+    durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: dict = field(default_factory=dict)
+    bindings: dict[tuple, Binding] = field(default_factory=dict)
+    # direct exchanges: routing key -> bindings, for O(1) routing
+    by_key: dict[str, list[Binding]] = field(default_factory=dict)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def compile_topic(pattern: str) -> Callable[[str], bool]:
+    """Compile a topic binding key (spec 3.1.3.3: ``*`` one word, ``#`` zero or more words)."""
+    words: list[str] = []
+    for word in pattern.split("."):
+        if not (word == "#" and words and words[-1] == "#"):  # "#.#" is "#"
+            words.append(word)
+    if "*" not in words and "#" not in words:
+        return pattern.__eq__
+    regex = ""
+    for i, word in enumerate(words):
+        if word == "#":
+            if i == 0:
+                regex += ".*" if len(words) == 1 else r"(?:.*\.)?"
+            else:
+                regex += r"(?:\..*)?"
+            continue
+        if i > 0 and not (i == 1 and words[0] == "#"):
+            regex += r"\."
+        regex += r"[^.]*" if word == "*" else re.escape(word)
+    compiled = re.compile(regex + r"\Z", re.DOTALL)
+    return lambda key: compiled.match(key) is not None
+
+
+def headers_match(arguments: dict, headers: dict | None) -> bool:
+    """Headers exchange match (spec 3.1.3.4; RabbitMQ's all-with-x / any-with-x).
+
+    ``x-match`` defaults to ``all``. A binding argument with a void (None) value matches on
+    presence of the header alone.
+    """
+    headers = headers or {}
+    mode = arguments.get("x-match", "all")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    with_x = mode.endswith("-with-x")
+    wanted = [(k, v) for k, v in arguments.items()
+              if k != "x-match" and (with_x or not str(k).startswith("x-"))]
+    if mode.startswith("any"):
+        return any(k in headers and (v is None or headers[k] == v) for k, v in wanted)
+    return all(k in headers and (v is None or headers[k] == v) for k, v in wanted)
+
+
+class Topology:
+    """The router's cache of every exchange and binding, kept fresh by node change feeds."""
+
+    def __init__(self, vhosts: list[str]) -> None:
+        self.exchanges: dict[tuple[str, str], Exchange] = {}
+        for vhost in vhosts:
+            self.add_builtins(vhost)
+
+    def add_builtins(self, vhost: str) -> None:
+        for name, type_ in BUILTIN_EXCHANGES.items():
+            self.exchanges.setdefault((vhost, name), Exchange(vhost, name, type_))
+
+    def get(self, vhost: str, name: str) -> Exchange | None:
+        return self.exchanges.get((vhost, name))
+
+    # ---- change feed ----------------------------------------------------------------------
+    def apply(self, event: int, data: list) -> list[tuple[str, str]]:
+        """Apply one TOPOLOGY_EVENT. Returns queues removed, as ``[(vhost, name)]``."""
+        if event == wire.EV_EXCHANGE_ADDED:
+            vhost, name, type_, durable, auto_delete, internal, arguments = data
+            old = self.exchanges.get((vhost, name))
+            ex = Exchange(vhost, name, type_, durable, auto_delete, internal, arguments or {})
+            if old is not None:
+                ex.bindings, ex.by_key = old.bindings, old.by_key
+            self.exchanges[(vhost, name)] = ex
+        elif event == wire.EV_EXCHANGE_REMOVED:
+            vhost, name = data
+            if name not in BUILTIN_EXCHANGES:
+                self.exchanges.pop((vhost, name), None)
+        elif event == wire.EV_BINDING_ADDED:
+            self.add_binding(*data)
+        elif event == wire.EV_BINDING_REMOVED:
+            self.remove_binding(*data)
+        elif event == wire.EV_QUEUE_REMOVED:
+            vhost, name = data
+            self.remove_destination(vhost, wire.DEST_QUEUE, name)
+            return [(vhost, name)]
+        return []
+
+    def load_snapshot(self, exchanges: list[list], bindings: list[list]) -> None:
+        """Apply a node's TOPOLOGY_SNAPSHOT payload (its exchanges, then its bindings)."""
+        for data in exchanges:
+            self.apply(wire.EV_EXCHANGE_ADDED, data)
+        for data in bindings:
+            self.apply(wire.EV_BINDING_ADDED, data)
+
+    def forget_owned(self, is_owned: Callable[[str, str], bool]) -> None:
+        """Drop the exchanges (and their bindings) a node owned, when it restarts empty."""
+        for key, ex in list(self.exchanges.items()):
+            if is_owned(*key):
+                if ex.name in BUILTIN_EXCHANGES:
+                    ex.bindings.clear()
+                    ex.by_key.clear()
+                else:
+                    del self.exchanges[key]
+
+    def add_binding(self, vhost: str, exchange: str, dest_kind: str, destination: str,
+                    routing_key: str, arguments: dict | None) -> None:
+        ex = self.exchanges.get((vhost, exchange))
+        if ex is None:
+            return
+        b = Binding(dest_kind, destination, routing_key, arguments or {})
+        if ex.type == "topic":
+            b.matcher = compile_topic(routing_key)
+        if b.key in ex.bindings:
+            return
+        ex.bindings[b.key] = b
+        ex.by_key.setdefault(routing_key, []).append(b)
+
+    def remove_binding(self, vhost: str, exchange: str, dest_kind: str, destination: str,
+                       routing_key: str, arguments: dict | None) -> None:
+        ex = self.exchanges.get((vhost, exchange))
+        if ex is None:
+            return
+        key = (dest_kind, destination, routing_key, _freeze(arguments or {}))
+        b = ex.bindings.pop(key, None)
+        if b is not None:
+            lst = ex.by_key.get(routing_key, [])
+            if b in lst:
+                lst.remove(b)
+            if not lst:
+                ex.by_key.pop(routing_key, None)
+
+    def remove_destination(self, vhost: str, dest_kind: str, destination: str) -> None:
+        for (v, _), ex in self.exchanges.items():
+            if v != vhost:
+                continue
+            for key, b in list(ex.bindings.items()):
+                if b.dest_kind == dest_kind and b.destination == destination:
+                    self.remove_binding(vhost, ex.name, dest_kind, destination, b.routing_key,
+                                        b.arguments)
+
+    # ---- routing -----------------------------------------------------------------------------
+    def route(self, vhost: str, exchange: str, routing_key: str,
+              headers: Callable[[], dict | None]) -> set[str]:
+        """Queue names a publish reaches. ``headers`` is called at most once, lazily, when a
+        headers exchange needs the message's headers. The exchange must exist (the caller
+        checks and raises 404)."""
+        if exchange == "":
+            return {routing_key}
+        out: set[str] = set()
+        seen: set[str] = set()
+        todo = [exchange]
+        cached: list = []
+
+        def get_headers() -> dict | None:
+            if not cached:
+                cached.append(headers())
+            return cached[0]
+
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            ex = self.exchanges.get((vhost, name))
+            if ex is None:
+                continue
+            for b in self._matches(ex, routing_key, get_headers):
+                if b.dest_kind == wire.DEST_QUEUE:
+                    out.add(b.destination)
+                else:
+                    todo.append(b.destination)
+        return out
+
+    @staticmethod
+    def _matches(ex: Exchange, routing_key: str, headers: Callable[[], dict | None]):
+        if ex.type == "direct":
+            return ex.by_key.get(routing_key, ())
+        if ex.type == "fanout":
+            return ex.bindings.values()
+        if ex.type == "topic":
+            return [b for b in ex.bindings.values() if b.matcher(routing_key)]
+        if ex.type == "headers":
+            if not ex.bindings:
+                return ()
+            h = headers()
+            return [b for b in ex.bindings.values() if headers_match(b.arguments, h)]
+        return ()

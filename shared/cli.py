@@ -1,0 +1,65 @@
+"""The ``shoal`` command: ``serve`` (local cluster), ``node`` and ``router`` (one process each).
+
+``node`` and ``router`` are dispatched by module name, so this package never imports
+``shoal.node`` or ``shoal.router`` at import time (design.md section 1).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from .errors import ConfigError
+from .settings import load_settings
+
+USAGE = """usage: shoal {serve,node,router} [options]
+
+commands:
+  serve    run a local cluster: N node processes and one router
+  node     run one node process (owns a shard of queues)
+  router   run one router process (speaks AMQP 0-9-1 to clients)
+
+'shoal COMMAND --help' shows a command's options."""
+
+
+def serve_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="shoal serve",
+                                description="Run a local Shoal cluster: N nodes and a router.")
+    p.add_argument("--config", help="YAML settings file")
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="AMQP port (default 5672; 0 picks a free one)")
+    p.add_argument("--nodes", type=int, help="node processes (default: CPU count)")
+    p.add_argument("--data-dir", help="where nodes keep their data (default "
+                                      "~/.local/share/shoal)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    args = p.parse_args(argv)
+    try:
+        settings = load_settings(args.config, overrides={
+            "host": args.host, "port": args.port, "nodes": args.nodes,
+            "data_dir": args.data_dir, "log_level": args.log_level})
+    except ConfigError as exc:
+        print(f"shoal serve: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s serve %(levelname)s: %(message)s")
+    from .launcher import serve
+    return serve(settings, args.config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "serve":
+        return serve_main(rest)
+    if command in ("node", "router"):
+        return importlib.import_module(f"shoal.{command}.cli").main(rest)
+    print(f"shoal: unknown command '{command}'\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""``shoal serve``: a local cluster of N node processes and one router, supervised.
+
+The launcher starts each process as ``python -m shoal.node`` / ``python -m shoal.router``
+(so this package imports neither), waits until the router accepts connections, prints one
+ready line, writes ``DATA_DIR/cluster.json`` (pids, ports, endpoints), restarts a child that
+dies, and on SIGINT/SIGTERM stops the router first (clients get ``connection.close`` 320) and
+then the nodes. Children get SIGTERM if the launcher itself dies (``PR_SET_PDEATHSIG``), so
+nothing is orphaned.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .settings import Settings
+
+log = logging.getLogger("shoal.launcher")
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+
+
+def _die_with_parent() -> None:
+    """Child pre-exec: receive SIGTERM when the launcher dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _endpoint(run_dir: Path, node_id: str) -> str:
+    path = run_dir / f"{node_id}.sock"
+    if len(str(path)) < 100:  # sun_path limit
+        return f"ipc://{path}"
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+class Cluster:
+    """The child processes of one ``shoal serve``."""
+
+    def __init__(self, settings: Settings, config_file: str | None) -> None:
+        self.settings = settings
+        self.config_file = config_file
+        self.data_dir = Path(settings.data_dir).expanduser().resolve()
+        self.run_dir = self.data_dir / "run"
+        self.nodes: list[dict] = []
+        self.router: subprocess.Popen | None = None
+        self.router_addr: tuple[str, int] | None = None
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.stopping = False
+
+    def _common(self) -> list[str]:
+        return ["--config", self.config_file] if self.config_file else []
+
+    def _spawn_node(self, node: dict) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "shoal.node", "--node-id", node["id"], "--bind",
+               node["endpoint"], "--data-dir", str(self.data_dir / node["id"]), *self._common()]
+        proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+        self.procs[node["id"]] = proc
+        node["pid"] = proc.pid
+        return proc
+
+    def _spawn_router(self) -> subprocess.Popen:
+        s = self.settings
+        port = self.router_addr[1] if self.router_addr else s.port
+        cmd = [sys.executable, "-m", "shoal.router", "--host", s.host, "--port", str(port),
+               *self._common()]
+        for node in self.nodes:
+            cmd += ["--node", f"{node['id']}={node['endpoint']}"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+                                preexec_fn=_die_with_parent)
+        self.router = proc
+        self.procs["router"] = proc
+        return proc
+
+    def _await_ready(self, proc: subprocess.Popen) -> tuple[str, int]:
+        lines: queue.Queue = queue.Queue()
+
+        def reader() -> None:
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+        threading.Thread(target=reader, daemon=True).start()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise RuntimeError(f"router exited with code {proc.wait()} before it was ready")
+            if line.startswith("shoal router ready on "):
+                host, _, port = line.rsplit(" ", 1)[1].strip().rpartition(":")
+                return host, int(port)
+        raise RuntimeError(f"router not ready after {READY_TIMEOUT_S:.0f} s")
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(self.settings.nodes):
+            node = {"id": f"node-{i}"}
+            node["endpoint"] = _endpoint(self.run_dir, node["id"])
+            self.nodes.append(node)
+            self._spawn_node(node)
+        self.router_addr = self._await_ready(self._spawn_router())
+        self._write_state()
+
+    def _write_state(self) -> None:
+        host, port = self.router_addr
+        state = {"router": {"pid": self.router.pid, "host": host, "port": port},
+                 "nodes": [dict(n) for n in self.nodes]}
+        tmp = self.data_dir / "cluster.json.tmp"
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.data_dir / "cluster.json")
+
+    def supervise(self, stop: threading.Event) -> None:
+        """Restart children that die until ``stop`` is set."""
+        while not stop.wait(0.5):
+            for node in self.nodes:
+                proc = self.procs[node["id"]]
+                if proc.poll() is not None and not stop.is_set():
+                    log.warning("%s exited with code %s; restarting it", node["id"],
+                                proc.returncode)
+                    self._spawn_node(node)
+                    self._write_state()
+            if self.router.poll() is not None and not stop.is_set():
+                log.warning("router exited with code %s; restarting it", self.router.returncode)
+                try:
+                    self._await_ready(self._spawn_router())
+                    self._write_state()
+                except RuntimeError as exc:
+                    log.error("%s", exc)
+
+    def stop(self) -> None:
+        """Router first (clients get 320), then the nodes; SIGKILL what outlives the timeout."""
+        order = [self.router] if self.router else []
+        for group in (order, [self.procs[n["id"]] for n in self.nodes if n["id"] in self.procs]):
+            for proc in group:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            for proc in group:
+                try:
+                    proc.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.error("pid %d did not stop in time; killing it", proc.pid)
+                    proc.kill()
+                    proc.wait()
+        try:
+            (self.data_dir / "cluster.json").unlink()
+        except OSError:
+            pass
+
+
+def serve(settings: Settings, config_file: str | None) -> int:
+    """Run a local cluster until SIGINT/SIGTERM. Returns the exit code (0 on a clean stop)."""
+    stop = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        stop.set()
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    cluster = Cluster(settings, config_file)
+    try:
+        cluster.start()
+    except (RuntimeError, OSError) as exc:
+        print(f"shoal serve: {exc}", file=sys.stderr)
+        cluster.stop()
+        return 1
+    host, port = cluster.router_addr
+    print(f"shoal ready: accepting AMQP 0-9-1 connections on {host}:{port} "
+          f"({len(cluster.nodes)} nodes)", flush=True)
+    cluster.supervise(stop)
+    cluster.stop()
+    return 0

@@ -1,0 +1,73 @@
+"""Settings precedence and errors; placement stability."""
+import pytest
+
+from shoal.shared.errors import ConfigError
+from shoal.shared.placement import owner
+from shoal.shared.settings import load_settings
+
+
+def test_defaults_are_what_the_readme_promises():
+    s = load_settings(env={})
+    assert (s.host, s.port, s.frame_max, s.channel_max, s.heartbeat) == \
+        ("127.0.0.1", 5672, 131072, 2047, 60)
+    assert s.users == {"guest": "guest"} and s.max_message_size == 16 * 1024 * 1024
+
+
+def test_file_then_env_then_flags(tmp_path):
+    cfg = tmp_path / "shoal.yaml"
+    cfg.write_text("port: 6000\nheartbeat: 10\nusers: {alice: secret}\n")
+    s = load_settings(cfg, env={"SHOAL_PORT": "6001", "SHOAL_HEARTBEAT": "20"},
+                      overrides={"port": 6002, "nodes": None})
+    assert s.port == 6002 and s.heartbeat == 20 and s.users == {"alice": "secret"}
+
+
+def test_env_lists_and_users():
+    s = load_settings(env={"SHOAL_NODE_ENDPOINTS": "a=tcp://h:1, tcp://h:2",
+                           "SHOAL_USERS": "a:1,b:2"})
+    assert s.node_map() == [("a", "tcp://h:1"), ("node-1", "tcp://h:2")]
+    assert s.users == {"a": "1", "b": "2"}
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"SHOAL_PORT": "abc"}, "'port'"),
+    ({"SHOAL_PORT": "70000"}, "'port'"),
+    ({"SHOAL_NODES": "0"}, "'nodes'"),
+    ({"SHOAL_FRAME_MAX": "100"}, "'frame_max'"),
+    ({"SHOAL_LOG_LEVEL": "loud"}, "'log_level'"),
+    ({"SHOAL_NODE_ENDPOINTS": "nowhere"}, "'node_endpoints'"),
+])
+def test_invalid_setting_names_the_setting(env, needle):
+    with pytest.raises(ConfigError) as exc:
+        load_settings(env=env)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_bad_config_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_settings(tmp_path / "missing.yaml", env={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("port: [1\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_settings(bad, env={})
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("colour: blue\n")
+    with pytest.raises(ConfigError, match="unknown setting 'colour'"):
+        load_settings(unknown, env={})
+
+
+def test_placement_is_deterministic_and_spreads():
+    nodes = ["node-0", "node-1", "node-2"]
+    names = [f"q{i}" for i in range(300)]
+    first = [owner("/", n, nodes) for n in names]
+    assert first == [owner("/", n, list(reversed(nodes))) for n in names]
+    counts = {n: first.count(n) for n in nodes}
+    assert all(c > 50 for c in counts.values()), counts
+
+
+def test_placement_adding_a_node_moves_only_its_share():
+    names = [f"q{i}" for i in range(1000)]
+    before = {n: owner("/", n, ["node-0", "node-1", "node-2"]) for n in names}
+    after = {n: owner("/", n, ["node-0", "node-1", "node-2", "node-3"]) for n in names}
+    moved = [n for n in names if before[n] != after[n]]
+    assert all(after[n] == "node-3" for n in moved)
+    assert len(moved) < 400
