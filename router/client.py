@@ -11,7 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from shoal.shared.errors import AMQPError
+from shoal.shared.errors import INTERNAL_ERROR, AMQPError
 from shoal.shared.wire import T
 
 from .amqp import events as E
@@ -62,7 +62,12 @@ class ClientConnection(asyncio.Protocol):
         self.broker.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        self._handle(self.amqp.receive_data(data))
+        try:
+            self._handle(self.amqp.receive_data(data))
+        except Exception:
+            # A bug must cost one connection, never the router: 541 and close it.
+            log.exception("internal error on connection %s", self.owner)
+            self.fail(0, AMQPError(INTERNAL_ERROR, "internal error", soft=False))
         self.flush()
 
     def eof_received(self) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import zmq
 import zmq.asyncio
@@ -58,8 +58,12 @@ class NodeLink:
         self._sock.setsockopt(zmq.SNDHWM, 0)
         self._sock.setsockopt(zmq.RCVHWM, 0)
         self._sock.connect(endpoint)
+        # A plain socket on the same handle, for non-blocking sends and draining reads
+        # (zmq.asyncio turns NOBLOCK calls into futures).
+        self._sync = zmq.Socket.shadow(self._sock.underlying)
         self._outbox: list[list] = []
         self._flush_scheduled = False
+        self._drain_scheduled = False
         self._req_seq = 0
         self._pending: dict[int, asyncio.Future] = {}
         self._last_recv = 0.0
@@ -123,8 +127,13 @@ class NodeLink:
 
     def _send_now(self, batch: list[list]) -> None:
         try:
-            self._sock.send(wire.encode_batch(batch), zmq.NOBLOCK, copy=False)
+            self._sync.send(wire.encode_batch(batch), zmq.NOBLOCK, copy=False)
             self._last_send = time.monotonic()
+            # The FD is edge-triggered: a send may consume the edge that announced input,
+            # so look for input now rather than wait for an edge that will not come.
+            if self._sync.get(zmq.EVENTS) & zmq.POLLIN and not self._drain_scheduled:
+                self._drain_scheduled = True
+                asyncio.get_running_loop().call_soon(self._drain)
         except zmq.Again:
             # No connected peer (IMMEDIATE): the node is down; the timer declares it so.
             log.debug("node %s unreachable, %d messages not sent", self.node_id, len(batch))
@@ -133,19 +142,25 @@ class NodeLink:
 
     # ---- receiving ---------------------------------------------------------------------------
     async def _recv_loop(self) -> None:
-        sock = self._sock
         while True:
-            frame = await sock.recv(copy=False)
-            self._handle_frame(frame.bytes)
-            # Drain what is already there before yielding: one wake-up, many batches.
-            for _ in range(256):
-                try:
-                    frame = sock.recv(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                if asyncio.isfuture(frame):
-                    frame = await frame
-                self._handle_frame(frame.bytes)
+            self._handle_frame(await self._sock.recv())
+            self._drain()
+
+    def _drain(self) -> None:
+        """Handle every frame already waiting (one wake-up, many batches)."""
+        self._drain_scheduled = False
+        sync = self._sync
+        for _ in range(1024):
+            try:
+                data = sync.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:  # socket closed during shutdown
+                return
+            self._handle_frame(data)
+        if not self._drain_scheduled:  # more than a turn's worth: yield, then go on
+            self._drain_scheduled = True
+            asyncio.get_running_loop().call_soon(self._drain)
 
     def _handle_frame(self, data: bytes) -> None:
         try:
@@ -174,7 +189,11 @@ class NodeLink:
                     self._go_down()
                 self._hello()
             elif self.up:
-                self._on_message(self, msg)
+                try:
+                    self._on_message(self, msg)
+                except Exception:
+                    # Never let one bad message stop the link's receive loop.
+                    log.exception("error handling %r from node %s", tag, self.node_id)
 
     def _hello_ok(self, msg: list) -> None:
         version, node_id, incarnation = msg[1], msg[2], msg[3]

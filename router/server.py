@@ -11,7 +11,6 @@ import asyncio
 import logging
 import signal
 import socket
-import sys
 
 from shoal.shared.errors import CONNECTION_FORCED
 from shoal.shared.settings import Settings

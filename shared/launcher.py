@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
-import os
 import queue
 import signal
 import subprocess

@@ -1,0 +1,43 @@
+"""Command line of the node: ``python -m shoal.node`` / ``shoal node`` (thin entry point).
+
+``--node-id ID --bind ENDPOINT [--config FILE] [--data-dir DIR]``; settings come from
+shared.settings.load_settings (file < SHOAL_* env < flags). Exit codes: 0 clean stop,
+1 cannot bind, 2 bad configuration (one line on stderr).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import zmq
+
+from shoal.shared.errors import ConfigError
+from shoal.shared.settings import load_settings
+
+from .server import run_node
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default sys.argv[1:]), run the node, return the exit code."""
+    p = argparse.ArgumentParser(prog="shoal node", description="Run one Shoal node process.")
+    p.add_argument("--node-id", help="this node's id (e.g. node-0)")
+    p.add_argument("--bind", help="ZeroMQ endpoint to bind (tcp://host:port or ipc:///path)")
+    p.add_argument("--config", help="YAML settings file")
+    p.add_argument("--data-dir", help="directory for the journal and runtime files")
+    p.add_argument("--log-level", help="debug, info, warning or error")
+    args = p.parse_args(argv)
+    try:
+        settings = load_settings(args.config, overrides={
+            "node_id": args.node_id, "node_bind": args.bind, "data_dir": args.data_dir,
+            "log_level": args.log_level})
+    except ConfigError as exc:
+        print(f"shoal node: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return run_node(settings)
+    except zmq.ZMQError as exc:
+        print(f"shoal node: cannot bind {settings.node_bind}: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,459 @@
+"""The sans-IO core of a node: :class:`Shard` (design.md section 7, "sans-IO protocol core").
+
+A shard is a plain object: :meth:`Shard.handle` takes one wire message (shared/wire.py) from a
+router, :meth:`Shard.take_outbox` returns the wire messages to send, per router, in order;
+:meth:`Shard.tick` drives heartbeats and router expiry. No asyncio, no sockets, no clocks:
+the caller passes ``now_ms``.
+
+Errors: handlers raise :class:`~shoal.shared.errors.AMQPError`; :meth:`Shard.handle` turns it
+into a REPLY (requests) in one place. Malformed messages (unknown tag, wrong field count or
+types) are logged and dropped; a malformed *request* with an int req_id is answered with
+SYNTAX_ERROR so the router does not wait forever.
+
+Ordering rule: TOPOLOGY_EVENTs a request causes are queued to every router BEFORE the REPLY.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import uuid
+from typing import Any, Callable
+
+from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND,
+                                 PRECONDITION_FAILED, RESOURCE_LOCKED, SYNTAX_ERROR, AMQPError,
+                                 hard_error, soft_error)
+from shoal.shared.settings import Settings
+from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_REMOVED, OUTCOME_ACK, OUTCOME_REJECT,
+                               OUTCOME_REQUEUE, WIRE_VERSION, T)
+
+from .consumer import QueueConsumer
+from .entry import QueueEntry
+from .queue import Queue
+from .topology import Topology, amqp_bool
+
+log = logging.getLogger("shoal.node")
+
+_REPLY = int(T.REPLY)
+_DELIVER = int(T.DELIVER)
+_WORK = int(T.WORK)
+_GOODBYE = int(T.GOODBYE)
+_HEARTBEAT = int(T.HEARTBEAT)
+_HELLO = int(T.HELLO)
+_EVENT = int(T.TOPOLOGY_EVENT)
+_PUBLISH_RESULT = int(T.PUBLISH_RESULT)
+
+_S = (str, type(None))      # optional str (owner)
+_D = (dict, type(None))     # optional table (arguments)
+
+
+class RouterPeer:
+    """What the node knows of one router that said HELLO.
+
+    ``identity``: its ZeroMQ identity (bytes). ``last_seen``: ms of its last message.
+    ``consumers``: consumer_id -> QueueConsumer. ``unsettled``: delivery_id -> QueueEntry it
+    holds acquired (released when it goes away).
+    """
+
+    __slots__ = ("identity", "router_id", "last_seen", "consumers", "unsettled")
+
+    def __init__(self, identity: bytes, router_id: str, now_ms: float) -> None:
+        self.identity = identity
+        self.router_id = router_id
+        self.last_seen = now_ms
+        self.consumers: dict[int, QueueConsumer] = {}
+        self.unsettled: dict[int, QueueEntry] = {}
+
+
+class Shard:
+    """The queues and exchanges of one node, driven by wire messages.
+
+    ``Shard(node_id, incarnation=None, settings=None)``; ``incarnation`` defaults to a random
+    hex string (a new one per process start, wire HELLO_OK). ``queues``: (vhost, name) -> Queue.
+    """
+
+    def __init__(self, node_id: str, incarnation: str | None = None,
+                 settings: Settings | None = None) -> None:
+        self.node_id = node_id
+        self.incarnation = incarnation or uuid.uuid4().hex
+        self.settings = settings or Settings(node_id=node_id)
+        self.queues: dict[tuple[str, str], Queue] = {}
+        self.topology = Topology(self._emit)
+        self.peers: dict[bytes, RouterPeer] = {}
+        self._outbox: dict[bytes, list[list]] = {}
+        self._next_id = itertools.count(1).__next__
+        self._last_heartbeat: float | None = None
+        # tag -> (field count incl. tag, field types or None, handler, is_request)
+        H = Callable[[RouterPeer, list], Any]
+        spec: dict[int, tuple[int, tuple | None, H | None, bool]] = {
+            T.HELLO: (4, (int, str, str), None, False),
+            T.HEARTBEAT: (1, (), self._on_heartbeat, False),
+            T.GOODBYE: (1, (), self._on_goodbye, False),
+            T.QUEUE_DECLARE: (10, (int, str, str, int, int, int, int, _D, _S),
+                              self._on_queue_declare, True),
+            T.QUEUE_DELETE: (7, (int, str, str, int, int, _S), self._on_queue_delete, True),
+            T.QUEUE_PURGE: (5, (int, str, str, _S), self._on_queue_purge, True),
+            T.EXCHANGE_DECLARE: (10, (int, str, str, str, int, int, int, int, _D),
+                                 self._on_exchange_declare, True),
+            T.EXCHANGE_DELETE: (5, (int, str, str, int), self._on_exchange_delete, True),
+            T.BIND: (8, (int, str, str, str, str, str, _D), self._on_bind, True),
+            T.UNBIND: (8, (int, str, str, str, str, str, _D), self._on_unbind, True),
+            T.UNBIND_DESTINATION: (4, (str, str, str), self._on_unbind_destination, False),
+            T.TOPOLOGY_SNAPSHOT: (2, (int,), self._on_snapshot, True),
+            T.CONNECTION_CLOSED: (2, (str,), self._on_connection_closed, False),
+            T.PUBLISH: (8, None, self._on_publish, False),      # hot path: count only
+            T.CONSUME: (10, (int, int, str, str, str, int, int, _D, _S), self._on_consume, True),
+            T.CANCEL: (3, (int, int), self._on_cancel, True),
+            T.CREDIT: (4, None, self._on_credit, False),        # hot: checked inside
+            T.SETTLE: (3, None, self._on_settle, False),        # hot: checked inside
+            T.GET: (6, (int, str, str, int, _S), self._on_get, True),
+        }
+        self._spec = {int(k): v for k, v in spec.items()}
+
+    # ------------------------------------------------------------------ plumbing
+    def _send(self, identity: bytes, msg: list) -> None:
+        box = self._outbox.get(identity)
+        if box is None:
+            box = self._outbox[identity] = []
+        box.append(msg)
+
+    def _emit(self, event: int, data: list) -> None:
+        """Queue a TOPOLOGY_EVENT to every registered router."""
+        for identity in self.peers:
+            self._send(identity, [_EVENT, event, data])
+
+    def take_outbox(self) -> dict[bytes, list[list]]:
+        """Messages to send since the last call: router identity -> wire messages, in order."""
+        out = self._outbox
+        self._outbox = {}
+        return out
+
+    # DeliverySink (called by Queue)
+    def deliver(self, consumer: QueueConsumer, entry: QueueEntry) -> None:
+        peer = consumer.peer
+        self._send(peer.identity, [_DELIVER, consumer.consumer_id, entry.entry_id,
+                                   entry.redelivered, entry.exchange, entry.routing_key,
+                                   entry.header, entry.body])
+        if not consumer.no_ack:
+            peer.unsettled[entry.entry_id] = entry
+
+    def work(self, consumer: QueueConsumer) -> None:
+        self._send(consumer.peer.identity, [_WORK, consumer.consumer_id])
+
+    # ------------------------------------------------------------------ dispatch
+    def handle(self, peer: bytes, msg: list, now_ms: float) -> None:
+        """Process one wire message ``msg`` from router ``peer`` (ZeroMQ identity) at ``now_ms``.
+
+        Never raises AMQPError (converted to REPLY here, the one place). Malformed messages
+        are logged and dropped.
+        """
+        tag = msg[0] if msg else None
+        spec = self._spec.get(tag) if isinstance(tag, int) else None
+        if spec is None:
+            log.warning("dropping wire message with unknown tag %r from %r", tag, peer)
+            return
+        arity, types, handler, is_request = spec
+        if len(msg) != arity or (types and not all(map(isinstance, msg[1:], types))):
+            self._malformed(peer, msg, is_request)
+            return
+        if tag == _HELLO:
+            self._on_hello(peer, msg, now_ms)
+            return
+        state = self.peers.get(peer)
+        if state is None:
+            if tag != _GOODBYE:
+                self._send(peer, [_GOODBYE])
+            return
+        state.last_seen = now_ms
+        try:
+            payload = handler(state, msg)
+        except AMQPError as err:
+            if is_request:
+                self._send(peer, [_REPLY, msg[1], err.reply_code, err.text, None])
+            else:
+                log.debug("%s from %r failed: %s", T(tag).name, peer, err.text)
+            return
+        if is_request:
+            self._send(peer, [_REPLY, msg[1], 0, "", payload])
+
+    def _malformed(self, peer: bytes, msg: list, is_request: bool) -> None:
+        name = T(msg[0]).name
+        log.warning("dropping malformed %s message (%d fields) from %r", name, len(msg), peer)
+        if is_request and len(msg) > 1 and isinstance(msg[1], int) and peer in self.peers:
+            self._send(peer, [_REPLY, msg[1], SYNTAX_ERROR, f"malformed {name} message", None])
+
+    # ------------------------------------------------------------------ link
+    def _on_hello(self, peer: bytes, msg: list, now_ms: float) -> None:
+        _, version, router_id, expected = msg
+        self._send(peer, [int(T.HELLO_OK), WIRE_VERSION, self.node_id, self.incarnation])
+        if version != WIRE_VERSION or expected != self.node_id:
+            log.error("refusing router %r: wire version %r (mine %d), expects node %r (I am %r)",
+                      router_id, version, WIRE_VERSION, expected, self.node_id)
+            return
+        old = self.peers.get(peer)
+        if old is not None:
+            self._forget(old)
+        self.peers[peer] = RouterPeer(peer, router_id, now_ms)
+        log.info("router %r connected", router_id)
+
+    def _on_heartbeat(self, state: RouterPeer, msg: list) -> None:
+        pass
+
+    def _on_goodbye(self, state: RouterPeer, msg: list) -> None:
+        log.info("router %r said goodbye", state.router_id)
+        self._forget(state)
+
+    def tick(self, now_ms: float) -> None:
+        """Queue HEARTBEAT to every router each ``link_heartbeat_ms``; forget routers silent
+        for more than ``link_timeout_ms`` (settings)."""
+        st = self.settings
+        if self._last_heartbeat is None or now_ms - self._last_heartbeat >= st.link_heartbeat_ms:
+            self._last_heartbeat = now_ms
+            for identity in self.peers:
+                self._send(identity, [_HEARTBEAT])
+        for state in [p for p in self.peers.values()
+                      if now_ms - p.last_seen > st.link_timeout_ms]:
+            log.warning("router %r silent for %d ms: forgetting it", state.router_id,
+                        now_ms - state.last_seen)
+            self._forget(state)
+
+    def goodbye_all(self) -> None:
+        """Queue GOODBYE to every known router (the node is stopping)."""
+        for identity in self.peers:
+            self._send(identity, [_GOODBYE])
+
+    def _forget(self, state: RouterPeer) -> None:
+        """The router is gone: drop its consumers, release its unsettled deliveries (original
+        position, redelivered), delete its connections' exclusive queues (EV_QUEUE_REMOVED)."""
+        self.peers.pop(state.identity, None)
+        consumers = list(state.consumers.values())
+        state.consumers.clear()
+        for c in consumers:
+            c.queue.remove_consumer(c)
+        touched: dict[Queue, None] = {}
+        for e in state.unsettled.values():
+            if e.queue.release(e):
+                touched[e.queue] = None
+        state.unsettled.clear()
+        for c in consumers:
+            self._maybe_auto_delete(c.queue)
+        prefix = state.router_id + "/"
+        for q in [q for q in self.queues.values()
+                  if q.exclusive_owner is not None and q.exclusive_owner.startswith(prefix)]:
+            self._delete_queue(q)
+        for q in touched:
+            if not q.deleted:
+                q.notify_work()
+
+    # ------------------------------------------------------------------ queues
+    def _queue_for(self, vhost: str, name: str, owner: str | None) -> Queue:
+        """The queue, checked for access. Raises 404 (missing), 405 (other's exclusive)."""
+        q = self.queues.get((vhost, name))
+        if q is None:
+            raise soft_error(NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
+        self._check_owner(q, owner)
+        return q
+
+    @staticmethod
+    def _check_owner(q: Queue, owner: str | None) -> None:
+        if q.exclusive_owner is not None and owner != q.exclusive_owner:
+            raise soft_error(RESOURCE_LOCKED, f"cannot obtain exclusive access to locked queue "
+                                              f"'{q.name}' in vhost '{q.vhost}'")
+
+    def _on_queue_declare(self, state: RouterPeer, msg: list) -> list:
+        """QUEUE_DECLARE (spec 1.7.2.1) -> [name, message_count, consumer_count]. Raises 404
+        (passive, missing), 405 (exclusive to another owner), 406 (inequivalent)."""
+        _, _, vhost, name, passive, durable, exclusive, auto_delete, args, owner = msg
+        q = self.queues.get((vhost, name))
+        if q is None:
+            if passive:
+                raise soft_error(NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
+            q = Queue(vhost, name, durable=bool(durable), auto_delete=bool(auto_delete),
+                      exclusive_owner=owner if exclusive else None, arguments=args,
+                      sink=self, next_id=self._next_id)
+            self.queues[(vhost, name)] = q
+            return [name, 0, 0]
+        self._check_owner(q, owner)
+        if not passive:
+            self._check_equivalent(q, bool(durable), bool(exclusive), bool(auto_delete),
+                                   args or {})
+        return [name, q.message_count, q.consumer_count]
+
+    @staticmethod
+    def _check_equivalent(q: Queue, durable: bool, exclusive: bool, auto_delete: bool,
+                          args: dict) -> None:
+        """406 "inequivalent arg" as RabbitMQ: durable, exclusive, auto_delete, x- arguments."""
+        checks = [("durable", durable, q.durable),
+                  ("exclusive", exclusive, q.exclusive_owner is not None),
+                  ("auto_delete", auto_delete, q.auto_delete)]
+        keys = sorted(k for k in set(args) | set(q.arguments) if str(k).startswith("x-"))
+        checks += [(k, args.get(k), q.arguments.get(k)) for k in keys]
+        for arg, received, current in checks:
+            if received != current:
+                raise soft_error(PRECONDITION_FAILED,
+                                 f"inequivalent arg '{arg}' for queue '{q.name}' in vhost "
+                                 f"'{q.vhost}': received '{amqp_bool(received)}' but current "
+                                 f"is '{amqp_bool(current)}'")
+
+    def _on_queue_delete(self, state: RouterPeer, msg: list) -> list:
+        """QUEUE_DELETE (spec 1.7.2.9) -> [message_count]. Missing: [0]. Raises 405, 406."""
+        _, _, vhost, name, if_unused, if_empty, owner = msg
+        q = self.queues.get((vhost, name))
+        if q is None:
+            return [0]
+        self._check_owner(q, owner)
+        if if_unused and q.consumer_count:
+            raise soft_error(PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
+        if if_empty and q.message_count:
+            raise soft_error(PRECONDITION_FAILED,
+                             f"queue '{name}' in vhost '{vhost}' is not empty")
+        count = q.message_count
+        self._delete_queue(q)
+        return [count]
+
+    def _delete_queue(self, q: Queue) -> None:
+        """Delete ``q``: cancel its consumers (CONSUMER_CANCELLED), drop its messages and this
+        node's bindings to it, emit EV_QUEUE_REMOVED."""
+        for c in q.delete():
+            c.peer.consumers.pop(c.consumer_id, None)
+            self._send(c.peer.identity, [int(T.CONSUMER_CANCELLED), c.consumer_id,
+                                         "queue deleted"])
+        del self.queues[(q.vhost, q.name)]
+        self.topology.unbind_destination(q.vhost, DEST_QUEUE, q.name)
+        self._emit(EV_QUEUE_REMOVED, [q.vhost, q.name])
+
+    def _maybe_auto_delete(self, q: Queue) -> None:
+        if q.auto_delete and q.had_consumers and not q.consumer_count and not q.deleted:
+            self._delete_queue(q)
+
+    def _on_queue_purge(self, state: RouterPeer, msg: list) -> list:
+        """QUEUE_PURGE (spec 1.7.2.7) -> [purged count]. Raises 404, 405."""
+        _, _, vhost, name, owner = msg
+        return [self._queue_for(vhost, name, owner).purge()]
+
+    def _on_connection_closed(self, state: RouterPeer, msg: list) -> None:
+        owner = msg[1]
+        for q in [q for q in self.queues.values() if q.exclusive_owner == owner]:
+            self._delete_queue(q)
+
+    # ------------------------------------------------------------------ exchanges
+    def _on_exchange_declare(self, state: RouterPeer, msg: list) -> None:
+        _, _, vhost, name, type_, passive, durable, auto_delete, internal, args = msg
+        self.topology.declare_exchange(vhost, name, type_, bool(passive), bool(durable),
+                                       bool(auto_delete), bool(internal), args)
+
+    def _on_exchange_delete(self, state: RouterPeer, msg: list) -> None:
+        _, _, vhost, name, if_unused = msg
+        self.topology.delete_exchange(vhost, name, bool(if_unused))
+
+    def _on_bind(self, state: RouterPeer, msg: list) -> None:
+        self.topology.bind(*msg[2:])
+
+    def _on_unbind(self, state: RouterPeer, msg: list) -> None:
+        self.topology.unbind(*msg[2:])
+
+    def _on_unbind_destination(self, state: RouterPeer, msg: list) -> None:
+        self.topology.unbind_destination(*msg[1:])
+
+    def _on_snapshot(self, state: RouterPeer, msg: list) -> list:
+        return self.topology.snapshot()
+
+    # ------------------------------------------------------------------ messages
+    def _on_publish(self, state: RouterPeer, msg: list) -> None:
+        """PUBLISH: enqueue on each named queue that exists; PUBLISH_RESULT if seq != 0;
+        then notify consumers (seed 002)."""
+        _, seq, vhost, names, exchange, routing_key, header, body = msg
+        queues = self.queues
+        routed = 0
+        for name in names:
+            q = queues.get((vhost, name))
+            if q is not None:
+                q.enqueue(exchange, routing_key, header, body)
+                routed += 1
+        if seq:
+            self._send(state.identity, [_PUBLISH_RESULT, seq, 0, routed])
+        if routed:
+            for name in names:
+                q = queues.get((vhost, name))
+                if q is not None:
+                    q.notify_work()
+
+    def _on_consume(self, state: RouterPeer, msg: list) -> None:
+        """CONSUME (spec 1.8.3.3): a consumer with credit 0. Raises 404, 405, 403 (exclusive
+        use), 503 (consumer_id already used by this router)."""
+        _, _, cid, vhost, name, tag, no_ack, exclusive, args, owner = msg
+        q = self._queue_for(vhost, name, owner)
+        if q.exclusive_consumer is not None or (exclusive and q.consumer_count):
+            raise soft_error(ACCESS_REFUSED, f"queue '{name}' in vhost '{vhost}' in exclusive use")
+        if cid in state.consumers:
+            raise hard_error(COMMAND_INVALID, f"consumer id {cid} already in use")
+        args = args or {}
+        prio = args.get("x-priority", 0)
+        c = QueueConsumer(cid, state, tag, bool(no_ack), bool(exclusive), args,
+                          prio if isinstance(prio, int) else 0)
+        q.add_consumer(c)
+        state.consumers[cid] = c
+
+    def _on_cancel(self, state: RouterPeer, msg: list) -> None:
+        """CANCEL (spec 1.8.3.5): unsettled deliveries stay acquired. Auto-delete queues lose
+        their last consumer -> deleted. Unknown consumer: success."""
+        c = state.consumers.pop(msg[2], None)
+        if c is not None and c.queue.remove_consumer(c):
+            self._maybe_auto_delete(c.queue)
+
+    def _on_credit(self, state: RouterPeer, msg: list) -> None:
+        """CREDIT: add credit and pull; drain -> CREDIT_DRAINED; credit 0 -> wants one WORK."""
+        _, cid, credit, drain = msg
+        c = state.consumers.get(cid) if type(cid) is int else None
+        if c is None or type(credit) is not int or credit < 0:
+            return
+        q = c.queue
+        if credit or drain:
+            q.add_credit(c, credit)
+        if drain:
+            self._send(state.identity, [int(T.CREDIT_DRAINED), cid, q.drain(c)])
+        elif not credit:
+            q.want_work(c)
+
+    def _on_settle(self, state: RouterPeer, msg: list) -> None:
+        """SETTLE: ACK dequeues, REQUEUE releases (original position, redelivered) and
+        notifies, REJECT drops. Unknown delivery ids are ignored."""
+        _, outcome, ids = msg
+        if type(ids) is not list:
+            log.warning("dropping SETTLE whose delivery ids are not a list")
+            return
+        unsettled = state.unsettled
+        if outcome == OUTCOME_ACK:
+            for i in ids:
+                e = unsettled.pop(i, None)
+                if e is not None:
+                    e.queue.dequeue(e)
+        elif outcome == OUTCOME_REQUEUE:
+            touched: dict[Queue, None] = {}
+            for i in ids:
+                e = unsettled.pop(i, None)
+                if e is not None and e.queue.release(e):
+                    touched[e.queue] = None
+            for q in touched:
+                q.notify_work()
+        elif outcome == OUTCOME_REJECT:
+            for i in ids:
+                e = unsettled.pop(i, None)
+                if e is not None:
+                    e.queue.reject(e)
+        else:
+            log.warning("dropping SETTLE with unknown outcome %r", outcome)
+
+    def _on_get(self, state: RouterPeer, msg: list) -> list | None:
+        """GET (spec 1.8.3.10) -> None or [delivery_id, redelivered, exchange, routing_key,
+        header, body, message_count]. Raises 404, 405."""
+        _, _, vhost, name, no_ack, owner = msg
+        q = self._queue_for(vhost, name, owner)
+        e = q.get()
+        if e is None:
+            return None
+        if no_ack:
+            q.dequeue(e)
+        else:
+            state.unsettled[e.entry_id] = e
+        return [e.entry_id, e.redelivered, e.exchange, e.routing_key, e.header, e.body,
+                q.message_count]

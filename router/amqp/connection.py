@@ -1,0 +1,618 @@
+"""The sans-IO AMQP 0-9-1 server connection (design.md section 7, modelled on h11).
+
+:class:`AMQPConnection` is a plain object: the transport feeds it received bytes with
+:meth:`~AMQPConnection.receive_data` and gets back events (:mod:`.events`); whatever the
+connection wants to send accumulates until :meth:`~AMQPConnection.data_to_send`. Time enters
+only through :meth:`~AMQPConnection.tick`. No sockets, no asyncio.
+
+It handles by itself: the protocol header, connection negotiation (start/start-ok, tune/tune-ok,
+open/open-ok, spec 4.10), SASL PLAIN/AMQPLAIN, heartbeats (spec 4.2.7), channel open/close/flow
+(spec 2.2.3, 1.5), content assembly of ``basic.publish`` (spec 2.3.5.2) and every frame-level
+error. Errors become ``channel.close`` / ``connection.close`` in exactly one place,
+:meth:`AMQPConnection.fail`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Container, Iterable
+
+from pamqp import commands
+
+from shoal.shared.errors import (CHANNEL_ERROR, COMMAND_INVALID, CONNECTION_FORCED,
+                                 FRAME_ERROR, NOT_ALLOWED, NOT_IMPLEMENTED,
+                                 UNEXPECTED_FRAME, AMQPError, hard_error)
+
+from . import fastpath
+from .channel import (AFTER_PUBLISH, AWAIT_BODY as _AWAIT_BODY,
+                      AWAIT_HEADER as _AWAIT_HEADER, CLOSING as _CLOSING, OPEN as _OPEN,
+                      Channel)
+from .events import (ChannelClosed, ChannelOpened, ConnectionClosed, ConnectionOpened,
+                     MethodReceived)
+from .framing import (FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD,
+                      FRAME_MIN_SIZE,
+                      FRAME_OVERHEAD, FRAME_TYPES, HEARTBEAT_FRAME, PROTOCOL_HEADER,
+                      decode_method, method_frame, unpack_frame_header)
+from .handshake import (LOCALES, MECHANISMS, negotiate, refused, sasl_credentials,
+                        server_properties as default_server_properties)
+from .methods import (BASIC_CANCEL_OK, CHANNEL_CLOSE, CHANNEL_CLOSE_OK, CHANNEL_FLOW,
+                      CHANNEL_FLOW_OK, CHANNEL_OPEN, CLIENT_CHANNEL_METHODS, CONNECTION_CLASS,
+                      CONNECTION_CLOSE, CONNECTION_CLOSE_OK, CONNECTION_OPEN,
+                      CONNECTION_START_OK, CONNECTION_TUNE_OK, CONNECTION_UPDATE_SECRET,
+                      close_frame, name, require_known, with_ids)
+from .states import ChannelInput, ConnectionInput, ConnectionState, channel_next, connection_next
+
+_PUBLISH, _ACK = fastpath.BASIC_PUBLISH, fastpath.BASIC_ACK
+_unpack_mid = fastpath.unpack_method_id
+_parse_publish, _parse_ack = fastpath.parse_publish, fastpath.parse_ack
+_CONNECTION_INPUTS = {CONNECTION_START_OK: ConnectionInput.START_OK,
+                      CONNECTION_TUNE_OK: ConnectionInput.TUNE_OK,
+                      CONNECTION_OPEN: ConnectionInput.OPEN,
+                      CONNECTION_CLOSE: ConnectionInput.CLIENT_CLOSE,
+                      CONNECTION_CLOSE_OK: ConnectionInput.CLOSE_OK}
+_CI = ChannelInput
+_CONN_OPEN, _CONN_CLOSING, _CONN_CLOSED = (ConnectionState.OPEN, ConnectionState.CLOSING,
+                                           ConnectionState.CLOSED)
+
+
+class AMQPConnection:
+    """The server side of one AMQP 0-9-1 connection, without I/O.
+
+    ``authenticate(username, password) -> bool``; ``vhosts``: names a client may open.
+    ``frame_max`` (octets, whole frame), ``channel_max``, ``heartbeat`` (seconds): offered in
+    ``connection.tune``; after ``tune-ok`` the attributes of the same names hold the
+    negotiated values. ``max_message_size``: octets; larger publishes close the channel with
+    406. ``loopback_users`` may only log in when ``peer_is_loopback`` (RabbitMQ's rule).
+    ``handshake_timeout``/``close_timeout`` (seconds, via :meth:`tick`): how long the client
+    may take to finish the handshake / to answer our ``connection.close``.
+    """
+
+    def __init__(self, authenticate: Callable[[str, str], bool],
+                 vhosts: Container[str] = ("/",), server_properties: dict | None = None,
+                 frame_max: int = 131072, channel_max: int = 2047, heartbeat: int = 60,
+                 max_message_size: int = 16 * 1024 * 1024, peer_is_loopback: bool = True,
+                 loopback_users: Iterable[str] = ("guest",), *,
+                 handshake_timeout: float = 10.0, close_timeout: float = 30.0) -> None:
+        self._authenticate = authenticate
+        self._vhosts = vhosts
+        self._server_properties = default_server_properties(server_properties)
+        self.frame_max = frame_max
+        self.channel_max = channel_max
+        self.heartbeat = heartbeat
+        self._offer = (frame_max, channel_max, heartbeat)
+        self.max_message_size = max_message_size
+        self._peer_is_loopback = peer_is_loopback
+        self._loopback_users = frozenset(loopback_users)
+        self._handshake_timeout = handshake_timeout
+        self._close_timeout = close_timeout
+
+        self.client_properties: dict = {}
+        self.capabilities: dict = {}
+        self.user: str | None = None
+        self.vhost: str | None = None
+        self._state = ConnectionState.AWAIT_PROTOCOL_HEADER
+        self._channels: dict[int, Channel] = {}
+        self._close_reason = (CONNECTION_FORCED, "CONNECTION_FORCED - connection closed")
+        # input: unparsed bytes wait in _chunks until _need octets are there (a partial frame)
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._need = len(PROTOCOL_HEADER)
+        self._max_payload = frame_max - FRAME_OVERHEAD
+        # output
+        self._out: list[bytes] = []
+        self.pending_output = 0
+        # time (tick): activity flags since the last tick, and when things last happened
+        self._received = False
+        self._sent = False
+        self._last_received: float | None = None
+        self._last_sent: float | None = None
+        self._started_at: float | None = None
+        self._deferred: list = []  # events of a close() before the protocol header
+        self._closing_since: float | None = None
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def state(self) -> ConnectionState:
+        return self._state
+
+    @property
+    def is_closed(self) -> bool:
+        """True once ConnectionClosed was emitted: the transport flushes and closes."""
+        return self._state == _CONN_CLOSED
+
+    @property
+    def closing(self) -> bool:
+        """True while we wait for the client's ``connection.close-ok``."""
+        return self._state == _CONN_CLOSING
+
+    def channel_is_open(self, channel: int) -> bool:
+        """True if ``channel`` is open and not closing (it may be mid-publish)."""
+        chan = self._channels.get(channel)
+        return chan is not None and chan.state != _CLOSING and self._state == _CONN_OPEN
+
+    def channel_flow_active(self, channel: int) -> bool:
+        """The last ``channel.flow`` ``active`` flag of ``channel`` (True if never sent)."""
+        chan = self._channels.get(channel)
+        return chan is not None and chan.flow_active
+
+    # ------------------------------------------------------------------ input
+    def receive_data(self, data: bytes) -> list:
+        """Feed received octets; returns the events they complete (possibly none).
+
+        ``b""`` means EOF: returns ``[ConnectionClosed]`` unless already closed. Never raises
+        for bad input: errors become ``channel.close`` / ``connection.close`` (see
+        :meth:`fail`); while closing, input other than ``close``/``close-ok`` is discarded.
+        """
+        if self._deferred:
+            events, self._deferred = self._deferred, []
+            return events + self.receive_data(data)
+        if self._state == _CONN_CLOSED:
+            return []
+        if not data:
+            return self._drop(*self._eof_reason())
+        self._received = True
+        if type(data) is not bytes:  # memoryview/bytearray: events must carry bytes
+            data = bytes(data)
+        if self._state == ConnectionState.AWAIT_PROTOCOL_HEADER:
+            return self._protocol_header(data)
+        if self._chunks:
+            self._chunks.append(data)
+            self._buffered += len(data)
+            if self._buffered < self._need:
+                return []
+            buf = b"".join(self._chunks)
+            self._chunks = []
+            self._buffered = 0
+        elif len(data) < self._need:
+            self._chunks.append(data)
+            self._buffered = len(data)
+            return []
+        else:
+            buf = data
+        events: list = []
+        self._frames(buf, 0, events)
+        return events
+
+    def _protocol_header(self, data: bytes) -> list:
+        """Spec 4.2.2: the 8-octet protocol header, possibly in pieces. On a mismatch (as soon
+        as the prefix differs) answer with our header and close."""
+        got = b"".join(self._chunks) + data if self._chunks else data
+        size = len(PROTOCOL_HEADER)
+        if got[:size] != PROTOCOL_HEADER[:len(got)]:
+            self._write(PROTOCOL_HEADER)
+            return self._drop(FRAME_ERROR, "FRAME_ERROR - bad protocol header "
+                                           f"{got[:size]!r}, expected AMQP 0-9-1")
+        if len(got) < size:
+            self._chunks, self._buffered = [got], len(got)
+            return []
+        self._chunks, self._buffered = [], 0
+        self._state = connection_next(self._state, ConnectionInput.PROTOCOL_HEADER)
+        self._need = 7
+        self._write(method_frame(0, commands.Connection.Start(
+            0, 9, self._server_properties, MECHANISMS, LOCALES)))
+        events: list = []
+        if len(got) > size:
+            self._frames(got, size, events)
+        return events
+
+    def _frames(self, buf: bytes, pos: int, events: list) -> None:
+        """Split ``buf[pos:]`` into frames (spec 4.2.3) and handle each; keep the tail.
+
+        The frame size is checked against frame_max from the 7 header octets, before the
+        payload is buffered. basic.publish, basic.ack, a content header and a single
+        completing body frame on an OPEN connection are handled inline (design.md section 4);
+        everything else goes through :meth:`_frame`.
+        """
+        end = len(buf)
+        channels = self._channels
+        append = events.append
+        max_payload = self._max_payload
+        is_open = self._state == _CONN_OPEN
+        while True:
+            if end - pos < 7:
+                need = 7
+                break
+            frame_type, ch, size = unpack_frame_header(buf, pos)
+            if size > max_payload or frame_type not in FRAME_TYPES:
+                self._frame_error(frame_type, ch, size, events)
+                return
+            fend = pos + 7 + size
+            if fend >= end:
+                need = fend + 1 - pos
+                break
+            if buf[fend] != FRAME_END:
+                self._fatal(hard_error(FRAME_ERROR, f"frame end octet is {buf[fend]:#04x}, "
+                                                    f"expected 0xce"), events)
+                return
+            start = pos + 7
+            pos = fend + 1
+            chan = channels.get(ch)
+            try:
+                if is_open and chan is not None:
+                    state = chan.state
+                    if frame_type == FRAME_METHOD:
+                        if state == _OPEN and size >= 4:
+                            mid = _unpack_mid(buf, start)[0]
+                            if mid == _PUBLISH:
+                                (chan.exchange, chan.routing_key, chan.mandatory,
+                                 chan.immediate) = _parse_publish(buf, start, fend)
+                                chan.state = AFTER_PUBLISH
+                                continue
+                            if mid == _ACK:
+                                append(MethodReceived(ch, _parse_ack(buf, start, fend)))
+                                continue
+                    elif frame_type == FRAME_HEADER:
+                        if state == _AWAIT_HEADER:
+                            message = chan.content_header(ch, buf, start, fend,
+                                                          self.max_message_size)
+                            if message is not None:
+                                append(message)
+                            continue
+                    elif frame_type == FRAME_BODY:
+                        if state == _AWAIT_BODY:
+                            message = chan.body_frame(ch, buf, start, fend)
+                            if message is not None:
+                                append(message)
+                            continue
+                self._frame(frame_type, ch, chan, buf, start, fend, events)
+            except AMQPError as err:
+                self._fail(ch, err, events)
+            if self._state != _CONN_OPEN:
+                if self._state == _CONN_CLOSED:
+                    return
+                is_open = False
+            max_payload = self._max_payload
+        if pos < end:
+            self._chunks = [buf[pos:]]
+            self._buffered = end - pos
+        self._need = need
+
+    def _frame(self, frame_type: int, ch: int, chan: Channel | None, buf: bytes, start: int,
+               fend: int, events: list) -> None:
+        """Every frame the inline path in :meth:`_frames` does not take."""
+        if frame_type == FRAME_METHOD:
+            if fend - start < 4:
+                raise hard_error(FRAME_ERROR, "method frame shorter than 4 octets")
+            mid = _unpack_mid(buf, start)[0]
+            try:
+                self._method(ch, chan, mid, buf, start, fend, events)
+            except AMQPError as err:
+                if not err.class_id:
+                    with_ids(err, mid)
+                raise
+        elif frame_type == FRAME_HEARTBEAT:
+            if ch != 0:  # spec 4.2.7: heartbeats belong to channel 0
+                raise hard_error(FRAME_ERROR, f"heartbeat frame on channel {ch}")
+        elif self._state == _CONN_CLOSING:
+            return  # spec 2.2.4: discard all but close / close-ok
+        elif self._state != _CONN_OPEN:
+            raise hard_error(UNEXPECTED_FRAME, "content frame before connection.open")
+        elif ch == 0:
+            raise hard_error(UNEXPECTED_FRAME, "content frame on channel 0")
+        elif chan is None:
+            raise hard_error(CHANNEL_ERROR, f"channel {ch} is not open")
+        else:  # on a CLOSING channel: discarded (spec 2.2.3); otherwise 505
+            channel_next(ch, chan.state, _CI.HEADER if frame_type == FRAME_HEADER
+                         else _CI.BODY)
+
+    # ------------------------------------------------------------------ methods
+    def _method(self, ch: int, chan: Channel | None, mid: int, buf: bytes, start: int,
+                fend: int, events: list) -> None:
+        state = self._state
+        if state == _CONN_CLOSING:  # spec 2.2.4: discard all but close / close-ok
+            if ch == 0 and mid in (CONNECTION_CLOSE, CONNECTION_CLOSE_OK):
+                self._connection_method(mid, buf, start, fend, events)
+            return
+        if ch == 0:
+            if mid == CHANNEL_OPEN:
+                raise hard_error(CHANNEL_ERROR, "channel.open on channel 0")
+            if mid >> 16 != CONNECTION_CLASS:
+                require_known(mid)
+                raise hard_error(COMMAND_INVALID, f"{name(mid)} on channel 0")
+            self._connection_method(mid, buf, start, fend, events)
+            return
+        require_known(mid)
+        if mid >> 16 == CONNECTION_CLASS:
+            raise hard_error(COMMAND_INVALID, f"{name(mid)} on channel {ch}, expected 0")
+        if state != _CONN_OPEN:
+            raise hard_error(COMMAND_INVALID, f"{name(mid)} before connection.open")
+        if chan is None:
+            if mid != CHANNEL_OPEN:
+                raise hard_error(CHANNEL_ERROR, f"expected 'channel.open' on channel {ch}, "
+                                                f"got {name(mid)}")
+            if ch > self.channel_max:
+                raise hard_error(CHANNEL_ERROR, f"channel {ch} is above channel_max "
+                                                f"{self.channel_max}")
+            self._channels[ch] = Channel()
+            self._write(method_frame(ch, commands.Channel.OpenOk()))
+            events.append(ChannelOpened(ch))
+            return
+        cstate = chan.state
+        if cstate == _CLOSING:  # spec 2.2.3: discard all but close / close-ok
+            if mid == CHANNEL_CLOSE:
+                channel_next(ch, cstate, _CI.CLIENT_CLOSE)
+                self._write(method_frame(ch, commands.Channel.CloseOk()))
+            elif mid == CHANNEL_CLOSE_OK:
+                channel_next(ch, cstate, _CI.CLOSE_OK)
+                del self._channels[ch]
+                events.append(ChannelClosed(ch))
+            return
+        if mid == CHANNEL_CLOSE:
+            channel_next(ch, cstate, _CI.CLIENT_CLOSE)  # 505 while content is expected
+            del self._channels[ch]
+            self._write(method_frame(ch, commands.Channel.CloseOk()))
+            events.append(ChannelClosed(ch))
+            return
+        if mid == CHANNEL_CLOSE_OK:
+            channel_next(ch, cstate, _CI.CLOSE_OK)  # raises: we sent no channel.close
+        if mid == _PUBLISH:  # the hot path takes the OPEN case; here: 505 mid-content
+            chan.state = channel_next(ch, cstate, _CI.PUBLISH)
+            (chan.exchange, chan.routing_key, chan.mandatory,
+             chan.immediate) = fastpath.parse_publish(buf, start, fend)
+            return
+        chan.state = channel_next(ch, cstate, _CI.METHOD)  # 505 while content is expected
+        if mid == CHANNEL_OPEN:
+            raise hard_error(CHANNEL_ERROR, f"channel {ch} is already open")
+        method = decode_method(mid, buf[start + 4:fend])
+        if mid in CLIENT_CHANNEL_METHODS:
+            events.append(MethodReceived(ch, method))
+        elif mid == CHANNEL_FLOW:
+            chan.flow_active = bool(method.active)
+            self._write(method_frame(ch, commands.Channel.FlowOk(chan.flow_active)))
+        elif mid in (CHANNEL_FLOW_OK, BASIC_CANCEL_OK):
+            pass  # answers to our channel.flow / basic.cancel: nothing to do
+        else:
+            raise hard_error(COMMAND_INVALID, f"{name(mid)} is not sent by clients")
+
+    def _connection_method(self, mid: int, buf: bytes, start: int, fend: int,
+                           events: list) -> None:
+        """Connection class methods on channel 0 (spec 1.4, 4.10)."""
+        event = _CONNECTION_INPUTS.get(mid)
+        if event is None:
+            if mid == CONNECTION_UPDATE_SECRET:
+                raise hard_error(NOT_IMPLEMENTED, "connection.update-secret is not supported")
+            require_known(mid)
+            raise hard_error(COMMAND_INVALID, f"{name(mid)} is not sent by clients")
+        nxt = connection_next(self._state, event)  # 503 when out of order
+        method = decode_method(mid, buf[start + 4:fend])
+        if event == ConnectionInput.START_OK:
+            self._start_ok(method)
+        elif event == ConnectionInput.TUNE_OK:
+            self._tune_ok(method)
+        elif event == ConnectionInput.OPEN:
+            vhost = method.virtual_host
+            if vhost not in self._vhosts:
+                raise hard_error(NOT_ALLOWED, f"vhost '{vhost}' not found")
+            self.vhost = vhost
+            self._write(method_frame(0, commands.Connection.OpenOk()))
+            events.append(ConnectionOpened(vhost, self.user, self.client_properties))
+        elif event == ConnectionInput.CLIENT_CLOSE:
+            self._write(method_frame(0, commands.Connection.CloseOk()))
+            if self._state != _CONN_CLOSING:
+                self._close_reason = (200, f"client closed connection: {method.reply_code} "
+                                           f"{method.reply_text}")
+            self._state = nxt
+            self._discard_input()
+            events.append(ConnectionClosed(*self._close_reason))
+            return
+        else:  # CLOSE_OK after our connection.close
+            self._state = nxt
+            self._discard_input()
+            events.append(ConnectionClosed(*self._close_reason))
+            return
+        self._state = nxt
+
+    def _start_ok(self, method: commands.Connection.StartOk) -> None:
+        props = method.client_properties
+        self.client_properties = props if isinstance(props, dict) else {}
+        caps = self.client_properties.get("capabilities")
+        self.capabilities = caps if isinstance(caps, dict) else {}
+        mechanism = method.mechanism if isinstance(method.mechanism, str) else "?"
+        user, password = sasl_credentials(mechanism, method.response or b"")
+        if not self._authenticate(user, password):
+            raise refused(mechanism)
+        if user in self._loopback_users and not self._peer_is_loopback:
+            raise refused(mechanism)
+        self.user = user
+        frame_max, channel_max, heartbeat = self._offer
+        self._write(method_frame(0, commands.Connection.Tune(channel_max, frame_max,
+                                                             heartbeat)))
+
+    def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
+        frame_max, channel_max, _ = self._offer
+        self.channel_max = negotiate(channel_max, method.channel_max, "channel_max")
+        self.frame_max = negotiate(frame_max, method.frame_max, "frame_max", FRAME_MIN_SIZE)
+        self.heartbeat = method.heartbeat
+        self._max_payload = self.frame_max - FRAME_OVERHEAD
+
+    # ------------------------------------------------------------------ errors and close
+    def fail(self, channel: int, error: AMQPError) -> None:
+        """THE one converter of errors into closes (design.md section 7).
+
+        ``error.soft`` and ``channel`` != 0: ``channel.close`` (spec 1.5.2.5) with the error's
+        reply code/text/class/method; the channel goes CLOSING and discards input until the
+        client's ``close-ok`` (then ChannelClosed). A soft error on a channel that is not open
+        or already closing is dropped. Otherwise (hard): ``connection.close`` (spec 1.4.2.7);
+        the connection goes CLOSING and ConnectionClosed follows the client's ``close-ok``
+        (or ``close_timeout``). No-op once the connection is closing or closed.
+        """
+        self._fail(channel, error, None)
+
+    def _fail(self, channel: int, error: AMQPError, events: list | None) -> None:
+        if self._state in (_CONN_CLOSING, _CONN_CLOSED):
+            return
+        if error.soft and channel:
+            chan = self._channels.get(channel)
+            if chan is None or chan.state == _CLOSING:
+                return
+            chan.state = channel_next(channel, chan.state, _CI.SERVER_CLOSE)
+            chan.abandon_content()
+            self._write(close_frame(channel, CHANNEL_CLOSE, error.reply_code,
+                                     error.reply_text, error.class_id, error.method_id))
+            return
+        self._server_close(error.reply_code, error.reply_text, error.class_id,
+                           error.method_id, events)
+
+    def close(self, reply_code: int = CONNECTION_FORCED,
+              reply_text: str = "CONNECTION_FORCED - broker shutdown") -> None:
+        """Server-initiated ``connection.close`` (spec 1.4.2.7), e.g. at shutdown;
+        ``reply_text`` is sent as given. ConnectionClosed follows the client's close-ok (or
+        ``close_timeout``); before the protocol header arrived it comes from the next
+        receive_data/tick call. No-op once closing or closed."""
+        if self._state not in (_CONN_CLOSING, _CONN_CLOSED):
+            self._server_close(reply_code, reply_text, 0, 0, None)
+
+    def _server_close(self, reply_code: int, reply_text: str, class_id: int, method_id: int,
+                      events: list | None) -> None:
+        if self._state == ConnectionState.AWAIT_PROTOCOL_HEADER:  # nothing to talk to yet
+            dropped = self._drop(reply_code, reply_text)
+            if events is None:
+                self._deferred.extend(dropped)
+            else:
+                events.extend(dropped)
+            return
+        self._write(close_frame(0, CONNECTION_CLOSE, reply_code, reply_text, class_id,
+                                 method_id))
+        self._close_reason = (reply_code, reply_text)
+        self._state = connection_next(self._state, ConnectionInput.SERVER_CLOSE)
+
+    def _fatal(self, error: AMQPError, events: list) -> None:
+        """Framing is broken (spec 4.2.3): send ``connection.close`` unless already closing,
+        then drop at once, since input after this cannot be split into frames."""
+        if self._state != _CONN_CLOSING:
+            self._write(close_frame(0, CONNECTION_CLOSE, error.reply_code, error.reply_text,
+                                     error.class_id, error.method_id))
+            self._close_reason = (error.reply_code, error.reply_text)
+        events.extend(self._drop(*self._close_reason))
+
+    def _frame_error(self, frame_type: int, ch: int, size: int, events: list) -> None:
+        if frame_type not in FRAME_TYPES:
+            text = f"unknown frame type {frame_type} on channel {ch}"
+        else:
+            text = (f"frame size {size + FRAME_OVERHEAD} on channel {ch} is larger than "
+                    f"frame_max {self._max_payload + FRAME_OVERHEAD}")
+        self._fatal(hard_error(FRAME_ERROR, text), events)
+
+    def _drop(self, reply_code: int, reply_text: str) -> list:
+        """Go CLOSED now; the one ConnectionClosed event."""
+        if self._state == _CONN_CLOSED:
+            return []
+        self._state = connection_next(self._state, ConnectionInput.DROP)
+        self._discard_input()
+        self._channels.clear()
+        return [ConnectionClosed(reply_code, reply_text)]
+
+    def _eof_reason(self) -> tuple[int, str]:
+        if self._state == _CONN_CLOSING:
+            return self._close_reason
+        return (CONNECTION_FORCED, "CONNECTION_FORCED - client unexpectedly closed TCP "
+                                   "connection")
+
+    def _discard_input(self) -> None:
+        self._chunks = []
+        self._buffered = 0
+
+    # ------------------------------------------------------------------ time
+    def tick(self, now: float) -> list:
+        """Drive timers; ``now`` is monotonic seconds. Call it about once a second.
+
+        Sends a heartbeat frame when nothing was sent for ``heartbeat / 2`` seconds
+        (RabbitMQ's rate, spec 4.2.7); drops a client from which nothing was received for
+        ``2 * heartbeat`` seconds (ConnectionClosed 320 "missed heartbeats"), a handshake not
+        done within ``handshake_timeout`` and a ``connection.close`` not answered within
+        ``close_timeout``. Returns the events (at most one ConnectionClosed).
+        """
+        if self._deferred:
+            events, self._deferred = self._deferred, []
+            return events
+        state = self._state
+        if state == _CONN_CLOSED:
+            return []
+        if self._last_received is None or self._received:
+            self._last_received = now
+        if self._last_sent is None or self._sent:
+            self._last_sent = now
+        self._received = self._sent = False
+        if self._started_at is None:
+            self._started_at = now
+        if state == _CONN_CLOSING:
+            if self._closing_since is None:
+                self._closing_since = now
+            elif now - self._closing_since >= self._close_timeout:
+                return self._drop(*self._close_reason)
+            return []
+        if state < _CONN_OPEN and now - self._started_at >= self._handshake_timeout:
+            return self._drop(CONNECTION_FORCED, "CONNECTION_FORCED - handshake timeout")
+        heartbeat = self.heartbeat
+        if heartbeat > 0 and state >= ConnectionState.AWAIT_OPEN:
+            if now - self._last_received >= 2 * heartbeat:
+                return self._drop(CONNECTION_FORCED, f"CONNECTION_FORCED - missed heartbeats "
+                                                     f"from client, timeout: {heartbeat}s")
+            if now - self._last_sent >= heartbeat / 2:
+                self._write(HEARTBEAT_FRAME)
+                self._sent = False
+                self._last_sent = now
+        return []
+
+    # ------------------------------------------------------------------ output
+    def _write(self, data: bytes) -> None:
+        self._out.append(data)
+        self.pending_output += len(data)
+        self._sent = True
+
+    def data_to_send(self) -> bytes:
+        """All bytes produced so far, draining the buffer (``pending_output`` drops to 0)."""
+        out = self._out
+        if not out:
+            return b""
+        data = out[0] if len(out) == 1 else b"".join(out)
+        self._out = []
+        self.pending_output = 0
+        return data
+
+    def _writable(self, channel: int) -> bool:
+        chan = self._channels.get(channel)
+        return chan is not None and chan.state != _CLOSING and self._state == _CONN_OPEN
+
+    def send_method(self, channel: int, method) -> None:
+        """Send a pamqp method object on ``channel`` (0 for connection.blocked/unblocked).
+        Dropped silently when the channel (or the connection) is closing or closed."""
+        if channel == 0:
+            if self._state != _CONN_OPEN:
+                return
+        elif not self._writable(channel):
+            return
+        self._write(method_frame(channel, method))
+
+    def send_deliver(self, channel: int, consumer_tag: str, delivery_tag: int,
+                     redelivered: bool, exchange: str, routing_key: str, header: bytes,
+                     body: bytes) -> None:
+        """``basic.deliver`` + content header (``header``: payload as published) + body
+        frames split at the negotiated frame_max. Dropped on a closing/closed channel."""
+        chan = self._channels.get(channel)
+        if chan is None or chan.state == _CLOSING or self._state != _CONN_OPEN:
+            return
+        data = fastpath.deliver(channel, consumer_tag, delivery_tag, redelivered, exchange,
+                                routing_key, header, body, self.frame_max)
+        self._out.append(data)
+        self.pending_output += len(data)
+        self._sent = True
+
+    def send_get_ok(self, channel: int, delivery_tag: int, redelivered: bool, exchange: str,
+                    routing_key: str, message_count: int, header: bytes, body: bytes) -> None:
+        """``basic.get-ok`` + content frames. Dropped on a closing/closed channel."""
+        if self._writable(channel):
+            self._write(fastpath.get_ok(channel, delivery_tag, redelivered, exchange,
+                                        routing_key, message_count, header, body,
+                                        self.frame_max))
+
+    def send_return(self, channel: int, reply_code: int, reply_text: str, exchange: str,
+                    routing_key: str, header: bytes, body: bytes) -> None:
+        """``basic.return`` (e.g. 312 NO_ROUTE) + content frames."""
+        if self._writable(channel):
+            self._write(fastpath.basic_return(channel, reply_code, reply_text, exchange,
+                                              routing_key, header, body, self.frame_max))
+
+    def send_confirm(self, channel: int, delivery_tag: int, multiple: bool,
+                     ack: bool) -> None:
+        """Publisher confirm: ``basic.ack`` (``ack``) or ``basic.nack``."""
+        if self._writable(channel):
+            self._write(fastpath.confirm(channel, delivery_tag, multiple, ack))

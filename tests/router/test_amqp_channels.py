@@ -1,0 +1,168 @@
+"""Channel lifecycle and method-level errors (spec 2.2.3, 1.5; reply codes spec 1.2)."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+from pamqp import commands
+
+from amqp_testkit import last_close, m, methods, open_channel, open_conn, raw_frame
+from shoal.router.amqp.events import ChannelClosed, ChannelOpened, MethodReceived
+from shoal.shared.errors import AMQPError, hard_error, soft_error
+
+
+def test_open_and_client_close():
+    conn = open_conn()
+    assert conn.receive_data(m(commands.Channel.Open(), 1)) == [ChannelOpened(1)]
+    [(ch, ok)] = methods(conn)
+    assert ch == 1 and isinstance(ok, commands.Channel.OpenOk)
+    assert conn.channel_is_open(1) and not conn.channel_is_open(2)
+    events = conn.receive_data(m(commands.Channel.Close(200, "bye", 0, 0), 1))
+    assert events == [ChannelClosed(1)]
+    [(ch, ok)] = methods(conn)
+    assert ch == 1 and isinstance(ok, commands.Channel.CloseOk)
+    assert not conn.channel_is_open(1)
+    assert conn.receive_data(m(commands.Channel.Open(), 1)) == [ChannelOpened(1)]  # reuse
+
+
+def test_channel_flow_is_answered_with_the_same_active():
+    conn = open_conn()
+    open_channel(conn, 1)
+    assert conn.receive_data(m(commands.Channel.Flow(False), 1)) == []
+    [(ch, ok)] = methods(conn)
+    assert ch == 1 and isinstance(ok, commands.Channel.FlowOk) and ok.active is False
+    assert conn.channel_flow_active(1) is False
+    conn.receive_data(m(commands.Channel.Flow(True), 1))
+    assert methods(conn)[0][1].active is True and conn.channel_flow_active(1)
+
+
+def test_other_methods_become_method_received():
+    conn = open_conn()
+    open_channel(conn, 3)
+    for method in (commands.Queue.Declare(queue="q1", durable=True,
+                                          arguments={"x-max-priority": 5}),
+                   commands.Exchange.Declare(exchange="e", exchange_type="topic"),
+                   commands.Basic.Qos(prefetch_count=10), commands.Basic.Consume(queue="q1"),
+                   commands.Basic.Nack(3, False, True), commands.Confirm.Select(),
+                   commands.Tx.Select(), commands.Basic.Ack(7, True)):
+        [ev] = conn.receive_data(m(method, 3))
+        assert isinstance(ev, MethodReceived) and ev.channel == 3
+        assert type(ev.method) is type(method) and dict(ev.method) == dict(method)
+    assert conn.data_to_send() == b""
+
+
+def test_server_channel_close_then_close_ok():
+    conn = open_conn()
+    open_channel(conn, 1)
+    conn.fail(1, soft_error(404, "no queue 'q' in vhost '/'"))
+    ch, close = last_close(conn)
+    assert ch == 1 and isinstance(close, commands.Channel.Close)
+    assert (close.reply_code, close.reply_text) == (404, "NOT_FOUND - no queue 'q' in vhost '/'")
+    assert not conn.channel_is_open(1) and not conn.closing
+    # while CLOSING everything but close / close-ok is discarded
+    assert conn.receive_data(m(commands.Queue.Declare(queue="q"), 1)) == []
+    assert conn.receive_data(m(commands.Basic.Publish(exchange="", routing_key="q"), 1)
+                             + raw_frame(2, 1, struct.pack(">HHQH", 60, 0, 3, 0))
+                             + raw_frame(3, 1, b"abc")) == []
+    assert conn.receive_data(m(commands.Channel.Open(), 1)) == []
+    assert conn.data_to_send() == b""
+    conn.fail(1, soft_error(404, "again"))  # already closing: nothing more
+    conn.send_deliver(1, "c", 1, False, "", "q", struct.pack(">HHQH", 60, 0, 0, 0), b"")
+    conn.send_method(1, commands.Basic.QosOk())
+    assert conn.data_to_send() == b""
+    assert conn.receive_data(m(commands.Channel.CloseOk(), 1)) == [ChannelClosed(1)]
+    assert conn.receive_data(m(commands.Channel.Open(), 1)) == [ChannelOpened(1)]
+
+
+def test_crossing_channel_closes():
+    conn = open_conn()
+    open_channel(conn, 1)
+    conn.fail(1, soft_error(406, "x"))
+    conn.data_to_send()
+    assert conn.receive_data(m(commands.Channel.Close(200, "", 0, 0), 1)) == []
+    assert isinstance(methods(conn)[0][1], commands.Channel.CloseOk)
+    assert conn.receive_data(m(commands.Channel.CloseOk(), 1)) == [ChannelClosed(1)]
+
+
+def test_soft_fail_on_unknown_channel_is_ignored_and_on_channel_0_is_hard():
+    conn = open_conn()
+    conn.fail(5, soft_error(404, "x"))
+    assert conn.data_to_send() == b""
+    conn.fail(0, soft_error(404, "x"))
+    ch, close = last_close(conn)
+    assert ch == 0 and isinstance(close, commands.Connection.Close) and close.reply_code == 404
+
+
+def test_hard_fail_from_broker_closes_connection_with_ids():
+    conn = open_conn()
+    open_channel(conn, 1)
+    err = AMQPError(541, "boom", class_id=50, method_id=10)
+    conn.fail(1, err)
+    ch, close = last_close(conn)
+    assert ch == 0 and isinstance(close, commands.Connection.Close)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == \
+        (541, "INTERNAL_ERROR - boom", 50, 10)
+    assert conn.closing and not conn.channel_is_open(1)
+
+
+def hard_close(conn):
+    ch, close = last_close(conn)
+    assert ch == 0 and isinstance(close, commands.Connection.Close), close
+    assert conn.closing
+    return close
+
+
+@pytest.mark.parametrize("frame,code,ids", [
+    (m(commands.Channel.Open(), 1), 504, (20, 10)),                  # already open
+    (m(commands.Channel.Open(), 0), 504, (20, 10)),                  # channel 0
+    (m(commands.Channel.Open(), 100), 504, (20, 10)),                # above channel_max
+    (m(commands.Queue.Declare(queue="q"), 2), 504, (50, 10)),        # not open
+    (m(commands.Channel.CloseOk(), 1), 504, (20, 41)),               # close-ok not asked
+    (m(commands.Connection.Close(200, "", 0, 0), 1), 503, (10, 50)),  # connection on ch 1
+    (m(commands.Queue.Declare(queue="q"), 0), 503, (50, 10)),        # non-connection on 0
+    (m(commands.Basic.Deliver("c", 1, False, "", "q"), 1), 503, (60, 60)),  # server-only
+    (raw_frame(1, 1, struct.pack(">HH", 60, 99)), 540, (60, 99)),    # unknown method
+    (raw_frame(1, 1, struct.pack(">HH", 99, 1)), 540, (99, 1)),      # unknown class
+    (raw_frame(1, 0, struct.pack(">HH", 10, 99)), 540, (10, 99)),
+    # Undecodable arguments: 501 FRAME_ERROR "cannot decode", as RabbitMQ answers.
+    (raw_frame(1, 1, struct.pack(">HH", 50, 10) + b"\x00"), 501, (50, 10)),  # truncated
+    (raw_frame(1, 1, b"\x00"), 501, (0, 0)),                         # no method id
+    (raw_frame(1, 1, struct.pack(">HH", 60, 80) + b"\x00" * 4), 501, (60, 80)),  # short ack
+    (raw_frame(1, 1, struct.pack(">HHH", 60, 40, 0) + b"\x05ab"), 501, (60, 40)),  # publish
+    (raw_frame(1, 1, struct.pack(">HHH", 60, 40, 0) + b"\x01\xff\x00\x00"), 501, (60, 40)),
+    (raw_frame(1, 0, struct.pack(">HH", 10, 70) + b"\x00" * 8), 540, (10, 70)),  # update-secret
+])
+def test_method_errors_close_the_connection(frame, code, ids):
+    conn = open_conn(channel_max=10)
+    open_channel(conn, 1)
+    conn.receive_data(frame)
+    close = hard_close(conn)
+    assert close.reply_code == code, close.reply_text
+    assert (close.class_id, close.method_id) == ids
+
+
+def test_after_a_hard_close_only_close_ok_matters():
+    conn = open_conn()
+    open_channel(conn, 1)
+    conn.receive_data(m(commands.Channel.Open(), 1))
+    hard_close(conn)
+    assert conn.receive_data(m(commands.Queue.Declare(queue="q"), 1)) == []
+    assert conn.receive_data(raw_frame(1, 1, b"\x00\x63\x00\x01")) == []  # unknown: ignored
+    assert conn.data_to_send() == b""
+    conn.fail(1, hard_error(541, "later"))  # no second close
+    assert conn.data_to_send() == b""
+    [ev] = conn.receive_data(m(commands.Connection.CloseOk()))
+    assert ev.reply_code == 504
+
+
+def test_channel_max_is_the_negotiated_one():
+    conn = open_conn(channel_max=2047)
+    assert conn.channel_max == 2047
+    assert conn.receive_data(m(commands.Channel.Open(), 2047)) == [ChannelOpened(2047)]
+
+
+def test_basic_cancel_ok_from_client_is_ignored():
+    conn = open_conn()
+    open_channel(conn, 1)
+    assert conn.receive_data(m(commands.Basic.CancelOk("ctag"), 1)) == []
+    assert not conn.closing
