@@ -165,7 +165,7 @@ class Broker:
             amqp.send_return(ch.number, NO_ROUTE, "NO_ROUTE", p.ev.exchange, p.ev.routing_key,
                              p.ev.header, p.ev.body)
         if p.seq:
-            amqp.send_confirm(ch.number, p.seq, False, not p.failed)
+            ch.confirmed(p.seq, not p.failed)
         self.mark_dirty(ch.client)
 
     # ---- consumers and credit ----------------------------------------------------------------

@@ -60,6 +60,9 @@ class Channel:
         self.next_tag = 1
         self.confirm = False
         self.publish_seq = 0
+        self._unconfirmed: deque[int] = deque()   # confirm seqs in publish order
+        self._confirmed: dict[int, bool] = {}      # finished this turn: seq -> ack (else nack)
+        self._confirm_sent: set[int] = set()       # confirmed out of order, still in the deque
         self.last_queue = ""
         self.closed = False
         self._busy = False
@@ -250,6 +253,7 @@ class Channel:
         if self.confirm:
             self.publish_seq += 1
             seq = self.publish_seq
+            self._unconfirmed.append(seq)
         if ev.immediate:
             raise hard_error(NOT_IMPLEMENTED, "immediate=true")
         ex = b.topology.get(self.vhost, ev.exchange)
@@ -261,6 +265,36 @@ class Channel:
         queues = b.topology.route(self.vhost, ev.exchange, ev.routing_key,
                                   lambda: _headers_of(ev.header))
         b.publish(self, seq, ev, queues)
+
+    def confirmed(self, seq: int, ack: bool) -> None:
+        """Publish ``seq`` is settled (every target queue accepted it, or one failed)."""
+        self._confirmed[seq] = ack
+        self.broker.mark_dirty(self.client)
+
+    def flush_confirms(self) -> None:
+        """Write this turn's confirms: the run of acks at the front of the unconfirmed
+        sequence as ONE ``basic.ack multiple=true``; the rest singly (spec 1.8.3.2 confirms may
+        come in any order)."""
+        q, done, sent = self._unconfirmed, self._confirmed, self._confirm_sent
+        top = count = 0
+        while q:
+            seq = q[0]
+            if seq in sent:
+                q.popleft()
+                sent.discard(seq)
+                continue
+            if done.get(seq) is not True:
+                break
+            q.popleft()
+            del done[seq]
+            top, count = seq, count + 1
+        amqp = self.client.amqp
+        if count:
+            amqp.send_confirm(self.number, top, count > 1, True)
+        for seq, ack in done.items():
+            amqp.send_confirm(self.number, seq, False, ack)
+            sent.add(seq)
+        done.clear()
 
     # ---- consuming ---------------------------------------------------------------------------
     def on_basic_qos(self, m: C.Basic.Qos) -> None:
@@ -314,12 +348,14 @@ class Channel:
             self.send(C.Basic.GetEmpty())
             return
         delivery_id, redelivered, exchange, routing_key, header, body, count = payload
+        if self.closed:  # closed while the node answered: give the message back
+            if not m.no_ack:
+                link.send([T.SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
+            return
         tag = self.next_tag
         self.next_tag += 1
         if not m.no_ack:
             self.unacked[tag] = Delivery(link.node_id, delivery_id, None)
-        if self.closed:
-            return
         self.client.amqp.send_get_ok(self.number, tag, redelivered, exchange, routing_key,
                                      count, header, body)
 

@@ -121,6 +121,9 @@ class ClientConnection(asyncio.Protocol):
     def flush(self) -> None:
         if self.transport is None or self.amqp is None:
             return
+        for ch in self.channels.values():
+            if ch._confirmed:
+                ch.flush_confirms()
         data = self.amqp.data_to_send()
         if data and not self.transport.is_closing():
             self.transport.write(data)
