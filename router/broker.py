@@ -12,6 +12,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import zmq.asyncio
+from pamqp import commands as C
 
 from shoal.shared import placement, wire
 from shoal.shared.errors import NO_ROUTE
@@ -19,7 +20,7 @@ from shoal.shared.settings import Settings
 from shoal.shared.wire import T
 
 from . import consumers as credit
-from .consumers import ConsumerTarget
+from .consumers import Consumer, ConsumerTarget
 from .link import NodeLink
 from .routing import Topology
 
@@ -51,7 +52,10 @@ class Broker:
         self.node_ids = [n for n, _ in self.node_map]
         self.topology = Topology(settings.vhosts)
         self.links: dict[str, NodeLink] = {}
-        self.consumers: dict[int, tuple["Channel", ConsumerTarget]] = {}
+        self.consumers: dict[int, tuple["Channel", Consumer]] = {}  # by consumer_id
+        #: Pull-model counters (seed 002 DG3): WORK notifications received, drain grants
+        #: sent, drains that came back with nothing delivered, deliveries.
+        self.stats = {"work": 0, "drains": 0, "empty_drains": 0, "delivered": 0}
         self.publishes: dict[int, PendingPublish] = {}
         self.connections: set["ClientConnection"] = set()
         self._next_consumer = 0
@@ -169,28 +173,29 @@ class Broker:
         self.mark_dirty(ch.client)
 
     # ---- consumers and credit ----------------------------------------------------------------
-    def replenish(self, ch: "Channel", c: ConsumerTarget) -> None:
-        """Grant ``c`` whatever credit the qos invariant allows now (consumers.py)."""
-        msgs = credit.credit_messages(ch.pool, c)
-        if msgs:
+    def replenish(self, ch: "Channel", t: ConsumerTarget) -> None:
+        """Grant ``t``'s queue consumers whatever credit the qos invariant allows now."""
+        for c, msg in credit.credit_messages(ch.pool, t):
             link = self.links[c.node_id]
             if link.up:
-                for m in msgs:
-                    link.send(m)
+                if msg[3]:
+                    self.stats["drains"] += 1
+                link.send(msg)
 
     def replenish_channel(self, ch: "Channel") -> None:
-        for c in ch.pool.consumers.values():
-            self.replenish(ch, c)
+        for t in list(ch.pool.targets.values()):
+            self.replenish(ch, t)
 
-    def cancel_consumer(self, ch: "Channel", c: ConsumerTarget) -> None:
-        """Client basic.cancel or channel close: the node forgets the consumer; deliveries it
-        already made stay unacked (spec 1.8.3.5)."""
-        c.cancelled = True
-        ch.pool.consumers.pop(c.tag, None)
-        self.consumers.pop(c.consumer_id, None)
-        link = self.links[c.node_id]
-        if link.up:
-            link.request([T.CANCEL, c.consumer_id]).add_done_callback(_ignore)
+    def cancel_consumer(self, ch: "Channel", t: ConsumerTarget) -> None:
+        """Client basic.cancel or channel close: every node forgets its part of ``t``;
+        deliveries already made stay unacked (spec 1.8.3.5)."""
+        t.cancelled = True
+        ch.pool.targets.pop(t.tag, None)
+        for c in t.consumers:
+            self.consumers.pop(c.consumer_id, None)
+            link = self.links[c.node_id]
+            if link.up:
+                link.request([T.CANCEL, c.consumer_id]).add_done_callback(_ignore)
 
     def settle(self, ch: "Channel", deliveries: list["Delivery"], outcome: int) -> None:
         """Forward settlements to the nodes (one SETTLE per node) and free their credit."""
@@ -209,8 +214,8 @@ class Broker:
         if ch.pool.global_prefetch:
             self.replenish_channel(ch)
         else:
-            for c in set(touched):
-                self.replenish(ch, c)
+            for t in set(touched):
+                self.replenish(ch, t)
 
     # ---- node messages -----------------------------------------------------------------------
     def _on_node_message(self, link: NodeLink, msg: list) -> None:
@@ -222,8 +227,8 @@ class Broker:
                 link.send([T.SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
                 return
             ch, c = entry
-            ch.deliver(c, link.node_id, delivery_id, redelivered, exchange, routing_key, header,
-                       body)
+            self.stats["delivered"] += 1
+            ch.deliver(c, delivery_id, redelivered, exchange, routing_key, header, body)
             self.mark_dirty(ch.client)
         elif tag == T.PUBLISH_RESULT:
             _, pid, code, routed = msg
@@ -238,19 +243,23 @@ class Broker:
                 del self.publishes[pid]
                 self._finish_publish(p)
         elif tag == T.WORK:
+            self.stats["work"] += 1
             entry = self.consumers.get(msg[1])
             if entry is not None:
                 credit.on_work(entry[1])
-                self.replenish(*entry)
+                self.replenish(entry[0], entry[1].target)
         elif tag == T.CREDIT_DRAINED:
             entry = self.consumers.get(msg[1])
             if entry is not None:
-                credit.on_drained(entry[1], msg[2])
-                self.replenish_channel(entry[0])
+                ch, c = entry
+                if msg[2] >= c.last_grant > 0:
+                    self.stats["empty_drains"] += 1
+                credit.on_drained(c, msg[2])
+                self.replenish_channel(ch)
         elif tag == T.CONSUMER_CANCELLED:
             entry = self.consumers.get(msg[1])
             if entry is not None:
-                self._server_cancel(*entry)
+                self._server_cancel(entry[0], entry[1].target)
         elif tag == T.TOPOLOGY_EVENT:
             for vhost, name in self.topology.apply(msg[1], msg[2]):
                 self._queue_removed(vhost, name)
@@ -266,15 +275,15 @@ class Broker:
             if l.up:
                 l.send([T.UNBIND_DESTINATION, vhost, wire.DEST_QUEUE, name])
 
-    def _server_cancel(self, ch: "Channel", c: ConsumerTarget) -> None:
-        """The broker ends a consumer (queue deleted, node lost): basic.cancel to clients that
-        announced ``consumer_cancel_notify`` (RabbitMQ extension)."""
-        c.cancelled = True
-        ch.pool.consumers.pop(c.tag, None)
-        self.consumers.pop(c.consumer_id, None)
+    def _server_cancel(self, ch: "Channel", t: ConsumerTarget) -> None:
+        """The broker ends a consumer (a queue deleted, a node lost): its other queue
+        consumers are cancelled too, and clients that announced ``consumer_cancel_notify``
+        (RabbitMQ extension) get basic.cancel."""
+        if t.cancelled:
+            return
+        self.cancel_consumer(ch, t)
         if not ch.closed and ch.client.capabilities.get("consumer_cancel_notify"):
-            from pamqp import commands as C
-            ch.send(C.Basic.Cancel(c.tag, nowait=True))
+            ch.send(C.Basic.Cancel(t.tag, nowait=True))
             self.mark_dirty(ch.client)
 
     def _on_node_up(self, link: NodeLink, restarted: bool) -> None:
@@ -297,7 +306,7 @@ class Broker:
         node_id = link.node_id
         for ch, c in list(self.consumers.values()):
             if c.node_id == node_id:
-                self._server_cancel(ch, c)
+                self._server_cancel(ch, c.target)
         for pid, p in list(self.publishes.items()):
             if node_id in p.waiting:
                 p.failed = True

@@ -24,7 +24,7 @@ from shoal.shared.wire import T
 
 from . import consumers as credit
 from .amqp.events import MessagePublished
-from .consumers import ConsumerTarget, CreditPool
+from .consumers import Consumer, ConsumerTarget, CreditPool
 from .routing import BUILTIN_EXCHANGES, EXCHANGE_TYPES
 
 if TYPE_CHECKING:
@@ -37,10 +37,10 @@ class Delivery:
     """An unacknowledged delivery: which node holds the message (``delivery_id`` there)."""
     __slots__ = ("node_id", "delivery_id", "consumer")
 
-    def __init__(self, node_id: str | None, delivery_id: int, consumer: ConsumerTarget | None):
+    def __init__(self, node_id: str | None, delivery_id: int, target: ConsumerTarget | None):
         self.node_id = node_id          # None once that node went down (settling is a no-op)
         self.delivery_id = delivery_id
-        self.consumer = consumer        # None for basic.get
+        self.consumer = target          # the consumer tag's target; None for basic.get
 
 
 def _q(vhost: str, name: str) -> str:
@@ -306,37 +306,55 @@ class Channel:
         else:
             self.pool.prefetch_count = m.prefetch_count
         self.send(C.Basic.QosOk())
-        for c in self.pool.consumers.values():
-            self.broker.replenish(self, c)
+        self.broker.replenish_channel(self)
 
     async def on_basic_consume(self, m: C.Basic.Consume) -> None:
+        """basic.consume (spec 1.8.3.3) on one queue, or on several with the Qpid argument
+        ``x-multiqueue`` (an array of queue names; the queue field is then ignored): one
+        consumer tag, one stream of deliveries, one credit pool across the queues' nodes.
+
+        Raises 404 (a queue is missing: the channel closes and no part stays registered),
+        405/403 from the queues' nodes, 406 (x-multiqueue is not an array of names),
+        530 (consumer tag reused, hard, as RabbitMQ).
+        """
         b = self.broker
-        queue = self._queue_name(m.queue)
+        args = dict(m.arguments or {})
+        multi = args.pop("x-multiqueue", None)
+        if multi is not None:
+            queues = _queue_list(multi)
+        else:
+            queues = [self._queue_name(m.queue)]
         tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
-        if tag in self.pool.consumers:
+        if tag in self.pool.targets:
             raise hard_error(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
-        link = b.queue_link(self.vhost, queue)
-        c = ConsumerTarget(b.new_consumer_id(), tag, self.number, self.vhost, queue,
-                           link.node_id, m.no_ack)
-        self.pool.consumers[tag] = c  # reserve the tag while the node answers
-        b.consumers[c.consumer_id] = (self, c)
-        try:
-            await link.request([T.CONSUME, c.consumer_id, self.vhost, queue, tag, m.no_ack,
-                                m.exclusive, m.arguments or {}, self.client.owner])
-        except AMQPError:
-            self.pool.consumers.pop(tag, None)
-            b.consumers.pop(c.consumer_id, None)
-            raise
-        if self.closed or c.cancelled:
+        t = ConsumerTarget(tag, self.number, self.vhost, m.no_ack)
+        for q in queues:
+            link = b.queue_link(self.vhost, q)
+            t.consumers.append(Consumer(b.new_consumer_id(), q, link.node_id, t))
+        self.pool.targets[tag] = t  # reserve the tag while the nodes answer
+        for c in t.consumers:
+            b.consumers[c.consumer_id] = (self, c)
+        results = await asyncio.gather(*(
+            b.links[c.node_id].request([T.CONSUME, c.consumer_id, self.vhost, c.queue, tag,
+                                        m.no_ack, m.exclusive, args, self.client.owner])
+            for c in t.consumers), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            self.broker.cancel_consumer(self, t)
+            for err in errors:
+                if isinstance(err, AMQPError):
+                    raise err
+            raise errors[0]
+        if self.closed or t.cancelled:
             return
         if not m.nowait:
             self.send(C.Basic.ConsumeOk(tag))
-        b.replenish(self, c)
+        b.replenish(self, t)
 
     def on_basic_cancel(self, m: C.Basic.Cancel) -> None:
-        c = self.pool.consumers.get(m.consumer_tag)
-        if c is not None:
-            self.broker.cancel_consumer(self, c)
+        t = self.pool.targets.get(m.consumer_tag)
+        if t is not None:
+            self.broker.cancel_consumer(self, t)
         if not m.nowait:
             self.send(C.Basic.CancelOk(m.consumer_tag))
 
@@ -359,18 +377,19 @@ class Channel:
         self.client.amqp.send_get_ok(self.number, tag, redelivered, exchange, routing_key,
                                      count, header, body)
 
-    def deliver(self, c: ConsumerTarget, node_id: str, delivery_id: int, redelivered: bool,
-                exchange: str, routing_key: str, header: bytes, body: bytes) -> None:
-        """Write one basic.deliver for consumer ``c`` (the node acquired it for us)."""
+    def deliver(self, c: Consumer, delivery_id: int, redelivered: bool, exchange: str,
+                routing_key: str, header: bytes, body: bytes) -> None:
+        """Write one basic.deliver for queue consumer ``c`` (its node acquired the message)."""
+        t = c.target
         tag = self.next_tag
         self.next_tag += 1
         credit.on_delivered(self.pool, c)
-        if not c.no_ack:
-            self.unacked[tag] = Delivery(node_id, delivery_id, c)
-        self.client.amqp.send_deliver(self.number, c.tag, tag, redelivered, exchange,
+        if not t.no_ack:
+            self.unacked[tag] = Delivery(c.node_id, delivery_id, t)
+        self.client.amqp.send_deliver(self.number, t.tag, tag, redelivered, exchange,
                                       routing_key, header, body)
-        if c.no_ack:
-            self.broker.replenish(self, c)
+        if t.no_ack:
+            self.broker.replenish(self, t)
 
     # ---- settlement --------------------------------------------------------------------------
     def _take(self, delivery_tag: int, multiple: bool) -> list[Delivery]:
@@ -424,9 +443,20 @@ class Channel:
             return
         self.closed = True
         self._backlog.clear()
-        for c in list(self.pool.consumers.values()):
-            self.broker.cancel_consumer(self, c)
+        for t in list(self.pool.targets.values()):
+            self.broker.cancel_consumer(self, t)
         self.settle(self._take(0, True), wire.OUTCOME_REQUEUE)
+
+
+def _queue_list(value: Any) -> list[str]:
+    """The ``x-multiqueue`` argument as a list of distinct queue names (order kept).
+    Raises 406 PRECONDITION_FAILED when it is not a non-empty array of names."""
+    if isinstance(value, (list, tuple)) and value:
+        names = [v.decode() if isinstance(v, bytes) else v for v in value]
+        if all(isinstance(n, str) and n for n in names):
+            return list(dict.fromkeys(names))
+    raise soft_error(PRECONDITION_FAILED,
+                     "x-multiqueue must be a non-empty array of queue names")
 
 
 def _headers_of(header: bytes) -> dict | None:

@@ -1,24 +1,32 @@
 """The router's ConsumerTarget layer: turns basic.qos into credit granted to nodes (seed 002).
 
-A :class:`ConsumerTarget` is the broker-side representation of one ``basic.consume``. Its queue
-lives on one node; the node delivers only while the consumer has *credit* there (wire CREDIT).
+Seed 002: "The ConsumerTarget is the broker-side representation of a consuming client. Due to
+multi-queue consumers a ConsumerTarget has one or more Consumers associated with one queue
+each." Here a :class:`ConsumerTarget` is one ``basic.consume`` (one consumer tag, one stream of
+deliveries) and each of its :class:`Consumer` objects is registered with the node that owns
+its queue. A node delivers for a Consumer only while that Consumer holds *credit* there.
 
-The invariant (AMQP 0-9-1 spec 1.8.3.13 ``basic.qos``; issue "prefetch is never exceeded"):
+The invariant (AMQP 0-9-1 spec 1.8.3.13 ``basic.qos``; issues "prefetch is never exceeded"
+and "credit is exact across shards"), for consumers that acknowledge:
 
-* per consumer: ``unacked + granted <= prefetch_count`` when ``prefetch_count > 0``;
-* per channel (``global`` qos): ``channel.unacked_count + sum(granted) <= global_prefetch``.
+* per target: ``target.unacked + sum(consumer.granted) <= prefetch_count`` if it is > 0;
+* per channel (``global``): ``pool.unacked + sum(all granted) <= global_prefetch`` if > 0.
 
-``granted`` is credit the node may still use. Two modes (the seeds' pull model across a process
-boundary):
+``granted`` is credit a node may still use, so a node can never deliver past the limit, however
+deliveries from several nodes interleave. Two ways of granting:
 
-* **standing credit** (no global limit): the router tops up each consumer's credit as its
-  deliveries are acknowledged; a steady stream never waits a round trip (seed 002 DG4).
-* **pull** (a global limit is set): the pool is shared, so a consumer gets credit only after its
-  node says it has WORK; the grant is a *drain* (use it now, return the rest with
-  CREDIT_DRAINED), so unused credit flows back to where there is work.
+* **standing credit** (one queue, no global limit): the router tops the consumer up as its
+  deliveries are acknowledged, so a steady stream never waits a round trip (seed 002 DG4).
+* **pull** (several queues, or a global limit): a Consumer first registers interest
+  (``CREDIT 0``); its node answers ``WORK`` once it has a message for it (DG3: no spurious
+  wake-ups); the router then grants a *drain* share of the free room (use it now, return the
+  rest with ``CREDIT_DRAINED``), round-robin over the Consumers that have work (DG5 fairness),
+  so unused credit flows back to where there is work.
 
 Unlimited prefetch (0) and ``no_ack`` consumers get standing credit in chunks of
-:data:`CHUNK`, topped up below :data:`LOW_WATER`, paused while the client's socket is backed up.
+:data:`CHUNK`, topped up below :data:`LOW_WATER`, and nothing while the client socket is
+backed up (``pool.paused``). Lowering ``prefetch_count`` applies to credit granted afterwards;
+deliveries already granted under the old value still arrive (as in RabbitMQ).
 """
 from __future__ import annotations
 
@@ -31,86 +39,130 @@ LOW_WATER = 128   #: top up unlimited credit when less than this is left
 
 
 @dataclass(slots=True, eq=False)
-class ConsumerTarget:
-    """One consumer: where its queue is and how much credit it holds there."""
+class Consumer:
+    """One queue of a ConsumerTarget, registered at that queue's node as ``consumer_id``."""
     consumer_id: int
+    queue: str
+    node_id: str
+    target: "ConsumerTarget"
+    granted: int = 0          #: credit the node may still use
+    draining: bool = False    #: a pull (drain) grant is outstanding
+    has_work: bool = False    #: the node said WORK and no grant answered it yet
+    interest_sent: bool = False  #: CREDIT(0) "tell me when you have work" is registered
+    last_grant: int = 0       #: size of the last drain grant (to count empty pulls)
+
+
+@dataclass(slots=True, eq=False)
+class ConsumerTarget:
+    """One ``basic.consume``: a consumer tag over one or more queues (``x-multiqueue``)."""
     tag: str
     channel_id: int
     vhost: str
-    queue: str
-    node_id: str
     no_ack: bool
-    unacked: int = 0       #: deliveries not yet acknowledged by the client
-    granted: int = 0       #: credit the node may still use
-    draining: bool = False  #: a pull (drain) grant is outstanding
-    has_work: bool = False  #: the node said WORK and no grant answered it yet
+    consumers: list[Consumer] = field(default_factory=list)
+    unacked: int = 0          #: deliveries not yet acknowledged by the client
     cancelled: bool = False
-    interest_sent: bool = False  #: CREDIT(0) "tell me when you have work" is registered
+    rr: int = 0               #: round-robin start for pull grants (fairness)
+
+    @property
+    def granted(self) -> int:
+        return sum(c.granted for c in self.consumers)
+
+    @property
+    def queues(self) -> list[str]:
+        return [c.queue for c in self.consumers]
 
 
 @dataclass(slots=True)
 class CreditPool:
     """The qos state of one channel (spec 1.8.3.13)."""
-    prefetch_count: int = 0     #: per consumer, 0 = unlimited
+    prefetch_count: int = 0     #: per consumer tag, 0 = unlimited
     global_prefetch: int = 0    #: per channel, 0 = unlimited
-    unacked: int = 0            #: unacked deliveries of the channel from consumers
+    unacked: int = 0            #: unacked deliveries of the channel's consumers
     paused: bool = False        #: client socket backed up: grant nothing
-    consumers: dict[str, ConsumerTarget] = field(default_factory=dict)  # by tag, in order
+    targets: dict[str, ConsumerTarget] = field(default_factory=dict)  # by tag, in order
 
     @property
     def granted(self) -> int:
-        return sum(c.granted for c in self.consumers.values())
+        return sum(t.granted for t in self.targets.values())
 
 
-def credit_messages(pool: CreditPool, c: ConsumerTarget) -> list[list]:
-    """Wire CREDIT messages to send for consumer ``c`` now (possibly none).
+Grant = tuple[Consumer, list]  # (consumer, wire CREDIT message for its node)
+
+
+def credit_messages(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
+    """The CREDIT messages to send for target ``t`` now (possibly none).
 
     Call after anything that may free credit: an ack, a delivery to a no_ack consumer, a qos
     change, WORK, CREDIT_DRAINED, the socket draining. Never raises.
     """
-    if c.cancelled or pool.paused:
+    if t.cancelled or pool.paused:
         return []
-    if pool.global_prefetch > 0 and not c.no_ack:
-        return _pull(pool, c)
-    if c.no_ack or pool.prefetch_count == 0:
-        if c.granted < LOW_WATER:
-            grant = CHUNK - c.granted
-            c.granted += grant
-            return [[T.CREDIT, c.consumer_id, grant, False]]
+    limited = not t.no_ack and (pool.prefetch_count > 0 or pool.global_prefetch > 0)
+    if not limited:
+        out = []
+        for c in t.consumers:
+            if c.granted < LOW_WATER:
+                grant = CHUNK - c.granted
+                c.granted += grant
+                out.append((c, [T.CREDIT, c.consumer_id, grant, False]))
+        return out
+    if pool.global_prefetch == 0 and len(t.consumers) == 1:
+        c = t.consumers[0]
+        room = pool.prefetch_count - t.unacked - c.granted
+        if room > 0:
+            c.granted += room
+            return [(c, [T.CREDIT, c.consumer_id, room, False])]
         return []
-    room = pool.prefetch_count - c.unacked - c.granted
-    if room > 0:
-        c.granted += room
-        return [[T.CREDIT, c.consumer_id, room, False]]
-    return []
+    return _pull(pool, t)
 
 
-def _pull(pool: CreditPool, c: ConsumerTarget) -> list[list]:
-    if c.draining:
-        return []
-    if not c.has_work:
-        if c.interest_sent:
-            return []
-        c.interest_sent = True
-        return [[T.CREDIT, c.consumer_id, 0, False]]
-    room = pool.global_prefetch - pool.unacked - pool.granted
+def room(pool: CreditPool, t: ConsumerTarget) -> int:
+    """How many more deliveries ``t`` may be granted without breaking the invariant."""
+    free = 1 << 62
     if pool.prefetch_count > 0:
-        room = min(room, pool.prefetch_count - c.unacked - c.granted)
-    if room <= 0:
-        return []
-    c.granted += room
-    c.draining = True
-    c.has_work = False
-    return [[T.CREDIT, c.consumer_id, room, True]]
+        free = pool.prefetch_count - t.unacked - t.granted
+    if pool.global_prefetch > 0:
+        free = min(free, pool.global_prefetch - pool.unacked - pool.granted)
+    return free
 
 
-def on_work(c: ConsumerTarget) -> None:
+def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
+    out: list[Grant] = []
+    for c in t.consumers:
+        if not (c.draining or c.has_work or c.interest_sent):
+            c.interest_sent = True
+            out.append((c, [T.CREDIT, c.consumer_id, 0, False]))
+    free = room(pool, t)
+    if free <= 0:
+        return out
+    n = len(t.consumers)
+    order = t.consumers[t.rr % n:] + t.consumers[:t.rr % n]
+    working = [c for c in order if c.has_work and not c.draining]
+    if not working:
+        return out
+    t.rr = (t.rr + 1) % n
+    share = max(1, free // len(working))
+    for c in working:
+        if free <= 0:
+            break
+        grant = min(share, free)
+        free -= grant
+        c.granted += grant
+        c.last_grant = grant
+        c.draining = True
+        c.has_work = False
+        out.append((c, [T.CREDIT, c.consumer_id, grant, True]))
+    return out
+
+
+def on_work(c: Consumer) -> None:
     """The node said WORK for ``c`` (its registration is used up)."""
     c.has_work = True
     c.interest_sent = False
 
 
-def on_drained(c: ConsumerTarget, unused: int) -> None:
+def on_drained(c: Consumer, unused: int) -> None:
     """CREDIT_DRAINED: the node returned ``unused`` credit and holds none for ``c`` now.
 
     A drain that used everything may have left more work behind, so the consumer is treated as
@@ -122,17 +174,17 @@ def on_drained(c: ConsumerTarget, unused: int) -> None:
     c.interest_sent = False
 
 
-def on_delivered(pool: CreditPool, c: ConsumerTarget) -> None:
+def on_delivered(pool: CreditPool, c: Consumer) -> None:
     """A DELIVER for ``c`` arrived: it used one credit."""
     if c.granted > 0:
         c.granted -= 1
-    if not c.no_ack:
-        c.unacked += 1
+    if not c.target.no_ack:
+        c.target.unacked += 1
         pool.unacked += 1
 
 
-def on_settled(pool: CreditPool, c: ConsumerTarget | None) -> None:
-    """The client acked/nacked/rejected one of ``c``'s deliveries (or it was requeued)."""
-    if c is not None:
-        c.unacked -= 1
+def on_settled(pool: CreditPool, t: ConsumerTarget | None) -> None:
+    """The client acked/nacked/rejected one of ``t``'s deliveries (or it was requeued)."""
+    if t is not None:
+        t.unacked -= 1
         pool.unacked -= 1

@@ -1,32 +1,37 @@
-"""Property test of the ConsumerTarget credit logic (router/consumers.py), sans-IO.
+"""Property tests of the ConsumerTarget credit logic (router/consumers.py), sans-IO.
 
-A tiny model node honours CREDIT (standing and drain), WORK and CREDIT_DRAINED as the wire
-contract says; links are FIFO queues whose deliveries interleave at random with arrivals and
-acks. Whatever happens, the router never holds more unacked deliveries than the per-consumer
-``prefetch_count`` or the channel's ``global`` prefetch, and no message is stranded while a
-consumer could take it.
+Model nodes honour CREDIT (standing and drain), WORK and CREDIT_DRAINED as the wire contract
+says (shared/wire.py); each node's link is a FIFO whose messages interleave at random with
+arrivals on random shards, acks, and qos increases. Whatever happens:
+
+* a consumer tag never holds more unacked deliveries than ``prefetch_count``, and a channel
+  never more than its ``global`` prefetch (counting credit the nodes may still use);
+* no message is delivered twice, none is lost, and none is stranded while a consumer could
+  take it (after quiescing, everything published was delivered).
 """
 from collections import deque
 
 from hypothesis import given, settings, strategies as st
 
 from shoal.router import consumers as credit
-from shoal.router.consumers import ConsumerTarget, CreditPool
+from shoal.router.consumers import Consumer, ConsumerTarget, CreditPool
 from shoal.shared.wire import T
 
 
 class ModelNode:
-    def __init__(self):
-        self.queues = {}        # queue -> count of available messages
+    """A node as the wire contract describes it, for the credit messages only."""
+
+    def __init__(self, name):
+        self.name = name
+        self.queues = {}        # queue -> deque of message ids
         self.credit = {}        # consumer_id -> credit
         self.wants_work = {}
-        self.queue_of = {}
+        self.queue_of = {}      # consumer_id -> queue
         self.inbox = deque()    # router -> node
         self.outbox = deque()   # node -> router
 
     def step(self):
-        msg = self.inbox.popleft()
-        _, cid, amount, drain = msg
+        _, cid, amount, drain = self.inbox.popleft()
         self.credit[cid] = self.credit.get(cid, 0) + amount
         if amount == 0 and not drain:
             self.wants_work[cid] = True
@@ -37,91 +42,137 @@ class ModelNode:
         self.notify(self.queue_of[cid])
 
     def pull(self, cid):
-        q = self.queue_of[cid]
-        while self.credit.get(cid, 0) > 0 and self.queues[q] > 0:
-            self.queues[q] -= 1
+        q = self.queues[self.queue_of[cid]]
+        while self.credit.get(cid, 0) > 0 and q:
             self.credit[cid] -= 1
-            self.outbox.append([T.DELIVER, cid])
+            self.outbox.append([T.DELIVER, cid, q.popleft()])
 
-    def notify(self, q):
-        for cid, qq in self.queue_of.items():
-            if qq != q:
-                continue
-            self.pull(cid)
-            if self.queues[q] > 0 and self.credit.get(cid, 0) == 0 and self.wants_work.get(cid):
+    def notify(self, queue):
+        for cid, q in self.queue_of.items():
+            if q == queue:
+                self.pull(cid)
+        for cid, q in self.queue_of.items():
+            if (q == queue and self.queues[q] and self.credit.get(cid, 0) == 0
+                    and self.wants_work.get(cid)):
                 self.wants_work[cid] = False
                 self.outbox.append([T.WORK, cid])
 
 
 @settings(max_examples=300, deadline=None)
-@given(prefetch=st.integers(0, 5), global_prefetch=st.integers(0, 6),
-       n_consumers=st.integers(1, 3),
-       ops=st.lists(st.tuples(st.sampled_from(["arrive", "node", "router", "ack"]),
-                              st.integers(0, 2)), max_size=200))
-def test_unacked_never_exceeds_prefetch(prefetch, global_prefetch, n_consumers, ops):
+@given(prefetch=st.integers(0, 5), global_prefetch=st.integers(0, 7),
+       layout=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=3, unique=True),
+                       min_size=1, max_size=3),
+       ops=st.lists(st.tuples(st.sampled_from(["arrive", "node", "router", "ack", "qos"]),
+                              st.integers(0, 8)), max_size=250))
+def test_credit_is_exact_across_shards(prefetch, global_prefetch, layout, ops):
+    """``layout``: one list per consumer tag of the shards its queues live on (one queue per
+    (tag, shard) pair): single-queue and x-multiqueue consumers on one channel."""
     pool = CreditPool(prefetch_count=prefetch, global_prefetch=global_prefetch)
-    node = ModelNode()
-    cons = {}
-    unacked = []  # consumer ids of unacked deliveries
-    for i in range(n_consumers):
-        c = ConsumerTarget(i + 1, f"t{i}", 1, "/", f"q{i}", "node-0", False)
-        pool.consumers[c.tag] = c
-        cons[c.consumer_id] = c
-        node.queues[c.queue] = 0
-        node.queue_of[c.consumer_id] = c.queue
-    def grant_all():
-        for c in cons.values():
-            node.inbox.extend(credit.credit_messages(pool, c))
-    grant_all()
-    delivered = 0
+    nodes = [ModelNode(f"node-{i}") for i in range(3)]
+    parts: dict[int, Consumer] = {}
+    queues = []
+    for ti, shards in enumerate(layout):
+        t = ConsumerTarget(f"tag{ti}", 1, "/", False)
+        for shard in shards:
+            q = f"t{ti}-q{shard}"
+            c = Consumer(len(parts) + 1, q, nodes[shard].name, t)
+            t.consumers.append(c)
+            parts[c.consumer_id] = c
+            nodes[shard].queues[q] = deque()
+            nodes[shard].queue_of[c.consumer_id] = q
+            queues.append((shard, q))
+        pool.targets[t.tag] = t
+    node_of = {n.name: n for n in nodes}
+    unacked = []     # (target, message id)
+    seen = set()
     published = 0
+    limits = {"prefetch": prefetch, "global": global_prefetch}
 
-    def router_step():
-        nonlocal delivered
+    def grant_all():
+        for t in pool.targets.values():
+            for c, msg in credit.credit_messages(pool, t):
+                node_of[c.node_id].inbox.append(msg)
+
+    def router_step(node):
         msg = node.outbox.popleft()
-        c = cons[msg[1]]
+        c = parts[msg[1]]
         if msg[0] == T.DELIVER:
+            assert msg[2] not in seen, "delivered twice"
+            seen.add(msg[2])
             credit.on_delivered(pool, c)
-            unacked.append(c.consumer_id)
-            delivered += 1
+            unacked.append((c.target, msg[2]))
         elif msg[0] == T.WORK:
             credit.on_work(c)
         elif msg[0] == T.CREDIT_DRAINED:
             credit.on_drained(c, msg[2])
         grant_all()
 
-    for op, arg in ops:
-        if op == "arrive":
-            q = f"q{arg % n_consumers}"
-            node.queues[q] += 1
-            published += 1
-            node.notify(q)
-        elif op == "node" and node.inbox:
-            node.step()
-        elif op == "router" and node.outbox:
-            router_step()
-        elif op == "ack" and unacked:
-            c = cons[unacked.pop(arg % len(unacked))]
-            credit.on_settled(pool, c)
-            grant_all()
-        for c in cons.values():
-            if prefetch:
-                assert c.unacked <= prefetch
-                assert c.unacked + c.granted <= prefetch
-        if global_prefetch:
-            assert len(unacked) <= global_prefetch
-            assert pool.unacked + pool.granted <= global_prefetch
+    def check():
+        for t in pool.targets.values():
+            if limits["prefetch"]:
+                assert t.unacked + t.granted <= limits["prefetch"]
+        if limits["global"]:
+            assert pool.unacked + pool.granted <= limits["global"]
         assert pool.unacked == len(unacked)
 
-    # Quiesce: ack everything and let links drain; every message must then be delivered.
-    for _ in range(10_000):
-        if node.inbox:
-            node.step()
-        elif node.outbox:
-            router_step()
+    grant_all()
+    for op, arg in ops:
+        if op == "arrive":
+            shard, q = queues[arg % len(queues)]
+            nodes[shard].queues[q].append(published)
+            published += 1
+            nodes[shard].notify(q)
+        elif op == "node":
+            node = nodes[arg % 3]
+            if node.inbox:
+                node.step()
+        elif op == "router":
+            node = nodes[arg % 3]
+            if node.outbox:
+                router_step(node)
+        elif op == "ack" and unacked:
+            t, _ = unacked.pop(arg % len(unacked))
+            credit.on_settled(pool, t)
+            grant_all()
+        elif op == "qos" and arg % 2:
+            # Raising a limit (or lifting it) never breaks the invariant retroactively.
+            key = "prefetch" if arg % 4 == 1 else "global"
+            if limits[key]:
+                limits[key] += 1
+                pool.prefetch_count, pool.global_prefetch = limits["prefetch"], limits["global"]
+                grant_all()
+        check()
+
+    for _ in range(20_000):  # quiesce: ack everything, let every link drain
+        busy = [n for n in nodes if n.inbox or n.outbox]
+        if busy:
+            n = busy[0]
+            n.step() if n.inbox else router_step(n)
         elif unacked:
-            credit.on_settled(pool, cons[unacked.pop()])
+            credit.on_settled(pool, unacked.pop()[0])
             grant_all()
         else:
             break
-    assert delivered == published, "a message was stranded although consumers had room"
+        check()
+    assert len(seen) == published, "a message was stranded although consumers had room"
+
+
+def test_multiqueue_pull_takes_from_every_queue_with_work():
+    """DG5: with work on several queues and room for one at a time, grants rotate."""
+    pool = CreditPool(prefetch_count=1)
+    t = ConsumerTarget("t", 1, "/", False)
+    t.consumers = [Consumer(i, f"q{i}", f"node-{i}", t) for i in range(3)]
+    pool.targets["t"] = t
+    credit.credit_messages(pool, t)           # registers interest everywhere
+    for c in t.consumers:
+        credit.on_work(c)
+    granted_to = []
+    for _ in range(6):
+        grants = credit.credit_messages(pool, t)
+        assert len(grants) == 1 and grants[0][1][2] == 1 and grants[0][1][3] is True
+        c = grants[0][0]
+        granted_to.append(c.queue)
+        credit.on_delivered(pool, c)          # the node used it ...
+        credit.on_drained(c, 0)               # ... and may have more
+        credit.on_settled(pool, t)            # the client acked
+    assert set(granted_to) == {"q0", "q1", "q2"}
