@@ -8,7 +8,9 @@ launcher reads it to learn the port chosen for ``--port 0``).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import signal
 import socket
 
@@ -41,7 +43,11 @@ async def serve(settings: Settings) -> int:
     log.info("router %s accepting AMQP 0-9-1 on %s:%s, %d nodes", broker.router_id, host, port,
              len(broker.links))
     ticker = asyncio.ensure_future(heartbeat_loop(broker))
+    stats = asyncio.ensure_future(_write_stats(broker, settings.stats_file)) \
+        if settings.stats_file else None
     await stop.wait()
+    if stats is not None:
+        stats.cancel()
     log.info("router stopping: closing %d client connections", len(broker.connections))
     server.close()
     ticker.cancel()
@@ -57,6 +63,22 @@ async def serve(settings: Settings) -> int:
             client.transport.close()
     await broker.stop()
     return 0
+
+
+async def _write_stats(broker: Broker, path: str) -> None:
+    """Rewrite ``path`` each second with the router's counters (``Broker.stats``) as JSON,
+    atomically (write then rename), for benchmarks and monitoring."""
+    while True:
+        await asyncio.sleep(1.0)
+        data = dict(broker.stats, connections=len(broker.connections),
+                    nodes_up=sum(l.up for l in broker.links.values()))
+        tmp = f"{path}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(data, f)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("cannot write stats file %s: %s", path, exc.strerror)
 
 
 def run_router(settings: Settings) -> int:

@@ -48,6 +48,7 @@ class Settings:
     link_timeout_ms: int = 3000              #: a silent peer is dead after this, ms
     max_output_buffer: int = 4 * 1024 * 1024  #: bytes unflushed per client before pausing
     log_level: str = "info"                  #: debug, info, warning, error
+    stats_file: str = ""                     #: router: rewrite counters (JSON) here each second
 
     def validate(self) -> "Settings":
         """Check every value; raise ConfigError naming the first bad setting. Returns self."""
