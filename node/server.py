@@ -61,7 +61,9 @@ class NodeServer:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.setsockopt(zmq.SNDHWM, 0)
-        self.sock.setsockopt(zmq.RCVHWM, 0)
+        # Bounded (batches): a router that outruns this node gets EAGAIN and pauses its
+        # publishers instead of growing this queue without limit.
+        self.sock.setsockopt(zmq.RCVHWM, 256)
         self._stopping = False
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -129,8 +131,12 @@ class NodeServer:
                 wake.clear()
                 if self._readable() or self._stopping:
                     continue
+                timeout = tick_s
+                due = self.shard.timers.next_due()
+                if due is not None:          # wake for the next TTL / schedule / timeout
+                    timeout = min(tick_s, max(0.0, (due - _now_ms()) / 1000.0))
                 try:
-                    await asyncio.wait_for(wake.wait(), tick_s)
+                    await asyncio.wait_for(wake.wait(), timeout)
                 except asyncio.TimeoutError:
                     pass
             self.shard.goodbye_all()

@@ -64,6 +64,7 @@ class Broker:
         self._placement: dict[tuple[str, str, str], str] = {}
         self._dirty: set["ClientConnection"] = set()
         self._flush_scheduled = False
+        self._congested_links = 0
         self._ctx = zmq.asyncio.Context()
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -74,7 +75,7 @@ class Broker:
         for node_id, endpoint in self.node_map:
             link = NodeLink(self._ctx, node_id, endpoint, self.router_id, s.link_heartbeat_ms,
                             s.link_timeout_ms, self._on_node_message, self._on_node_up,
-                            self._on_node_down)
+                            self._on_node_down, self._on_congestion)
             self.links[node_id] = link
             link.start()
         self._snapshots: dict[str, asyncio.Future] = {}
@@ -142,7 +143,7 @@ class Broker:
                 link = self.links[node_id]
                 if link.up:
                     link.send([T.PUBLISH, 0, ch.vhost, qs, ev.exchange, ev.routing_key,
-                               ev.header, ev.body])
+                               ev.header, ev.body, ch.client.owner])
             return
         pending = PendingPublish(ch, seq, ev, set())
         self._next_publish += 1
@@ -154,7 +155,7 @@ class Broker:
                 continue
             pending.waiting.add(node_id)
             link.send([T.PUBLISH, pid, ch.vhost, qs, ev.exchange, ev.routing_key, ev.header,
-                       ev.body])
+                       ev.body, ch.client.owner])
         if pending.waiting:
             self.publishes[pid] = pending
         else:
@@ -260,6 +261,8 @@ class Broker:
             entry = self.consumers.get(msg[1])
             if entry is not None:
                 self._server_cancel(entry[0], entry[1].target)
+        elif tag == T.REPUBLISH:
+            self._republish(*msg[1:])
         elif tag == T.TOPOLOGY_EVENT:
             for vhost, name in self.topology.apply(msg[1], msg[2]):
                 self._queue_removed(vhost, name)
@@ -269,6 +272,22 @@ class Broker:
                         l.send([T.UNBIND_DESTINATION, msg[2][0], wire.DEST_EXCHANGE, msg[2][1]])
         else:
             log.warning("unexpected message %r from node %s", tag, link.node_id)
+
+    def _republish(self, vhost: str, exchange: str, routing_key: str, header: bytes,
+                   body: bytes) -> None:
+        """REPUBLISH from a node (a dead letter): route like basic.publish, no confirm; an
+        unknown exchange drops it (as RabbitMQ does with a missing dead-letter exchange)."""
+        if self.topology.get(vhost, exchange) is None:
+            log.info("dropping dead letter: no exchange '%s' in vhost '%s'", exchange, vhost)
+            return
+        queues = self.topology.route(vhost, exchange, routing_key, None, header)
+        by_node: dict[str, list[str]] = {}
+        for q in queues:
+            by_node.setdefault(self._owner(vhost, q, "q"), []).append(q)
+        for node_id, qs in by_node.items():
+            link = self.links[node_id]
+            if link.up:
+                link.send([T.PUBLISH, 0, vhost, qs, exchange, routing_key, header, body, None])
 
     def _queue_removed(self, vhost: str, name: str) -> None:
         for l in self.links.values():
@@ -285,6 +304,20 @@ class Broker:
         if not ch.closed and ch.client.capabilities.get("consumer_cancel_notify"):
             ch.send(C.Basic.Cancel(t.tag, nowait=True))
             self.mark_dirty(ch.client)
+
+    @property
+    def congested(self) -> bool:
+        """Some node's link queue is full: client reading stays paused until it drains."""
+        return self._congested_links > 0
+
+    def _on_congestion(self, link: NodeLink, on: bool) -> None:
+        """Pause reading from every client while any node link is full (publishers and
+        everything else wait in their sockets: TCP pushes back), resume when all drain."""
+        was = self.congested
+        self._congested_links += 1 if on else -1
+        if was != self.congested:
+            for client in self.connections:
+                client.set_reading(not self.congested)
 
     def _on_node_up(self, link: NodeLink, restarted: bool) -> None:
         if restarted:

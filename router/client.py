@@ -60,6 +60,8 @@ class ClientConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=s.max_output_buffer,
                                           low=s.max_output_buffer // 4)
         self.broker.connections.add(self)
+        if self.broker.congested:
+            transport.pause_reading()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -77,6 +79,15 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._teardown()
+
+    def set_reading(self, on: bool) -> None:
+        """Resume or pause reading from the client socket (node back-pressure)."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        if on:
+            self.transport.resume_reading()
+        else:
+            self.transport.pause_reading()
 
     def pause_writing(self) -> None:
         for ch in self.channels.values():

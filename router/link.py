@@ -22,6 +22,9 @@ from shoal.shared.wire import T
 
 log = logging.getLogger("shoal.router.link")
 
+#: Batches queued towards one node (each side) before publishers are paused.
+LINK_HWM = 256
+
 
 class NodeDown(AMQPError):
     """A request could not be answered because its node is down (soft 404, as RabbitMQ
@@ -43,7 +46,9 @@ class NodeLink:
                  heartbeat_ms: int, timeout_ms: int,
                  on_message: Callable[["NodeLink", list], None],
                  on_up: Callable[["NodeLink", bool], None],
-                 on_down: Callable[["NodeLink"], None]) -> None:
+                 on_down: Callable[["NodeLink"], None],
+                 on_congestion: Callable[["NodeLink", bool], None] = lambda link, on: None
+                 ) -> None:
         self.node_id = node_id
         self.endpoint = endpoint
         self.router_id = router_id
@@ -52,10 +57,14 @@ class NodeLink:
         self._hb = heartbeat_ms / 1000.0
         self._timeout = timeout_ms / 1000.0
         self._on_message, self._on_up, self._on_down = on_message, on_up, on_down
+        self._on_congestion = on_congestion
+        self.congested = False  #: the node's queue is full: batches wait here
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.IMMEDIATE, 1)
-        self._sock.setsockopt(zmq.SNDHWM, 0)
+        # Bounded: when the node falls this far behind, sends fail with EAGAIN and the link
+        # pushes back on publishers (design.md section 7, "bound every buffer").
+        self._sock.setsockopt(zmq.SNDHWM, LINK_HWM)
         self._sock.setsockopt(zmq.RCVHWM, 0)
         self._sock.connect(endpoint)
         # A plain socket on the same handle, for non-blocking sends and draining reads
@@ -123,9 +132,22 @@ class NodeLink:
         if not self._outbox or self._closed:
             return
         batch, self._outbox = self._outbox, []
-        self._send_now(batch)
+        if not self._send_now(batch) and self.up:
+            # The node is not keeping up: keep the batch (nothing accepted is dropped), pause
+            # the publishers, and try again shortly.
+            self._outbox[:0] = batch
+            if not self.congested:
+                self.congested = True
+                log.info("node %s is not keeping up: pausing publishers", self.node_id)
+                self._on_congestion(self, True)
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_later(0.002, self._flush)
+        elif self.congested:
+            self.congested = False
+            self._on_congestion(self, False)
 
-    def _send_now(self, batch: list[list]) -> None:
+    def _send_now(self, batch: list[list]) -> bool:
+        """Send one batch now; False when it could not be queued (node full or down)."""
         try:
             self._sync.send(wire.encode_batch(batch), zmq.NOBLOCK, copy=False)
             self._last_send = time.monotonic()
@@ -135,10 +157,12 @@ class NodeLink:
                 self._drain_scheduled = True
                 asyncio.get_running_loop().call_soon(self._drain)
         except zmq.Again:
-            # No connected peer (IMMEDIATE): the node is down; the timer declares it so.
-            log.debug("node %s unreachable, %d messages not sent", self.node_id, len(batch))
+            # Queue full (HWM), or no connected peer (IMMEDIATE) when the node is down.
+            return False
         except zmq.ZMQError as exc:
             log.warning("send to node %s failed: %s", self.node_id, exc)
+            return False
+        return True
 
     # ---- receiving ---------------------------------------------------------------------------
     async def _recv_loop(self) -> None:
@@ -216,6 +240,9 @@ class NodeLink:
         self.up = False
         self.ready.clear()
         self._outbox.clear()
+        if self.congested:
+            self.congested = False
+            self._on_congestion(self, False)
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
