@@ -23,7 +23,7 @@ from .shard import Shard
 log = logging.getLogger("shoal.node")
 
 #: Messages read per loop turn before flushing (bounds latency under a flood).
-MAX_READ_PER_TURN = 4096
+MAX_READ_PER_TURN = 64  # batches; then tick and flush, so heartbeats flow under load
 
 
 def feed_frame(shard: Shard, peer: bytes, frame: bytes, now_ms: float) -> int:

@@ -24,6 +24,9 @@ log = logging.getLogger("shoal.router.link")
 
 #: Batches queued towards one node (each side) before publishers are paused.
 LINK_HWM = 256
+#: Wire messages in one batch at most, so a node never swallows a huge backlog in one go
+#: (it ticks and heartbeats between batches).
+MAX_BATCH = 1024
 
 
 class NodeDown(AMQPError):
@@ -84,7 +87,8 @@ class NodeLink:
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         self._tasks = [asyncio.ensure_future(self._recv_loop()),
-                       asyncio.ensure_future(self._timer_loop())]
+                       asyncio.ensure_future(self._timer_loop()),
+                       asyncio.ensure_future(self._monitor_loop())]
         self._hello()
 
     async def stop(self) -> None:
@@ -131,11 +135,19 @@ class NodeLink:
         self._flush_scheduled = False
         if not self._outbox or self._closed:
             return
-        batch, self._outbox = self._outbox, []
-        if not self._send_now(batch) and self.up:
-            # The node is not keeping up: keep the batch (nothing accepted is dropped), pause
+        outbox = self._outbox
+        sent = 0
+        while sent < len(outbox):
+            if not self._send_now(outbox[sent:sent + MAX_BATCH]):
+                break
+            sent += MAX_BATCH
+        if sent >= len(outbox):
+            outbox.clear()
+        else:
+            del outbox[:sent]
+        if outbox and self.up:
+            # The node is not keeping up: keep the rest (nothing accepted is dropped), pause
             # the publishers, and try again shortly.
-            self._outbox[:0] = batch
             if not self.congested:
                 self.congested = True
                 log.info("node %s is not keeping up: pausing publishers", self.node_id)
@@ -151,18 +163,20 @@ class NodeLink:
         try:
             self._sync.send(wire.encode_batch(batch), zmq.NOBLOCK, copy=False)
             self._last_send = time.monotonic()
-            # The FD is edge-triggered: a send may consume the edge that announced input,
-            # so look for input now rather than wait for an edge that will not come.
-            if self._sync.get(zmq.EVENTS) & zmq.POLLIN and not self._drain_scheduled:
-                self._drain_scheduled = True
-                asyncio.get_running_loop().call_soon(self._drain)
+            return True
         except zmq.Again:
             # Queue full (HWM), or no connected peer (IMMEDIATE) when the node is down.
             return False
         except zmq.ZMQError as exc:
             log.warning("send to node %s failed: %s", self.node_id, exc)
             return False
-        return True
+        finally:
+            # The FD is edge-triggered: a send (even a failed one) may consume the edge that
+            # announced input, so look for input now rather than wait for one that won't come.
+            if not self._closed and self._sync.get(zmq.EVENTS) & zmq.POLLIN \
+                    and not self._drain_scheduled:
+                self._drain_scheduled = True
+                asyncio.get_running_loop().call_soon(self._drain)
 
     # ---- receiving ---------------------------------------------------------------------------
     async def _recv_loop(self) -> None:
@@ -249,10 +263,25 @@ class NodeLink:
                 fut.set_exception(NodeDown(self.node_id))
         self._on_down(self)
 
+    async def _monitor_loop(self) -> None:
+        """A closed connection (the node process died, a pod went away) is noticed at once
+        from ZeroMQ's socket monitor; the silence timeout only catches hung nodes."""
+        mon = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            while True:
+                await mon.recv_multipart()
+                if self.up:
+                    log.warning("node %s disconnected", self.node_id)
+                    self._go_down()
+        finally:
+            mon.close(linger=0)
+
     async def _timer_loop(self) -> None:
         while True:
             await asyncio.sleep(self._hb)
             now = time.monotonic()
+            if self.up and now - self._last_recv > self._timeout:
+                self._drain()  # our own loop may have been too busy to read: look first
             if self.up:
                 if now - self._last_recv > self._timeout:
                     log.warning("node %s silent for %.1f s: marking it down", self.node_id,

@@ -45,7 +45,8 @@ class Settings:
     channel_max: int = 2047                  #: offered in connection.tune
     heartbeat: int = 60                      #: seconds, offered in connection.tune
     link_heartbeat_ms: int = 500             #: router<->node heartbeat interval, ms
-    link_timeout_ms: int = 3000              #: a silent peer is dead after this, ms
+    link_timeout_ms: int = 10000             #: a silent (hung) peer is dead after this, ms;
+    #: a closed connection (process death) is noticed at once, without waiting for this
     max_output_buffer: int = 4 * 1024 * 1024  #: bytes unflushed per client before pausing
     log_level: str = "info"                  #: debug, info, warning, error
     stats_file: str = ""                     #: router: rewrite counters (JSON) here each second
