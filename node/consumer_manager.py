@@ -46,12 +46,13 @@ class QueueConsumerManager:
     ``all``: ordered set of every consumer. ``levels``: PriorityLevels, highest priority first.
     """
 
-    __slots__ = ("all", "levels", "interested_count")
+    __slots__ = ("all", "levels", "interested_count", "browser_count")
 
     def __init__(self) -> None:
         self.all: dict[QueueConsumer, None] = {}
         self.levels: list[PriorityLevel] = []
         self.interested_count = 0
+        self.browser_count = 0      #: consumers in NonAcquiring (browsers)
 
     def __len__(self) -> int:
         return len(self.all)
@@ -69,10 +70,14 @@ class QueueConsumerManager:
             del lists[frm][consumer]
             if frm is S.INTERESTED:
                 self.interested_count -= 1
+            elif frm is S.NON_ACQUIRING:
+                self.browser_count -= 1
         if to is not S.DETACHED:
             lists[to][consumer] = None
             if to is S.INTERESTED:
                 self.interested_count += 1
+            elif to is S.NON_ACQUIRING:
+                self.browser_count += 1
         consumer.list_state = to
         return True
 

@@ -1,21 +1,39 @@
-"""One queue of the node's shard: :class:`Queue` (seeds 000 and 002).
+"""One queue of the node's shard: :class:`Queue` (seeds 000, 002, 003, 004).
 
 The queue owns its :class:`~shoal.node.entry_list.QueueEntryList` (the strict order) and its
 :class:`~shoal.node.consumer_manager.QueueConsumerManager`. Consumers pull (seed 002):
 :meth:`Queue.deliver_single_message` walks a consumer's pointer forward and acquires with the
 guarded transition. :meth:`Queue.notify_work` notifies ONE interested consumer at a time, which
 pulls until it has no credit or the queue has nothing for it, then goes to the back of
-Interested (fairness, seed 002). Output goes to a *sink* (the shard) with two methods:
-``deliver(consumer, entry)`` and ``work(consumer)``.
+Interested (fairness, seed 002). Browsers (non-acquiring consumers) are always notified.
+
+Output goes to a *sink* (the shard): ``deliver(consumer, entry)`` and ``work(consumer)``;
+queues with features also call ``dead_letter(queue, entry, reason)`` (when
+``x-dead-letter-exchange`` is set) and ``browse_done(consumer)`` (``x-filter-auto-close``).
+
+Features (node/queue_args.py, docs/queues.md): queue types, TTL, scheduled delivery (HELD
+entries), overflow, dead-lettering, delivery limit, message groups, single active consumer,
+selectors, no_local, consumer timeout. A queue without any (``cfg.plain``) keeps the plain
+FIFO path: per message it reads two bytes of the content header and nothing else.
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from .consumer import QueueConsumer
 from .consumer_manager import QueueConsumerManager
-from .entry import AVAILABLE, QueueEntry
-from .entry_list import QueueEntryList, StandardQueueEntryList
+from .entry import ACQUIRED, AVAILABLE, HELD, QueueEntry
+from .entry_list import (LastValueQueueEntryList, PriorityQueueEntryList, QueueEntryList,
+                         SortedQueueEntryList, StandardQueueEntryList)
+from .message import (F_EXPIRATION, F_HEADERS, F_PRIORITY, expiration_ms, header_value,
+                      parse_properties)
+from .queue_args import Overflow, QueueConfig, QueueType, parse_queue_arguments
+from .timers import Timers
+
+#: Dead-letter reasons (RabbitMQ's x-death ``reason`` values).
+EXPIRED, REJECTED, MAXLEN, DELIVERY_LIMIT = "expired", "rejected", "maxlen", "delivery_limit"
+
+_NO_PROPS = False   # entry.props after a parse that found nothing usable
 
 
 class DeliverySink(Protocol):
@@ -23,82 +41,341 @@ class DeliverySink(Protocol):
     def work(self, consumer: QueueConsumer) -> None: ...
 
 
+def make_entry_list(cfg: QueueConfig) -> QueueEntryList:
+    """The QueueEntryList variant for a queue's type."""
+    if cfg.type is QueueType.PRIORITY:
+        return PriorityQueueEntryList(cfg.max_priority + 1)
+    if cfg.type is QueueType.SORTED:
+        return SortedQueueEntryList()
+    if cfg.type is QueueType.LAST_VALUE:
+        return LastValueQueueEntryList()
+    return StandardQueueEntryList()
+
+
+def _scheduled(header: bytes) -> bool:
+    return b"x-delay" in header or b"x-qpid-not-valid-before" in header
+
+
 class Queue:
     """A queue (spec 1.7.2 ``queue.declare``) with its entries and consumers.
 
     ``exclusive_owner``: ``"<router_id>/<connection_id>"`` or None. ``arguments``: the declare
-    table. ``next_id``: callable returning node-unique entry ids. ``available``: count of
-    AVAILABLE entries (the AMQP ``message_count``).
+    table (checked into ``cfg``; raises AMQPError 406 on bad values). ``next_id``: callable
+    returning node-unique entry ids. ``available``: count of AVAILABLE entries (the AMQP
+    ``message_count``); ``held``: scheduled entries not yet visible. ``timers``: the node's
+    deadline heap (its ``now`` is the queue's clock).
     """
 
     __slots__ = ("vhost", "name", "durable", "exclusive_owner", "auto_delete", "arguments",
                  "entries", "qcm", "available", "sink", "next_id", "deleted", "had_consumers",
-                 "exclusive_consumer", "work_wanted")
+                 "exclusive_consumer", "work_wanted", "cfg", "timers", "held", "ready_bytes",
+                 "groups", "active", "last_used")
 
     def __init__(self, vhost: str, name: str, *, durable: bool = False,
                  exclusive_owner: str | None = None, auto_delete: bool = False,
                  arguments: dict | None = None, sink: DeliverySink | None = None,
                  next_id: Callable[[], int] | None = None,
-                 entries: QueueEntryList | None = None) -> None:
+                 entries: QueueEntryList | None = None, timers: Timers | None = None,
+                 config: QueueConfig | None = None) -> None:
         self.vhost = vhost
         self.name = name
         self.durable = durable
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = arguments or {}
-        self.entries = entries if entries is not None else StandardQueueEntryList()
+        self.cfg = config if config is not None else parse_queue_arguments(
+            vhost, name, self.arguments)
+        self.entries = entries if entries is not None else make_entry_list(self.cfg)
         self.qcm = QueueConsumerManager()
         self.available = 0
+        self.held = 0
+        self.ready_bytes = 0
         self.sink = sink
         if next_id is None:
             counter = iter(range(1, 1 << 62))
             next_id = counter.__next__
         self.next_id = next_id
+        self.timers = timers if timers is not None else Timers()
         self.deleted = False
         self.had_consumers = False
         self.exclusive_consumer: QueueConsumer | None = None
         self.work_wanted: dict[QueueConsumer, None] = {}
+        # message groups: group -> [owner consumer, acquired count] (seed 003 9.1.7)
+        self.groups: dict[Any, list] | None = {} if self.cfg.group_key is not None else None
+        self.active: QueueConsumer | None = None          # single active consumer
+        self.last_used = self.timers.now
+        if self.cfg.expires:
+            self.timers.add(self.last_used + self.cfg.expires, self._check_expires)
 
     # --- counts ---
     @property
     def message_count(self) -> int:
-        """AVAILABLE entries (acquired-but-unsettled ones are not counted, as in RabbitMQ)."""
+        """AVAILABLE entries (acquired-but-unsettled and held ones are not counted)."""
         return self.available
 
     @property
     def consumer_count(self) -> int:
         return len(self.qcm.all)
 
+    def touch(self) -> None:
+        """The queue was used (declare, get, consume): restarts its ``x-expires`` clock."""
+        self.last_used = self.timers.now
+
     # --- entries ---
-    def enqueue(self, exchange: str, routing_key: str, header: bytes, body: bytes) -> QueueEntry:
-        """Append a message; returns its entry. Does NOT notify: call :meth:`notify_work`."""
+    def enqueue(self, exchange: str, routing_key: str, header: bytes, body: bytes,
+                publisher: str | None = None) -> QueueEntry | None:
+        """Add a message in its place; returns its entry, or None when ``x-overflow``
+        refused it (reject-publish: the publisher gets basic.nack). Does NOT notify: call
+        :meth:`notify_work`."""
+        cfg = self.cfg
+        flags = header[12] if len(header) > 13 else 0      # high byte of the property flags
         entry = QueueEntry(self.next_id(), exchange, routing_key, header, body, self)
-        self.entries.add(entry)
-        self.available += 1
-        if self.entries.inserts_before_tail:
+        entry.publisher = publisher
+        if cfg.plain and not flags & 0x01 and not (flags & 0x20 and _scheduled(header)):
+            self.entries.add(entry)                        # no expiration, not scheduled
+            self.available += 1
+            return entry
+        return self._enqueue_featured(entry, flags << 8)
+
+    def _enqueue_featured(self, entry: QueueEntry, flags: int) -> QueueEntry | None:
+        cfg = self.cfg
+        header = entry.header
+        qtype = cfg.type
+        need = bool(flags & F_EXPIRATION)
+        if flags & F_HEADERS:
+            need = need or (cfg.needs_props and qtype is not QueueType.PRIORITY) \
+                or _scheduled(header)
+        if qtype is QueueType.PRIORITY and flags & F_PRIORITY:
+            need = True
+        props = None
+        if need:
+            props = parse_properties(header)
+            entry.props = props if props is not None else _NO_PROPS
+        now = self.timers.now
+        # overflow: refuse before adding (reject-publish, reject-publish-dlx)
+        if cfg.overflow is not Overflow.DROP_HEAD and self._over_limit(len(entry.body)):
+            if cfg.overflow is Overflow.REJECT_PUBLISH_DLX:
+                self._dead_letter(entry, MAXLEN)
+            return None
+        # type: order key, LVQ key
+        if qtype is QueueType.PRIORITY:
+            prio = props.priority if props is not None and props.priority is not None else 4
+            level = min(max(prio - cfg.priority_offset, 0), cfg.max_priority)
+            entry.order = (-level, entry.entry_id)
+        elif qtype is QueueType.SORTED:
+            key = header_value(props, cfg.sort_key)
+            entry.order = SortedQueueEntryList.order_for(None if key is None else str(key),
+                                                         entry.entry_id)
+        elif qtype is QueueType.LAST_VALUE:
+            entry.lvq_key = _hashable(header_value(props, cfg.lvq_key))
+        if cfg.group_key is not None:
+            g = _hashable(header_value(props, cfg.group_key))
+            entry.group = cfg.default_group if g is None and cfg.shared_groups else g
+        # TTL: the smaller of the message's expiration and the queue's x-message-ttl
+        ttl = expiration_ms(props)
+        if cfg.message_ttl is not None and (ttl is None or cfg.message_ttl < ttl):
+            ttl = cfg.message_ttl
+        if ttl is not None:
+            entry.expires_at = now + ttl
+            self.timers.add(entry.expires_at + 1, self._expire_due, entry)
+        # scheduled delivery
+        not_before = self._not_before(props, now)
+        if not_before > now:
+            entry.state = HELD
+            entry.not_before = not_before
+            self.held += 1
+            self.timers.add(not_before, self._unhold, entry)
+        else:
+            self.available += 1
+        if cfg.max_length_bytes is not None:
+            self.ready_bytes += len(entry.body)
+        entries = self.entries
+        entries.add(entry)
+        if qtype is QueueType.LAST_VALUE and entries.replaced is not None:
+            self._gone_ready(entries.replaced, entries.replaced_held)
+        if entries.inserts_before_tail:
             self._rewind_pointers(entry)
+        if cfg.overflow is Overflow.DROP_HEAD:
+            self._drop_head()
         return entry
+
+    def _not_before(self, props: Any, now: float) -> float:
+        if not props or not props.headers:
+            return 0
+        h = props.headers
+        at = 0.0
+        nvb = h.get("x-qpid-not-valid-before")
+        if isinstance(nvb, (int, float)) and not isinstance(nvb, bool):
+            at = self.timers.wall_to_monotonic(nvb)
+        delay = h.get("x-delay")
+        if isinstance(delay, (int, float)) and not isinstance(delay, bool) and delay > 0:
+            at = max(at, now + delay)
+        return at
+
+    def _gone_ready(self, entry: QueueEntry, was_held: bool) -> None:
+        """An AVAILABLE/HELD entry left the ready set by replacement (last-value queues)."""
+        if was_held:
+            self.held -= 1
+        else:
+            self.available -= 1
+        if self.cfg.max_length_bytes is not None:
+            self.ready_bytes -= len(entry.body)
+
+    def _over_limit(self, extra_bytes: int) -> bool:
+        cfg = self.cfg
+        if cfg.max_length is not None and self.available + self.held >= cfg.max_length:
+            return True
+        return cfg.max_length_bytes is not None and \
+            self.ready_bytes + extra_bytes > cfg.max_length_bytes
+
+    def _drop_head(self) -> None:
+        """x-overflow drop-head (Qpid ring): drop the oldest ready messages while over."""
+        cfg = self.cfg
+        while (cfg.max_length is not None and self.available + self.held > cfg.max_length) or \
+                (cfg.max_length_bytes is not None and self.ready_bytes > cfg.max_length_bytes):
+            e = self.entries.first()
+            while e is not None and e.state is ACQUIRED:
+                e = self.entries.next(e)
+            if e is None:
+                return
+            self._remove_ready(e, MAXLEN)
+
+    def _remove_ready(self, e: QueueEntry, reason: str | None) -> None:
+        """Delete an AVAILABLE/HELD entry, dead-lettering it with ``reason`` (None: drop)."""
+        was_held = e.state is HELD
+        if not e.delete():
+            return
+        if was_held:
+            self.held -= 1
+        else:
+            self.available -= 1
+        if self.cfg.max_length_bytes is not None:
+            self.ready_bytes -= len(e.body)
+        self.entries.entry_dead(e)
+        if reason is not None:
+            self._dead_letter(e, reason)
+
+    def _dead_letter(self, e: QueueEntry, reason: str) -> None:
+        if self.cfg.dlx is not None and self.sink is not None:
+            self.sink.dead_letter(self, e, reason)
+
+    def _expired(self, e: QueueEntry) -> bool:
+        return e.expires_at != 0 and self.timers.now > e.expires_at
+
+    def _expire_due(self, e: QueueEntry) -> None:
+        """Timer: a message's TTL passed. Ready ones go now; acquired ones when released."""
+        if not self.deleted and e.state is AVAILABLE and self._expired(e):
+            self._remove_ready(e, EXPIRED)
+
+    def _unhold(self, e: QueueEntry) -> None:
+        """Timer: a scheduled message's time came: it becomes visible where it stands."""
+        if self.deleted or not e.unhold():
+            return
+        self.held -= 1
+        self.available += 1
+        self._rewind_pointers(e)
+        self.notify_work()
 
     def _rewind_pointers(self, entry: QueueEntry) -> None:
         """Move back every consumer pointer that is past ``entry`` (seed 000)."""
         before = self.entries.before
         for c in self.qcm.all:
-            if before(entry, c.pointer):
-                c.pointer = entry
+            if c.acquires:
+                if before(entry, c.pointer):
+                    c.pointer = entry
+            elif entry.prev is not None and before(entry, c.pointer):
+                c.pointer = entry.prev          # browsers: pointer = last seen (exclusive)
+
+    def _rewind_all(self) -> None:
+        """A message group became free: every acquiring consumer looks again from the head
+        (groups never block each other, seed 003 9.1.7.2)."""
+        head = self.entries.head
+        for c in self.qcm.all:
+            if c.acquires:
+                c.pointer = head
+
+    # --- interest (selectors, no_local, groups) ---
+    def _interest(self, c: QueueConsumer, e: QueueEntry) -> bool:
+        if c.no_local and e.publisher is not None and e.publisher == c.owner:
+            return False
+        if c.selector is not None and not c.selector.matches(self._fields(e)):
+            return False
+        if self.groups is not None and e.group is not None and c.acquires:
+            owner = self.groups.get(e.group)
+            if owner is not None and owner[0] is not c:
+                return False
+        return True
+
+    def _fields(self, e: QueueEntry) -> dict:
+        from shoal.shared.selector import selector_fields
+        props = e.props
+        if props is None:
+            props = parse_properties(e.header)
+            e.props = props if props is not None else _NO_PROPS
+        return selector_fields(props or None)
+
+    def _acquired(self, e: QueueEntry, c: QueueConsumer | None) -> None:
+        groups = self.groups
+        if groups is not None and e.group is not None and c is not None:
+            owner = groups.get(e.group)
+            if owner is None:
+                groups[e.group] = [c, 1]
+            else:
+                owner[1] += 1
+        timeout = self.cfg.consumer_timeout
+        if c is not None and c.timeout is not None:
+            timeout = c.timeout
+        if timeout and c is not None and not c.no_ack:
+            self.timers.add(self.timers.now + timeout, self._acquire_timeout, e,
+                            e.delivery_count)
+
+    def _unacquired(self, e: QueueEntry, c: QueueConsumer | None) -> None:
+        """An acquired entry was settled or released (shared groups let go of the group)."""
+        groups = self.groups
+        if groups is not None and e.group is not None and c is not None:
+            owner = groups.get(e.group)
+            if owner is not None and owner[0] is c:
+                owner[1] -= 1
+                if owner[1] <= 0 and self.cfg.shared_groups:
+                    del groups[e.group]
+                    self._rewind_all()
+
+    def _acquire_timeout(self, e: QueueEntry, count: int) -> None:
+        """Timer (x-consumer-timeout, seed 004 lock expiry): still acquired by the same
+        delivery -> released to its position, redelivered; the channel stays open."""
+        if self.deleted or e.state is not ACQUIRED or e.delivery_count != count:
+            return
+        c = e.consumer
+        if c is not None and c.peer is not None:
+            c.peer.unsettled.pop(e.entry_id, None)
+        if self.release(e):
+            self.notify_work()
 
     def deliver_single_message(self, consumer: QueueConsumer) -> QueueEntry | None:
         """Acquire the next entry for ``consumer`` after its pointer, or None (seed 000
         ``subscriptionReadyAndHasInterest`` + seed 002 ``deliverSingleMessage``).
 
-        Moves the pointer past acquired, dead and uninteresting entries. Does not touch credit.
+        Moves the pointer past acquired, dead and uninteresting entries; expired entries met
+        on the way are removed (never delivered). Browsers get the next available entry
+        without acquiring it. Does not touch credit.
         """
+        if not consumer.acquires:
+            return self._browse_next(consumer)
+        if self.active is not None and consumer is not self.active:
+            return None
         node = consumer.pointer
         nxt = self.entries.next
+        plain = consumer.plain and self.groups is None
         while node is not None:
-            if node.state is AVAILABLE and consumer.has_interest(node) and node.acquire(consumer):
-                consumer.pointer = node
-                self.available -= 1
-                return node
+            if node.state is AVAILABLE:
+                if node.expires_at and self._expired(node):
+                    self._remove_ready(node, EXPIRED)
+                elif (plain or self._interest(consumer, node)) and node.acquire(consumer):
+                    consumer.pointer = node
+                    self.available -= 1
+                    if not self.cfg.plain or self.groups is not None or consumer.timeout:
+                        self._after_acquire(node, consumer)
+                    return node
             n = nxt(node)
             if n is None:
                 consumer.pointer = node
@@ -106,49 +383,125 @@ class Queue:
             node = n
         return None
 
+    def _after_acquire(self, e: QueueEntry, c: QueueConsumer | None) -> None:
+        if self.cfg.max_length_bytes is not None:
+            self.ready_bytes -= len(e.body)
+        self._acquired(e, c)
+
+    def _browse_next(self, c: QueueConsumer) -> QueueEntry | None:
+        nxt = self.entries.next
+        node = nxt(c.pointer)
+        seen = c.seen
+        while node is not None:
+            if node.state is AVAILABLE and not (node.expires_at and self._expired(node)) \
+                    and node.entry_id not in seen and self._interest(c, node):
+                c.pointer = node
+                if self.entries.inserts_before_tail:
+                    seen.add(node.entry_id)
+                return node
+            c.pointer = node
+            node = nxt(node)
+        return None
+
+    def has_work_for(self, c: QueueConsumer) -> bool:
+        """Whether ``c`` would get a message now (decides wire WORK: no spurious wake-ups,
+        seed 002 DG3)."""
+        if not self.available:
+            return False
+        if c.acquires and c.plain and self.groups is None and self.active is None:
+            return True
+        if self.active is not None and c.acquires and c is not self.active:
+            return False
+        nxt = self.entries.next
+        node = nxt(c.pointer) if not c.acquires else c.pointer
+        while node is not None:
+            if node.state is AVAILABLE and not (node.expires_at and self._expired(node)) \
+                    and (c.acquires or node.entry_id not in c.seen) and self._interest(c, node):
+                return True
+            node = nxt(node)
+        return False
+
     def get(self) -> QueueEntry | None:
-        """``basic.get``: acquire the first AVAILABLE entry (no consumer), or None."""
+        """``basic.get``: acquire the first AVAILABLE entry (no consumer), or None. Skips
+        expired entries (removing them) and messages of groups owned by a consumer."""
+        self.touch()
         e = self.entries.first()
         nxt = self.entries.next
+        groups = self.groups
         while e is not None:
-            if e.state is AVAILABLE and e.acquire(None):
-                self.available -= 1
-                return e
-            e = nxt(e)
+            n = nxt(e)
+            if e.state is AVAILABLE:
+                if e.expires_at and self._expired(e):
+                    self._remove_ready(e, EXPIRED)
+                elif (groups is None or e.group is None or e.group not in groups) \
+                        and e.acquire(None):
+                    self.available -= 1
+                    if not self.cfg.plain:
+                        self._after_acquire(e, None)
+                    return e
+            e = n
         return None
 
     def release(self, entry: QueueEntry) -> bool:
         """ACQUIRED -> AVAILABLE at its original position, redelivered=True; consumer pointers
-        past it move back so it is seen again (seed 000). Caller then calls notify_work."""
-        if self.deleted or not entry.release():
+        past it move back so it is seen again (seed 000). Caller then calls notify_work.
+
+        With a delivery limit, an entry returned more often than allowed is dead-lettered
+        (reason ``delivery_limit``) instead; an expired one is expired. Returns False then."""
+        if self.deleted:
+            return False
+        c = entry.consumer
+        cfg = self.cfg
+        if cfg.max_returns is not None and entry.state is ACQUIRED and \
+                entry.delivery_count > cfg.max_returns:
+            if entry.delete():
+                self._unacquired(entry, c)
+                self.entries.entry_dead(entry)
+                self._dead_letter(entry, DELIVERY_LIMIT)
+            return False
+        if not entry.release():
             return False
         self.available += 1
+        if not cfg.plain or self.groups is not None:
+            if cfg.max_length_bytes is not None:
+                self.ready_bytes += len(entry.body)
+            self._unacquired(entry, c)
+            if entry.expires_at and self._expired(entry):
+                self._remove_ready(entry, EXPIRED)
+                return False
         self._rewind_pointers(entry)
         return True
 
     def dequeue(self, entry: QueueEntry) -> bool:
         """ACQUIRED -> DEQUEUED (acknowledged). False if not acquired (e.g. queue deleted)."""
+        c = entry.consumer
         if not entry.dequeue():
             return False
+        if self.groups is not None:
+            self._unacquired(entry, c)
         self.entries.entry_dead(entry)
         return True
 
     def reject(self, entry: QueueEntry) -> bool:
-        """ACQUIRED -> DELETED (reject without requeue; dead-lettering comes later)."""
-        if entry.state is AVAILABLE or not entry.delete():
+        """ACQUIRED -> DELETED (reject/nack without requeue): dead-lettered with reason
+        ``rejected`` when the queue has x-dead-letter-exchange, else dropped."""
+        c = entry.consumer
+        if entry.state is not ACQUIRED or not entry.delete():
             return False
+        if self.groups is not None:
+            self._unacquired(entry, c)
         self.entries.entry_dead(entry)
+        self._dead_letter(entry, REJECTED)
         return True
 
     def purge(self) -> int:
-        """Delete every AVAILABLE entry (``queue.purge``); acquired ones stay. Returns count."""
+        """Delete every AVAILABLE (and HELD) entry (``queue.purge``); acquired ones stay.
+        Purged messages are not dead-lettered (as RabbitMQ). Returns the count."""
         n = 0
-        entries = self.entries
-        for e in list(entries):
-            if e.state is AVAILABLE and e.delete():
-                entries.entry_dead(e)
+        for e in list(self.entries):
+            if e.state is AVAILABLE or e.state is HELD:
+                self._remove_ready(e, None)
                 n += 1
-        self.available -= n
         return n
 
     def delete(self) -> list[QueueConsumer]:
@@ -159,11 +512,25 @@ class Queue:
             self.qcm.remove(c)
         self.work_wanted.clear()
         self.exclusive_consumer = None
+        self.active = None
         for e in list(self.entries):
             e.delete()
-        self.available = 0
+        self.available = self.held = self.ready_bytes = 0
         self.deleted = True
         return consumers
+
+    def _check_expires(self) -> None:
+        """Timer (x-expires): delete the queue once unused for that long (RabbitMQ: no
+        consumers, no basic.get, no redeclare)."""
+        if self.deleted:
+            return
+        due = self.last_used + self.cfg.expires
+        if self.qcm.all:
+            due = self.timers.now + self.cfg.expires
+        elif self.timers.now >= due:
+            self.sink.expire_queue(self)
+            return
+        self.timers.add(due, self._check_expires)
 
     # --- consumers ---
     def add_consumer(self, consumer: QueueConsumer) -> None:
@@ -172,22 +539,41 @@ class Queue:
         consumer.pointer = self.entries.head
         self.qcm.add(consumer)
         self.had_consumers = True
+        self.touch()
         if consumer.exclusive:
             self.exclusive_consumer = consumer
+        if self.cfg.single_active and consumer.acquires and self.active is None:
+            self.active = consumer
 
     def remove_consumer(self, consumer: QueueConsumer) -> bool:
-        """Detach ``consumer``; its acquired entries stay acquired (spec: cancel keeps unacked)."""
+        """Detach ``consumer``; its acquired entries stay acquired (spec: cancel keeps
+        unacked). Standard-mode groups it owned become free; with single active consumer the
+        next consumer (in arrival order) becomes active."""
         if not self.qcm.remove(consumer):
             return False
         self.work_wanted.pop(consumer, None)
+        self.touch()
         if self.exclusive_consumer is consumer:
             self.exclusive_consumer = None
+        if self.groups is not None and not self.cfg.shared_groups:
+            mine = [g for g, owner in self.groups.items() if owner[0] is consumer]
+            for g in mine:
+                del self.groups[g]
+            if mine:
+                self._rewind_all()
+        if self.active is consumer:
+            self.active = next((c for c in self.qcm.all if c.acquires), None)
+            if self.active is not None:
+                self.notify_work()
         return True
 
     def add_credit(self, consumer: QueueConsumer, credit: int) -> None:
         """Give ``consumer`` more credit and let it pull what it can now."""
         consumer.credit += credit
         if consumer.credit > 0:
+            if not consumer.acquires:
+                self._pull(consumer)
+                return
             self.qcm.set_interest(consumer, True)
             if self.available:
                 self.qcm.set_notified(consumer)
@@ -204,7 +590,7 @@ class Queue:
     def want_work(self, consumer: QueueConsumer) -> None:
         """The consumer (credit 0) asks for one WORK when a message is available for it."""
         consumer.wants_work = True
-        if self.available and consumer.credit == 0:
+        if consumer.credit == 0 and self.has_work_for(consumer):
             consumer.wants_work = False
             self.sink.work(consumer)
         else:
@@ -217,18 +603,21 @@ class Queue:
         while consumer.credit > 0:
             e = self.deliver_single_message(consumer)
             if e is None:
+                if consumer.auto_close and not consumer.acquires:
+                    sink.browse_done(consumer)
                 break
             consumer.credit -= 1
             n += 1
             sink.deliver(consumer, e)
-            if consumer.no_ack:
+            if consumer.no_ack and consumer.acquires:
                 self.dequeue(e)
         return n
 
     def notify_work(self) -> None:
         """A message arrived or came back: notify one interested consumer at a time (seed 002)
-        until nothing is available or every interested consumer had its turn; then send one WORK
-        to each credit-less consumer that asked for it (DG3: no spurious wake-ups)."""
+        until nothing is available or every interested consumer had its turn; browsers with
+        credit always pull; then send one WORK to each credit-less consumer that asked for it
+        and has something to take (DG3: no spurious wake-ups)."""
         if not self.available:
             return
         qcm = self.qcm
@@ -239,8 +628,12 @@ class Queue:
             self._pull(c)
             qcm.no_more_work(c)
             tries -= 1
+        if qcm.browser_count:
+            for c in [c for c in qcm.all if not c.acquires and c.credit > 0]:
+                if not self.deleted:
+                    self._pull(c)
         if self.available and self.work_wanted:
-            wanted = [c for c in self.work_wanted if c.credit == 0]
+            wanted = [c for c in self.work_wanted if c.credit == 0 and self.has_work_for(c)]
             for c in wanted:
                 del self.work_wanted[c]
                 c.wants_work = False
@@ -248,3 +641,9 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"Queue({self.vhost!r}, {self.name!r}, available={self.available})"
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, (dict, list)):
+        return repr(v)
+    return v

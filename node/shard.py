@@ -16,19 +16,24 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import uuid
 from typing import Any, Callable
 
 from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND,
-                                 PRECONDITION_FAILED, RESOURCE_LOCKED, SYNTAX_ERROR, AMQPError,
-                                 hard_error, soft_error)
+                                 PRECONDITION_FAILED, RESOURCE_ERROR, RESOURCE_LOCKED,
+                                 SYNTAX_ERROR, AMQPError, hard_error, soft_error)
 from shoal.shared.settings import Settings
 from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_REMOVED, OUTCOME_ACK, OUTCOME_REJECT,
                                OUTCOME_REQUEUE, WIRE_VERSION, T)
 
 from .consumer import QueueConsumer
+from .deadletter import dead_letter_header, delivery_count_header
 from .entry import QueueEntry
+from .message import body_size
 from .queue import Queue
+from .queue_args import parse_consume_arguments, parse_queue_arguments
+from .timers import Timers
 from .topology import Topology, amqp_bool
 
 log = logging.getLogger("shoal.node")
@@ -41,6 +46,7 @@ _HEARTBEAT = int(T.HEARTBEAT)
 _HELLO = int(T.HELLO)
 _EVENT = int(T.TOPOLOGY_EVENT)
 _PUBLISH_RESULT = int(T.PUBLISH_RESULT)
+_REPUBLISH = int(T.REPUBLISH)
 
 _S = (str, type(None))      # optional str (owner)
 _D = (dict, type(None))     # optional table (arguments)
@@ -67,12 +73,16 @@ class RouterPeer:
 class Shard:
     """The queues and exchanges of one node, driven by wire messages.
 
-    ``Shard(node_id, incarnation=None, settings=None)``; ``incarnation`` defaults to a random
-    hex string (a new one per process start, wire HELLO_OK). ``queues``: (vhost, name) -> Queue.
+    ``Shard(node_id, incarnation=None, settings=None, wall_offset_ms=None)``; ``incarnation``
+    defaults to a random hex string (a new one per process start, wire HELLO_OK). ``queues``:
+    (vhost, name) -> Queue. ``timers``: the deadline heap (TTL, x-expires, scheduled
+    delivery, consumer timeouts) run by :meth:`tick`; ``wall_offset_ms``: epoch ms minus the
+    caller's ``now_ms`` clock (measured once when not given), for epoch-ms header values.
     """
 
     def __init__(self, node_id: str, incarnation: str | None = None,
-                 settings: Settings | None = None) -> None:
+                 settings: Settings | None = None,
+                 wall_offset_ms: float | None = None) -> None:
         self.node_id = node_id
         self.incarnation = incarnation or uuid.uuid4().hex
         self.settings = settings or Settings(node_id=node_id)
@@ -82,6 +92,9 @@ class Shard:
         self._outbox: dict[bytes, list[list]] = {}
         self._next_id = itertools.count(1).__next__
         self._last_heartbeat: float | None = None
+        if wall_offset_ms is None:
+            wall_offset_ms = time.time() * 1000.0 - time.monotonic() * 1000.0
+        self.timers = Timers(0.0, wall_offset_ms)
         # tag -> (field count incl. tag, field types or None, handler, is_request)
         H = Callable[[RouterPeer, list], Any]
         spec: dict[int, tuple[int, tuple | None, H | None, bool]] = {
@@ -100,7 +113,7 @@ class Shard:
             T.UNBIND_DESTINATION: (4, (str, str, str), self._on_unbind_destination, False),
             T.TOPOLOGY_SNAPSHOT: (2, (int,), self._on_snapshot, True),
             T.CONNECTION_CLOSED: (2, (str,), self._on_connection_closed, False),
-            T.PUBLISH: (8, None, self._on_publish, False),      # hot path: count only
+            T.PUBLISH: (9, None, self._on_publish, False),      # hot path: count only
             T.CONSUME: (10, (int, int, str, str, str, int, int, _D, _S), self._on_consume, True),
             T.CANCEL: (3, (int, int), self._on_cancel, True),
             T.CREDIT: (4, None, self._on_credit, False),        # hot: checked inside
@@ -130,14 +143,48 @@ class Shard:
     # DeliverySink (called by Queue)
     def deliver(self, consumer: QueueConsumer, entry: QueueEntry) -> None:
         peer = consumer.peer
+        header = entry.header
+        if entry.delivery_count > 1 and entry.queue.cfg.max_returns is not None:
+            header = delivery_count_header(header, body_size(header), entry.delivery_count - 1)
         self._send(peer.identity, [_DELIVER, consumer.consumer_id, entry.entry_id,
                                    entry.redelivered, entry.exchange, entry.routing_key,
-                                   entry.header, entry.body])
-        if not consumer.no_ack:
+                                   header, entry.body])
+        if not consumer.no_ack and consumer.acquires:
             peer.unsettled[entry.entry_id] = entry
 
     def work(self, consumer: QueueConsumer) -> None:
         self._send(consumer.peer.identity, [_WORK, consumer.consumer_id])
+
+    def dead_letter(self, q: Queue, entry: QueueEntry, reason: str) -> None:
+        """Send ``entry`` to ``q``'s x-dead-letter-exchange with an x-death header (REPUBLISH
+        to one router: routing needs the exchange cache routers have)."""
+        if not self.peers:
+            log.warning("dropping dead letter from queue '%s': no router connected", q.name)
+            return
+        t = self.timers
+        header = dead_letter_header(entry.header, len(entry.body), q.name, reason,
+                                    entry.exchange, entry.routing_key, t.now + t.wall_offset_ms)
+        if header is None:
+            log.info("dropping dead letter cycling through queue '%s'", q.name)
+            return
+        rk = q.cfg.dlrk if q.cfg.dlrk is not None else entry.routing_key
+        self._send(next(iter(self.peers)), [_REPUBLISH, q.vhost, q.cfg.dlx, rk, header,
+                                            entry.body])
+
+    def browse_done(self, consumer: QueueConsumer) -> None:
+        """x-filter-auto-close: the browser reached the end of the queue; it is cancelled
+        (the router sends basic.cancel)."""
+        q = consumer.queue
+        consumer.peer.consumers.pop(consumer.consumer_id, None)
+        q.remove_consumer(consumer)
+        self._send(consumer.peer.identity, [int(T.CONSUMER_CANCELLED), consumer.consumer_id,
+                                            "browse complete"])
+
+    def expire_queue(self, q: Queue) -> None:
+        """x-expires: the queue was unused long enough; it is deleted."""
+        if not q.deleted and self.queues.get((q.vhost, q.name)) is q:
+            log.info("queue '%s' in vhost '%s' expired", q.name, q.vhost)
+            self._delete_queue(q)
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, peer: bytes, msg: list, now_ms: float) -> None:
@@ -164,6 +211,7 @@ class Shard:
                 self._send(peer, [_GOODBYE])
             return
         state.last_seen = now_ms
+        self.timers.now = now_ms
         try:
             payload = handler(state, msg)
         except AMQPError as err:
@@ -206,6 +254,7 @@ class Shard:
         """Queue HEARTBEAT to every router each ``link_heartbeat_ms``; forget routers silent
         for more than ``link_timeout_ms`` (settings)."""
         st = self.settings
+        self.timers.run(now_ms)
         if self._last_heartbeat is None or now_ms - self._last_heartbeat >= st.link_heartbeat_ms:
             self._last_heartbeat = now_ms
             for identity in self.peers:
@@ -267,12 +316,15 @@ class Shard:
         if q is None:
             if passive:
                 raise soft_error(NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
+            cfg = parse_queue_arguments(vhost, name, args)
             q = Queue(vhost, name, durable=bool(durable), auto_delete=bool(auto_delete),
                       exclusive_owner=owner if exclusive else None, arguments=args,
-                      sink=self, next_id=self._next_id)
+                      sink=self, next_id=self._next_id, timers=self.timers, config=cfg)
             self.queues[(vhost, name)] = q
             return [name, 0, 0]
         self._check_owner(q, owner)
+        if not passive:
+            q.touch()       # a redeclare is a use (x-expires); a passive one is not
         if not passive:
             self._check_equivalent(q, bool(durable), bool(exclusive), bool(auto_delete),
                                    args or {})
@@ -361,16 +413,20 @@ class Shard:
     def _on_publish(self, state: RouterPeer, msg: list) -> None:
         """PUBLISH: enqueue on each named queue that exists; PUBLISH_RESULT if seq != 0;
         then notify consumers (seed 002)."""
-        _, seq, vhost, names, exchange, routing_key, header, body = msg
+        _, seq, vhost, names, exchange, routing_key, header, body, publisher = msg
         queues = self.queues
         routed = 0
+        refused = 0
         for name in names:
             q = queues.get((vhost, name))
             if q is not None:
-                q.enqueue(exchange, routing_key, header, body)
-                routed += 1
+                if q.enqueue(exchange, routing_key, header, body, publisher) is None:
+                    refused += 1
+                else:
+                    routed += 1
         if seq:
-            self._send(state.identity, [_PUBLISH_RESULT, seq, 0, routed])
+            self._send(state.identity, [_PUBLISH_RESULT, seq, RESOURCE_ERROR if refused else 0,
+                                        routed])
         if routed:
             for name in names:
                 q = queues.get((vhost, name))
@@ -379,7 +435,8 @@ class Shard:
 
     def _on_consume(self, state: RouterPeer, msg: list) -> None:
         """CONSUME (spec 1.8.3.3): a consumer with credit 0. Raises 404, 405, 403 (exclusive
-        use), 503 (consumer_id already used by this router)."""
+        use), 406 (bad consume arguments: node/queue_args.py), 503 (consumer_id already used
+        by this router)."""
         _, _, cid, vhost, name, tag, no_ack, exclusive, args, owner = msg
         q = self._queue_for(vhost, name, owner)
         if q.exclusive_consumer is not None or (exclusive and q.consumer_count):
@@ -387,9 +444,9 @@ class Shard:
         if cid in state.consumers:
             raise hard_error(COMMAND_INVALID, f"consumer id {cid} already in use")
         args = args or {}
-        prio = args.get("x-priority", 0)
-        c = QueueConsumer(cid, state, tag, bool(no_ack), bool(exclusive), args,
-                          prio if isinstance(prio, int) else 0)
+        cc = parse_consume_arguments(vhost, name, args)
+        c = QueueConsumer(cid, state, tag, bool(no_ack), bool(exclusive), args, cc.priority)
+        c.configure(cc, owner)
         q.add_consumer(c)
         state.consumers[cid] = c
 
@@ -455,5 +512,8 @@ class Shard:
             q.dequeue(e)
         else:
             state.unsettled[e.entry_id] = e
-        return [e.entry_id, e.redelivered, e.exchange, e.routing_key, e.header, e.body,
+        header = e.header
+        if e.delivery_count > 1 and q.cfg.max_returns is not None:
+            header = delivery_count_header(header, body_size(header), e.delivery_count - 1)
+        return [e.entry_id, e.redelivered, e.exchange, e.routing_key, header, e.body,
                 q.message_count]

@@ -32,14 +32,17 @@ log = logging.getLogger("shoal.router.broker")
 
 
 class PendingPublish:
-    """A publish waiting for PUBLISH_RESULT from ``waiting`` nodes (confirms / mandatory)."""
-    __slots__ = ("channel", "seq", "ev", "waiting", "routed", "failed")
+    """A publish waiting for PUBLISH_RESULT from ``waiting`` nodes (confirms, mandatory,
+    transactions: ``future`` is resolved with this object when every node answered)."""
+    __slots__ = ("channel", "seq", "ev", "waiting", "routed", "failed", "future")
 
-    def __init__(self, channel: "Channel", seq: int, ev: Any, waiting: set[str]) -> None:
+    def __init__(self, channel: "Channel", seq: int, ev: Any, waiting: set[str],
+                 future: asyncio.Future | None = None) -> None:
         self.channel, self.seq, self.ev = channel, seq, ev
         self.waiting = waiting
         self.routed = 0
         self.failed = False
+        self.future = future
 
 
 class Broker:
@@ -132,12 +135,17 @@ class Broker:
             client.flush()
 
     # ---- publishing --------------------------------------------------------------------------
-    def publish(self, ch: "Channel", seq: int, ev: Any, queues: set[str]) -> None:
-        """Send a routed publish to the owner node of each queue (one PUBLISH per node)."""
+    def publish(self, ch: "Channel", seq: int, ev: Any, queues: set[str],
+                future: asyncio.Future | None = None) -> None:
+        """Send a routed publish to the owner node of each queue (one PUBLISH per node).
+
+        ``seq``: the channel's confirm sequence number (0 without confirms). ``future``: set
+        to the finished PendingPublish once every node answered (tx.commit waits on it).
+        """
         by_node: dict[str, list[str]] = {}
         for q in queues:
             by_node.setdefault(self._owner(ch.vhost, q, "q"), []).append(q)
-        want_result = seq or ev.mandatory
+        want_result = seq or ev.mandatory or future is not None
         if not want_result:
             for node_id, qs in by_node.items():
                 link = self.links[node_id]
@@ -145,7 +153,7 @@ class Broker:
                     link.send([T.PUBLISH, 0, ch.vhost, qs, ev.exchange, ev.routing_key,
                                ev.header, ev.body, ch.client.owner])
             return
-        pending = PendingPublish(ch, seq, ev, set())
+        pending = PendingPublish(ch, seq, ev, set(), future)
         self._next_publish += 1
         pid = self._next_publish
         for node_id, qs in by_node.items():
@@ -163,6 +171,8 @@ class Broker:
 
     def _finish_publish(self, p: PendingPublish) -> None:
         ch = p.channel
+        if p.future is not None and not p.future.done():
+            p.future.set_result(p)
         if ch.closed:
             return
         amqp = ch.client.amqp

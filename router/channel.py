@@ -20,6 +20,7 @@ from shoal.shared import wire
 from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_ALLOWED, NOT_FOUND,
                                  NOT_IMPLEMENTED, PRECONDITION_FAILED, AMQPError, hard_error,
                                  soft_error)
+from shoal.shared.selector import check_arguments as check_selector
 from shoal.shared.wire import T
 
 from . import consumers as credit
@@ -63,6 +64,9 @@ class Channel:
         self._unconfirmed: deque[int] = deque()   # confirm seqs in publish order
         self._confirmed: dict[int, bool] = {}      # finished this turn: seq -> ack (else nack)
         self._confirm_sent: set[int] = set()       # confirmed out of order, still in the deque
+        self.tx = False                            # tx.select: publishes/acks wait for commit
+        self._tx_publishes: list[tuple[Any, set[str]]] = []
+        self._tx_settles: list[tuple[int, list[tuple[int, Delivery]]]] = []
         self.last_queue = ""
         self.closed = False
         self._busy = False
@@ -178,6 +182,8 @@ class Channel:
             await b.queue_link(self.vhost, dest).request(
                 [T.QUEUE_DECLARE, self.vhost, dest, True, False, False, False, {},
                  self.client.owner])
+        if tag == T.BIND:
+            check_selector(arguments)   # 406 naming the error position (x-filter-jms-selector)
         await b.exchange_link(self.vhost, exchange).request(
             [tag, self.vhost, exchange, kind, dest, key, arguments or {}])
 
@@ -234,12 +240,61 @@ class Channel:
 
     # ---- publishing --------------------------------------------------------------------------
     def on_confirm_select(self, m: C.Confirm.Select) -> None:
+        if self.tx:
+            raise soft_error(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
         self.confirm = True
         if not m.nowait:
             self.send(C.Confirm.SelectOk())
 
+    # ---- transactions (spec 1.9 class tx) ----------------------------------------------------
     def on_tx_select(self, m: Any) -> None:
-        raise hard_error(NOT_IMPLEMENTED, "transactions (tx.select) are not supported yet")
+        """Publishes and settlements on this channel now wait for tx.commit.
+
+        Atomicity: at commit each node gets its share of the transaction in one batch and
+        applies it in one event-loop turn, so on each node a transaction is all-or-nothing and
+        no other client sees half of it. Across nodes it is not atomic: if a node holding a
+        target queue is down, the commit fails (404, channel closed) while the other nodes may
+        already have applied their share. Raises 406 on a confirm channel (as RabbitMQ).
+        """
+        if self.confirm:
+            raise soft_error(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
+        self.tx = True
+        self.send(C.Tx.SelectOk())
+
+    async def on_tx_commit(self, m: Any) -> None:
+        """Send the buffered publishes and settlements; commit-ok once every node accepted
+        every publish. Raises 406 when the channel is not transactional, 404 when a node
+        holding a target queue is down."""
+        if not self.tx:
+            raise soft_error(PRECONDITION_FAILED, "channel is not transactional")
+        publishes, self._tx_publishes = self._tx_publishes, []
+        settles, self._tx_settles = self._tx_settles, []
+        loop = asyncio.get_running_loop()
+        futures = []
+        for ev, queues in publishes:
+            fut = loop.create_future()
+            self.broker.publish(self, 0, ev, queues, fut)
+            futures.append(fut)
+        for outcome, items in settles:
+            self.broker.settle(self, [d for _, d in items], outcome)
+        results = await asyncio.gather(*futures)
+        if any(p.failed for p in results):
+            raise soft_error(NOT_FOUND, "a node holding a queue of this transaction is down; "
+                                        "part of the transaction may not have been applied")
+        self.send(C.Tx.CommitOk())
+
+    def on_tx_rollback(self, m: Any) -> None:
+        """Discard buffered publishes; settlements are undone (the deliveries are unacked
+        again, under their delivery tags). Raises 406 when not transactional."""
+        if not self.tx:
+            raise soft_error(PRECONDITION_FAILED, "channel is not transactional")
+        self._tx_publishes.clear()
+        for _, items in self._tx_settles:
+            for tag, d in items:
+                self.unacked[tag] = d
+        self._tx_settles.clear()
+        self.unacked = dict(sorted(self.unacked.items()))
+        self.send(C.Tx.RollbackOk())
 
     def publish(self, ev: Any) -> None:
         """Route one basic.publish (spec 1.8.3.7) and forward it to the nodes of its queues.
@@ -263,7 +318,10 @@ class Channel:
             raise soft_error(ACCESS_REFUSED,
                              f"cannot publish to internal exchange '{ev.exchange}'")
         queues = b.topology.route(self.vhost, ev.exchange, ev.routing_key,
-                                  lambda: _headers_of(ev.header))
+                                  lambda: _headers_of(ev.header), ev.header)
+        if self.tx:
+            self._tx_publishes.append((ev, queues))
+            return
         b.publish(self, seq, ev, queues)
 
     def confirmed(self, seq: int, ack: bool) -> None:
@@ -319,6 +377,8 @@ class Channel:
         """
         b = self.broker
         args = dict(m.arguments or {})
+        if m.no_local:  # spec 1.8.3.3: the node skips messages this connection published
+            args["x-no-local"] = True
         multi = args.pop("x-multiqueue", None)
         if multi is not None:
             queues = _queue_list(multi)
@@ -392,7 +452,7 @@ class Channel:
             self.broker.replenish(self, t)
 
     # ---- settlement --------------------------------------------------------------------------
-    def _take(self, delivery_tag: int, multiple: bool) -> list[Delivery]:
+    def _take(self, delivery_tag: int, multiple: bool) -> list[tuple[int, Delivery]]:
         if multiple:
             if delivery_tag == 0:
                 tags = list(self.unacked)
@@ -408,10 +468,14 @@ class Channel:
             if delivery_tag not in self.unacked:
                 raise soft_error(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
             tags = [delivery_tag]
-        return [self.unacked.pop(t) for t in tags]
+        return [(t, self.unacked.pop(t)) for t in tags]
 
-    def settle(self, deliveries: list[Delivery], outcome: int) -> None:
-        self.broker.settle(self, deliveries, outcome)
+    def settle(self, deliveries: list[tuple[int, Delivery]], outcome: int) -> None:
+        """Settle ``(tag, delivery)`` pairs now, or at tx.commit on a transactional channel."""
+        if self.tx and not self.closed:
+            self._tx_settles.append((outcome, deliveries))
+            return
+        self.broker.settle(self, [d for _, d in deliveries], outcome)
 
     def on_basic_ack(self, m: C.Basic.Ack) -> None:
         self.settle(self._take(m.delivery_tag, m.multiple), wire.OUTCOME_ACK)
@@ -445,6 +509,10 @@ class Channel:
         self._backlog.clear()
         for t in list(self.pool.targets.values()):
             self.broker.cancel_consumer(self, t)
+        for _, items in self._tx_settles:   # uncommitted acks roll back: requeue those too
+            self.unacked.update(items)
+        self._tx_settles.clear()
+        self._tx_publishes.clear()
         self.settle(self._take(0, True), wire.OUTCOME_REQUEUE)
 
 

@@ -8,6 +8,10 @@ routing never waits on a node.
 Exchange types: direct, fanout, topic (``*`` one word, ``#`` zero or more words) and headers
 (``x-match`` = all | any; ``all-with-x`` / ``any-with-x`` also compare ``x-`` headers).
 Exchange-to-exchange bindings are followed, each exchange visited once per publish.
+A binding with ``x-filter-jms-selector`` (Qpid, seed 003 "bindings with selectors") routes only
+messages its selector accepts (shoal.shared.selector); properties are decoded only when the
+exchange has such bindings. An exchange's ``alternate-exchange`` argument (RabbitMQ, Qpid)
+receives what the exchange could not route anywhere.
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from shoal.shared import wire
+from shoal.shared.errors import AMQPError
+from shoal.shared.selector import Selector, check_arguments, selector_fields
 
 EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers"})
 
@@ -38,6 +44,7 @@ class Binding:
     routing_key: str
     arguments: dict
     matcher: Callable[[str], bool] | None = None  # topic exchanges: compiled key
+    selector: Selector | None = None  # x-filter-jms-selector
 
     @property
     def key(self) -> tuple:
@@ -57,6 +64,7 @@ class Exchange:
     bindings: dict[tuple, Binding] = field(default_factory=dict)
     # direct exchanges: routing key -> bindings, for O(1) routing
     by_key: dict[str, list[Binding]] = field(default_factory=dict)
+    selectors: int = 0      # bindings with a selector (properties are decoded when > 0)
 
 
 def _freeze(value: Any) -> Any:
@@ -131,7 +139,7 @@ class Topology:
             old = self.exchanges.get((vhost, name))
             ex = Exchange(vhost, name, type_, durable, auto_delete, internal, arguments or {})
             if old is not None:
-                ex.bindings, ex.by_key = old.bindings, old.by_key
+                ex.bindings, ex.by_key, ex.selectors = old.bindings, old.by_key, old.selectors
             self.exchanges[(vhost, name)] = ex
         elif event == wire.EV_EXCHANGE_REMOVED:
             vhost, name = data
@@ -161,6 +169,7 @@ class Topology:
                 if ex.name in BUILTIN_EXCHANGES:
                     ex.bindings.clear()
                     ex.by_key.clear()
+                    ex.selectors = 0
                 else:
                     del self.exchanges[key]
 
@@ -174,6 +183,12 @@ class Topology:
             b.matcher = compile_topic(routing_key)
         if b.key in ex.bindings:
             return
+        try:
+            b.selector = check_arguments(b.arguments)
+        except AMQPError:        # refused at queue.bind; a stored bad one matches nothing
+            b.selector = Selector("FALSE", lambda f: False)
+        if b.selector is not None:
+            ex.selectors += 1
         ex.bindings[b.key] = b
         ex.by_key.setdefault(routing_key, []).append(b)
 
@@ -185,6 +200,8 @@ class Topology:
         key = (dest_kind, destination, routing_key, _freeze(arguments or {}))
         b = ex.bindings.pop(key, None)
         if b is not None:
+            if b.selector is not None:
+                ex.selectors -= 1
             lst = ex.by_key.get(routing_key, [])
             if b in lst:
                 lst.remove(b)
@@ -202,21 +219,50 @@ class Topology:
 
     # ---- routing -----------------------------------------------------------------------------
     def route(self, vhost: str, exchange: str, routing_key: str,
-              headers: Callable[[], dict | None]) -> set[str]:
+              headers: Callable[[], dict | None] | None, header: bytes | None = None
+              ) -> set[str]:
         """Queue names a publish reaches. ``headers`` is called at most once, lazily, when a
-        headers exchange needs the message's headers. The exchange must exist (the caller
-        checks and raises 404)."""
+        headers exchange needs the message's headers (None: decoded from ``header``, the
+        content-header payload, which selector bindings also read). The exchange must exist
+        (the caller checks and raises 404). Unroutable: the exchange's alternate-exchange."""
         if exchange == "":
             return {routing_key}
-        out: set[str] = set()
-        seen: set[str] = set()
-        todo = [exchange]
+        props: list = []
+
+        def get_props() -> Any:
+            if not props:
+                props.append(_properties(header))
+            return props[0]
+
+        if headers is None:
+            def headers() -> dict | None:
+                p = get_props()
+                return p.headers if p is not None else None
         cached: list = []
 
         def get_headers() -> dict | None:
             if not cached:
                 cached.append(headers())
             return cached[0]
+
+        tried: set[str] = set()
+        while True:
+            out = self._route_from(vhost, exchange, routing_key, get_headers, get_props)
+            tried.add(exchange)
+            ex = self.exchanges.get((vhost, exchange))
+            ae = ex.arguments.get("alternate-exchange") if ex is not None else None
+            if isinstance(ae, bytes):
+                ae = ae.decode("utf-8", "replace")
+            if out or not isinstance(ae, str) or not ae or ae in tried:
+                return out
+            exchange = ae
+
+    def _route_from(self, vhost: str, exchange: str, routing_key: str,
+                    get_headers: Callable[[], dict | None], get_props: Callable[[], Any]
+                    ) -> set[str]:
+        out: set[str] = set()
+        seen: set[str] = set()
+        todo = [exchange]
 
         while todo:
             name = todo.pop()
@@ -226,7 +272,11 @@ class Topology:
             ex = self.exchanges.get((vhost, name))
             if ex is None:
                 continue
-            for b in self._matches(ex, routing_key, get_headers):
+            matched = self._matches(ex, routing_key, get_headers)
+            if ex.selectors and matched:
+                fields = selector_fields(get_props())
+                matched = [b for b in matched if b.selector is None or b.selector.matches(fields)]
+            for b in matched:
                 if b.dest_kind == wire.DEST_QUEUE:
                     out.add(b.destination)
                 else:
@@ -247,3 +297,15 @@ class Topology:
             h = headers()
             return [b for b in ex.bindings.values() if headers_match(b.arguments, h)]
         return ()
+
+
+def _properties(header: bytes | None) -> Any:
+    """Decoded ``basic`` properties of a content-header payload, or None (none given, or
+    undecodable: routed as if it had no properties)."""
+    if not header:
+        return None
+    from .amqp.fastpath import parse_properties
+    try:
+        return parse_properties(header)
+    except AMQPError:
+        return None

@@ -32,7 +32,7 @@ from typing import Any
 import msgpack
 
 #: Bumped whenever a message's fields change. Checked at connect time (HELLO).
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 
 
 class T(IntEnum):
@@ -75,12 +75,17 @@ class T(IntEnum):
     # EV_QUEUE_REMOVED    data = [vhost, name]   (deleted, auto-deleted, exclusive owner gone)
 
     # --- messages ---
-    PUBLISH = 30          # R->N [T, seq, vhost, queues, exchange, routing_key, header, body]
+    PUBLISH = 30          # R->N [T, seq, vhost, queues, exchange, routing_key, header, body,
+                          #       publisher]
                           #   seq: 0 = no answer wanted; else answered by PUBLISH_RESULT.
+                          #   publisher: the publishing connection's owner string, or None
+                          #   (a republished dead letter); consumers with no_local skip it.
                           #   queues: list of queue names on this node.
                           #   header: content-header frame payload (class, weight, body size,
                           #   property flags and list) as the client sent it.
-    PUBLISH_RESULT = 31   # N->R [T, seq, code, routed]; routed = queues that accepted it
+    PUBLISH_RESULT = 31   # N->R [T, seq, code, routed]; routed = queues that accepted it;
+                          #   code != 0: a queue refused it (x-overflow reject-publish):
+                          #   the router answers basic.nack.
 
     # --- consumers ---
     CONSUME = 40          # R->N [T, req_id, consumer_id, vhost, queue, tag, no_ack, exclusive,
@@ -102,6 +107,9 @@ class T(IntEnum):
     GET = 48              # R->N [T, req_id, vhost, queue, no_ack, owner]
                           #   -> payload None (empty) or [delivery_id, redelivered, exchange,
                           #      routing_key, header, body, message_count]
+    REPUBLISH = 49        # N->R [T, vhost, exchange, routing_key, header, body]: route and
+                          #   publish like a basic.publish without confirm (dead-lettering:
+                          #   the node has no exchange cache). Sent to any one router.
 
 
 # Topology events.

@@ -70,7 +70,7 @@ class FakeRouter:
                             auto_delete, args or {}, owner or f"{self.name}/c1")
 
     def publish(self, queue, body: bytes, seq=0, queues=None, rk="rk") -> None:
-        self.send(T.PUBLISH, seq, "/", queues or [queue], "ex", rk, b"hdr", body)
+        self.send(T.PUBLISH, seq, "/", queues or [queue], "ex", rk, b"hdr", body, None)
 
     def consume(self, queue, no_ack=False, exclusive=False, args=None, owner=None) -> int:
         self.next_consumer += 1

@@ -107,10 +107,18 @@ class TestQueueEntryTransitions:
             for src in EntryState:
                 e = QueueEntry(1)
                 e.state = src
-                method = {EntryState.ACQUIRED: e.acquire, EntryState.AVAILABLE: e.release,
+                # AVAILABLE is entered by release (from ACQUIRED) or unhold (from HELD)
+                release = e.unhold if src is EntryState.HELD else e.release
+                method = {EntryState.ACQUIRED: e.acquire, EntryState.AVAILABLE: release,
                           EntryState.DEQUEUED: e.dequeue, EntryState.DELETED: e.delete}[target]
                 assert method() == (src in sources)
                 assert e.state is (target if src in sources else src)
+
+    def test_release_and_unhold_are_distinct(self):
+        e = QueueEntry(1)
+        e.state = EntryState.HELD
+        assert not e.release() and e.unhold() and not e.redelivered
+        assert not e.unhold()
 
     def test_acquire_once(self):
         e = QueueEntry(1)

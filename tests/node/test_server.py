@@ -58,7 +58,7 @@ def test_node_in_thread_batches_and_stops(tmp_path):
         s.send(encode_batch([[T.HELLO, WIRE_VERSION, "r1", "node-0"],
                              [T.QUEUE_DECLARE, 1, "/", "q", False, False, False, False, {},
                               None],
-                             [T.PUBLISH, 7, "/", ["q"], "", "q", b"h", b"body"]]))
+                             [T.PUBLISH, 7, "/", ["q"], "", "q", b"h", b"body", None]]))
         batch = decode_batch(s.recv())
         tags = [m[0] for m in batch]
         assert tags[:3] == [T.HELLO_OK, T.REPLY, T.PUBLISH_RESULT]   # one send, one batch

@@ -144,9 +144,9 @@ def test_publish_result_counts_existing_queues(net: Net):
     r = net.router()
     r.declare("a")
     r.declare("b")
-    r.send(T.PUBLISH, 42, "/", ["a", "missing", "b"], "ex", "rk", b"h", b"body")
+    r.send(T.PUBLISH, 42, "/", ["a", "missing", "b"], "ex", "rk", b"h", b"body", None)
     assert r.take() == [[T.PUBLISH_RESULT, 42, 0, 2]]
-    r.send(T.PUBLISH, 0, "/", ["a"], "ex", "rk", b"h", b"body")
+    r.send(T.PUBLISH, 0, "/", ["a"], "ex", "rk", b"h", b"body", None)
     assert r.take() == []
 
 

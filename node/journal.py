@@ -1,0 +1,560 @@
+"""The node's append-only journal: :class:`Journal` (design.md section 5, issue 5).
+
+One journal per node, in ``<data_dir>/journal/``: segment files ``00000001.seg``, ... (format in
+:mod:`shoal.node.journal_format`, rules of replay in :mod:`shoal.node.journal_state`, the whole
+picture and where the node calls it in docs/durability.md).
+
+Commit rule: :meth:`Journal.append` only buffers and returns the record's sequence number
+(LSN); :meth:`Journal.commit` writes everything buffered with one ``pwrite`` and one
+``os.fdatasync`` and returns the highest durable LSN. A publisher confirm for a record may be
+sent once ``commit() >= its LSN``. :meth:`Journal.commit_async` does the same on a worker
+thread (one commit in flight at a time, in order) and returns a future.
+
+Compaction runs inside commits: the oldest segments whose entries are all settled are deleted;
+the oldest segment is copied forward (its live ENQUEUEs rewritten into the head, same entry
+ids) when it is mostly dead or when the journal holds much more garbage than live data. Only
+the oldest segment is ever deleted, so a later SETTLE can never lose the ENQUEUE it cancels.
+
+Errors: :class:`JournalUnavailable` (disk full, unwritable or locked directory; retry later),
+:class:`JournalCorrupt` (damage a crash cannot explain; file and byte offset given).
+"""
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import random
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from .journal_format import (HEADER_BYTES, RECORD_OVERHEAD, TOPOLOGY_TYPES,
+                             Batch, BindingAdded, BindingRemoved, DeliveryState, Enqueue,
+                             ExchangeDeclared, ExchangeDeleted, JournalCorrupt, JournalError,
+                             JournalUnavailable, QueueDeclared, QueueDeleted, Record, RecordType,
+                             Settle, decode_record, encode_payload, frame, scan, segment_header)
+from .journal_compact import (Job, JournalConfig, JournalStats, Kind, Pending, Segment, fsync_dir,
+                              plan_compaction)
+from .journal_state import JournalState, LiveEntry, Recovered, TornTail
+
+__all__ = ["Journal", "JournalConfig", "JournalStats", "JournalError", "JournalCorrupt",
+           "JournalUnavailable", "Recovered"]
+
+log = logging.getLogger("shoal.node.journal")
+
+_SEG_NAME = re.compile(r"^(\d{8})\.seg$")
+_ENQUEUE = int(RecordType.ENQUEUE)
+_SNAPSHOT = int(RecordType.TOPOLOGY_SNAPSHOT)
+
+
+def is_persistent(header: bytes) -> bool:
+    """Whether a content-header payload (class u16, weight u16, body size u64, property flags
+    u16, properties; AMQP 0-9-1 spec 4.2.6.1) carries ``delivery_mode`` 2: flag 0x1000 set and
+    the delivery-mode octet, after content-type (shortstr, 0x8000), content-encoding (shortstr,
+    0x4000) and headers (table, 0x2000), equal to 2. Malformed headers: False (transient)."""
+    try:
+        flags = (header[12] << 8) | header[13]
+        if not flags & 0x1000:
+            return False
+        pos = 14
+        word = flags
+        while word & 1:                     # continuation flag words follow
+            word = (header[pos] << 8) | header[pos + 1]
+            pos += 2
+        if flags & 0x8000:
+            pos += 1 + header[pos]
+        if flags & 0x4000:
+            pos += 1 + header[pos]
+        if flags & 0x2000:
+            pos += 4 + int.from_bytes(header[pos:pos + 4], "big")
+        return header[pos] == 2
+    except IndexError:
+        return False
+
+
+def _unavailable(text: str, exc: BaseException) -> JournalUnavailable:
+    err = JournalUnavailable(text, exc if isinstance(exc, OSError) else None)
+    err.__cause__ = exc
+    return err
+
+
+class Journal:
+    """The journal of one node's shard. Create with :meth:`open`; not thread-safe (call it
+    from the node's event loop thread only)."""
+
+    def __init__(self, directory: Path, config: JournalConfig) -> None:
+        self.directory = directory
+        self.config = config
+        self.state = JournalState(self._on_dead, keep_messages=True)
+        self.segments: dict[int, Segment] = {}     # ascending segment number
+        self.head: Segment | None = None
+        self.recovered = Recovered()
+        self._buffer: list[Pending] = []
+        self._buffered_bytes = 0
+        self._appended_lsn = 0
+        self._durable_lsn = 0
+        self._snapshot_seg = 0
+        self._tail_dirty = False
+        self._force_roll = False
+        self._available = True
+        self._inflight: asyncio.Future | None = None
+        self._waiters: list[tuple[int, asyncio.Future]] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock_fd = -1
+        self.commits = 0
+        self.fsyncs = 0
+
+    # ------------------------------------------------------------------ open / recover
+    @classmethod
+    def open(cls, directory: str | os.PathLike, config: JournalConfig | None = None) -> "Journal":
+        """Open (creating if missing) the journal in ``directory`` and recover it.
+
+        Torn tails of the last segment are cut (logged; listed in ``recovered.cuts``). Raises
+        JournalCorrupt(path, offset) for other damage, JournalUnavailable if the directory
+        cannot be created, written or locked (another process has it open)."""
+        j = cls(Path(directory), config or JournalConfig())
+        try:
+            j.directory.mkdir(parents=True, exist_ok=True)
+            j._lock_fd = os.open(j.directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise _unavailable(f"cannot open journal directory {j.directory}", exc) from exc
+        try:
+            fcntl.flock(j._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(j._lock_fd)
+            raise JournalUnavailable(f"{j.directory} is locked by another process") from exc
+        try:
+            j._recover()
+        except BaseException:
+            j._close_files()
+            raise
+        return j
+
+    def _segment_files(self) -> list[tuple[int, Path]]:
+        found = []
+        for p in self.directory.iterdir():
+            m = _SEG_NAME.match(p.name)
+            if m:
+                found.append((int(m.group(1)), p))
+        return sorted(found)
+
+    def _recover(self) -> None:
+        files = self._segment_files()
+        cuts: list[TornTail] = []
+        state = self.state
+        for i, (number, path) in enumerate(files):
+            last = i == len(files) - 1
+            data = path.read_bytes()
+            if len(data) < HEADER_BYTES:
+                if not last:
+                    raise JournalCorrupt(str(path), 0, "segment shorter than its header")
+                log.warning("journal: removing %s: torn at byte %d while being created",
+                            path, len(data))
+                cuts.append(TornTail(str(path), 0, len(data), "torn segment header"))
+                path.unlink()
+                fsync_dir(self.directory)
+                continue
+            result = scan(data, str(path), last)
+            seg = Segment(number, path, int.from_bytes(data[8:12], "little"), result.good_end)
+            self.segments[number] = seg
+            if result.good_end < len(data):
+                dropped = len(data) - result.good_end
+                log.warning("journal: cut torn tail of %s at byte %d (%d bytes dropped: %s)",
+                            path, result.good_end, dropped, result.bad_reason)
+                cuts.append(TornTail(str(path), result.good_end, dropped, result.bad_reason))
+                try:
+                    with open(path, "r+b") as f:
+                        f.truncate(result.good_end)
+                        os.fsync(f.fileno())
+                except OSError as exc:
+                    raise _unavailable(f"cannot cut torn tail of {path}", exc) from exc
+            for offset, size, rtype, payload in result.records:
+                if rtype == RecordType.BATCH:
+                    continue
+                try:
+                    rec = decode_record(rtype, payload)
+                except ValueError as exc:
+                    raise JournalCorrupt(str(path), offset, str(exc)) from None
+                e = state.apply(rec)
+                if e is not None:
+                    e.segment, e.offset, e.size = number, offset, size
+                    seg.live_count += 1
+                    seg.live_bytes += size
+                elif rtype in TOPOLOGY_TYPES:
+                    seg.topo_records += 1
+                    if rtype == _SNAPSHOT:
+                        self._snapshot_seg = number
+            del data, result
+        state.drop_orphans()
+        self.recovered = state.recovered()
+        self.recovered.cuts = cuts
+        state.messages = None                       # the index keeps no message bodies
+        if self.segments:
+            self.head = self.segments[next(reversed(self.segments))]
+            try:
+                self.head.fd = os.open(self.head.path, os.O_RDWR)
+            except OSError as exc:
+                raise _unavailable(f"cannot open {self.head.path}", exc) from exc
+        else:
+            self._create_first_segment()
+        n = sum(len(v) for v in self.recovered.messages.values())
+        log.info("journal %s: recovered %d queues, %d exchanges, %d bindings, %d messages "
+                 "from %d segments", self.directory, len(self.recovered.queues),
+                 len(self.recovered.exchanges), len(self.recovered.bindings), n,
+                 len(self.segments))
+
+    def _create_first_segment(self) -> None:
+        salt = random.getrandbits(32)
+        seg = Segment(1, self.directory / "00000001.seg", salt, HEADER_BYTES)
+        try:
+            seg.fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.pwrite(seg.fd, segment_header(salt), 0)
+            os.fdatasync(seg.fd)
+            fsync_dir(self.directory)
+        except OSError as exc:
+            seg.close()
+            raise _unavailable(f"cannot create {seg.path}", exc) from exc
+        self.segments[1] = seg
+        self.head = seg
+
+    def _on_dead(self, e: LiveEntry) -> None:
+        seg = self.segments.get(e.segment) if e.segment else None
+        if seg is not None:
+            seg.live_count -= 1
+            seg.live_bytes -= e.size
+
+    # ------------------------------------------------------------------ append
+    @property
+    def available(self) -> bool:
+        """False after a failed commit, until a commit succeeds (publishers should be blocked)."""
+        return self._available
+
+    @property
+    def durable_lsn(self) -> int:
+        return self._durable_lsn
+
+    def is_live(self, entry_id: int) -> bool:
+        """Whether ``entry_id`` is a journaled, unsettled entry."""
+        return entry_id in self.state.entries
+
+    def append(self, record: Record) -> int:
+        """Buffer ``record`` and return its LSN (durable once ``commit()`` returns >= it).
+
+        SETTLE / DELIVERY_STATE keep only ids of journaled live entries (others are not
+        durable: nothing to record; the LSN of the last record is returned when none is left).
+        Raises ValueError for an ENQUEUE on a queue not declared in the journal or an entry id
+        already live (caller bugs), JournalUnavailable for an ENQUEUE while the disk is failing
+        and ``max_buffered_bytes`` are already buffered."""
+        t = type(record)
+        if t is Enqueue:
+            if (record.vhost, record.queue) not in self.state.queues:
+                raise ValueError(f"queue {record.queue!r} in vhost {record.vhost!r} is not a "
+                                 f"durable queue of this journal")
+            if record.entry_id in self.state.entries:
+                raise ValueError(f"entry {record.entry_id} is already journaled")
+            if not self._available and self._buffered_bytes >= self.config.max_buffered_bytes:
+                raise JournalUnavailable(f"{self.directory}: disk failing and "
+                                         f"{self._buffered_bytes} bytes already buffered")
+        elif t is Settle:
+            live = self.state.entries
+            ids = [i for i in record.entry_ids if i in live]
+            if not ids:
+                return self._appended_lsn
+            record = Settle(ids)
+        elif t is DeliveryState:
+            live = self.state.entries
+            updates = [u for u in record.updates if u[0] in live]
+            if not updates:
+                return self._appended_lsn
+            record = DeliveryState(updates)
+        elif t is Batch or t is Record:
+            raise ValueError(f"cannot append a {t.__name__} record")
+        payload = encode_payload(record)
+        self.state.apply(record)
+        self._appended_lsn += 1
+        self._buffer.append(Pending(Kind.USER, int(record.TYPE), payload,
+                                     record.entry_id if t is Enqueue else 0,
+                                     self._appended_lsn))
+        self._buffered_bytes += RECORD_OVERHEAD + len(payload)
+        return self._appended_lsn
+
+    # conveniences, one per record type (arguments as the record fields)
+    def enqueue(self, vhost: str, queue: str, entry_id: int, exchange: str, routing_key: str,
+                header: bytes, body: bytes, **times: int | bool) -> int:
+        """ENQUEUE; keyword fields: redelivered, delivery_count, enqueue_ms, expiry_ms,
+        not_before_ms (epoch ms, 0 = none)."""
+        return self.append(Enqueue(vhost, queue, entry_id, exchange, routing_key, header, body,
+                                   **times))
+
+    def settle(self, entry_ids: Iterable[int]) -> int:
+        return self.append(Settle(list(entry_ids)))
+
+    def delivery_state(self, updates: Iterable[tuple[int, bool, int]]) -> int:
+        """[(entry_id, redelivered, delivery_count), ...] for deliveries and releases."""
+        return self.append(DeliveryState([list(u) for u in updates]))
+
+    def declare_queue(self, vhost: str, name: str, auto_delete: bool = False,
+                      arguments: dict | None = None) -> int:
+        return self.append(QueueDeclared(vhost, name, auto_delete, arguments or {}))
+
+    def delete_queue(self, vhost: str, name: str) -> int:
+        return self.append(QueueDeleted(vhost, name))
+
+    def declare_exchange(self, vhost: str, name: str, type: str, auto_delete: bool = False,
+                         internal: bool = False, arguments: dict | None = None) -> int:
+        return self.append(ExchangeDeclared(vhost, name, type, auto_delete, internal,
+                                            arguments or {}))
+
+    def delete_exchange(self, vhost: str, name: str) -> int:
+        return self.append(ExchangeDeleted(vhost, name))
+
+    def bind(self, vhost: str, exchange: str, dest_kind: str, destination: str,
+             routing_key: str, arguments: dict | None = None) -> int:
+        return self.append(BindingAdded(vhost, exchange, dest_kind, destination, routing_key,
+                                        arguments or {}))
+
+    def unbind(self, vhost: str, exchange: str, dest_kind: str, destination: str,
+               routing_key: str, arguments: dict | None = None) -> int:
+        return self.append(BindingRemoved(vhost, exchange, dest_kind, destination, routing_key,
+                                          arguments or {}))
+
+    # ------------------------------------------------------------------ commit
+    def commit(self) -> int:
+        """Write all buffered records (plus compaction work) with one write and one fdatasync;
+        return the durable LSN. No buffered records and no compaction due: no I/O.
+
+        Raises JournalUnavailable (disk full, I/O error): nothing committed before is lost, the
+        records stay buffered and the next commit retries them. RuntimeError if a
+        :meth:`commit_async` is in flight."""
+        if self._inflight is not None:
+            raise RuntimeError("Journal.commit() while a commit_async() is in flight")
+        job = self._prepare()
+        if job is None:
+            return self._durable_lsn
+        try:
+            self._run(job)
+        except OSError as exc:
+            self._failed(job)
+            raise _unavailable(f"cannot write {job.segment.path}", exc) from exc
+        self._finish(job)
+        return self._durable_lsn
+
+    def commit_async(self) -> asyncio.Future:
+        """Commit on the journal's worker thread; the future resolves to the durable LSN once
+        every record appended before this call is on disk (or raises JournalUnavailable).
+        Records appended meanwhile go into the next commit (group commit); commits stay in
+        order. Call from the running event loop."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        target = self._appended_lsn
+        if target <= self._durable_lsn and self._inflight is None:
+            fut.set_result(self._durable_lsn)
+            return fut
+        self._waiters.append((target, fut))
+        self._kick(loop)
+        return fut
+
+    def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._inflight is not None:
+            return
+        job = self._prepare()
+        if job is None:
+            self._resolve_waiters(None)
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="shoal-journal")
+        self._inflight = inflight = loop.run_in_executor(self._executor, self._run, job)
+        inflight.add_done_callback(lambda f: self._job_done(job, f, loop))
+
+    def _job_done(self, job: Job, f: asyncio.Future, loop: asyncio.AbstractEventLoop) -> None:
+        self._inflight = None
+        exc = f.exception() if not f.cancelled() else asyncio.CancelledError()
+        if exc is not None:
+            self._failed(job)
+            self._resolve_waiters(_unavailable(f"cannot write {job.segment.path}", exc))
+            return
+        self._finish(job)
+        self._resolve_waiters(None)
+        if self._waiters:
+            self._kick(loop)
+
+    def _resolve_waiters(self, error: BaseException | None) -> None:
+        keep = []
+        for target, fut in self._waiters:
+            if fut.done():
+                continue
+            if target <= self._durable_lsn:
+                fut.set_result(self._durable_lsn)
+            elif error is not None:
+                fut.set_exception(error)
+            else:
+                keep.append((target, fut))
+        self._waiters = keep
+
+    def _prepare(self) -> Job | None:
+        """Take the buffer (plus compaction work) and frame it into one write."""
+        delete = plan_compaction(self)
+        if not self._buffer and not delete:
+            return None
+        records, self._buffer = self._buffer, []
+        self._buffered_bytes = 0
+        body = sum(RECORD_OVERHEAD + len(p.payload) for p in records)
+        batch = encode_payload(Batch(body))
+        head = self.head
+        assert head is not None
+        parts: list[bytes] = []
+        if self._force_roll or (head.size > HEADER_BYTES and head.size + RECORD_OVERHEAD
+                                + len(batch) + body > self.config.segment_bytes):
+            number = head.number + 1
+            seg = Segment(number, self.directory / f"{number:08d}.seg",
+                           random.getrandbits(32), 0)
+            new, offset = True, 0
+            parts.append(segment_header(seg.salt))
+            pos = HEADER_BYTES
+        else:
+            seg, new, offset, pos = head, False, head.size, head.size
+        salt = seg.salt
+        parts.extend(frame(int(RecordType.BATCH), batch, salt))
+        pos += RECORD_OVERHEAD + len(batch)
+        placed = []
+        for p in records:
+            parts.extend(frame(p.rtype, p.payload, salt))
+            size = RECORD_OVERHEAD + len(p.payload)
+            placed.append((p, pos, size))
+            pos += size
+        return Job(seg, new, offset, b"".join(parts), placed, delete, self._tail_dirty,
+                    self._appended_lsn)
+
+    def _run(self, job: Job) -> None:
+        """The disk work of one commit (any thread): one pwrite, one fdatasync, then unlink
+        compacted segments. Raises OSError."""
+        if job.new:
+            job.fd = fd = os.open(job.segment.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        else:
+            fd = job.segment.fd
+            if job.truncate:
+                os.ftruncate(fd, job.offset)
+        view = memoryview(job.data)
+        pos = job.offset
+        while view:
+            n = os.pwrite(fd, view, pos)
+            view = view[n:]
+            pos += n
+        os.fdatasync(fd)
+        if job.new:
+            fsync_dir(self.directory)
+        for seg in job.delete:
+            try:
+                seg.path.unlink()
+            except OSError as exc:      # dead data stays; retried by a later compaction
+                log.warning("journal: cannot delete compacted %s: %s", seg.path, exc)
+
+    def _finish(self, job: Job) -> None:
+        seg = job.segment
+        if job.new:
+            seg.fd = job.fd
+            self.segments[seg.number] = seg
+            self.head = seg
+        seg.size = job.offset + len(job.data)
+        entries = self.state.entries
+        segments = self.segments
+        for p, offset, size in job.placed:
+            if p.rtype == _ENQUEUE:
+                e = entries.get(p.entry_id)
+                if e is None or (p.kind is Kind.COPY and e.segment != p.source):
+                    continue
+                old = segments.get(e.segment) if e.segment else None
+                if old is not None:
+                    old.live_count -= 1
+                    old.live_bytes -= e.size
+                e.segment, e.offset, e.size = seg.number, offset, size
+                seg.live_count += 1
+                seg.live_bytes += size
+            elif p.rtype in TOPOLOGY_TYPES:
+                seg.topo_records += 1
+                if p.rtype == _SNAPSHOT:
+                    self._snapshot_seg = seg.number
+        for old in job.delete:
+            if old.live_count:
+                log.error("journal: compacted %s still had %d live records", old.path,
+                          old.live_count)
+            old.close()
+            if old.path.exists():
+                old.copy_cursor = HEADER_BYTES      # unlink failed: keep it, retry later
+            else:
+                segments.pop(old.number, None)
+        self._durable_lsn = max(self._durable_lsn, job.upto)
+        self._available = True
+        self._tail_dirty = False
+        self._force_roll = False
+        self.commits += 1
+        self.fsyncs += 1
+
+    def _failed(self, job: Job) -> None:
+        """A commit's disk work failed: keep its node records buffered (same LSNs, in front)."""
+        self._available = False
+        kept = [p for p, _, _ in job.placed if p.kind is Kind.USER]
+        self._buffer = kept + self._buffer
+        self._buffered_bytes = sum(RECORD_OVERHEAD + len(p.payload) for p in self._buffer)
+        for seg in self.segments.values():
+            seg.copy_cursor = HEADER_BYTES
+        if job.new:
+            if job.fd >= 0:
+                os.close(job.fd)
+                job.fd = -1
+            try:
+                job.segment.path.unlink()
+            except OSError:
+                pass
+            self._force_roll = True             # never leave a half-made newer segment behind
+        else:
+            self._tail_dirty = True
+
+    # ------------------------------------------------------------------ reading / info
+    def replay(self) -> Iterator[Record]:
+        """Every committed record (BATCH markers excluded), in log order. Raises JournalCorrupt
+        if a file changed under the journal."""
+        for seg in list(self.segments.values()):
+            with open(seg.path, "rb") as f:
+                data = f.read(seg.size)
+            for offset, _size, rtype, payload in scan(data, str(seg.path), False).records:
+                if rtype != RecordType.BATCH:
+                    try:
+                        yield decode_record(rtype, payload)
+                    except ValueError as exc:
+                        raise JournalCorrupt(str(seg.path), offset, str(exc)) from None
+
+    def stats(self) -> JournalStats:
+        segs = self.segments.values()
+        return JournalStats(len(self.segments), sum(s.size for s in segs),
+                            len(self.state.entries), sum(s.live_bytes for s in segs),
+                            len(self._buffer), self._durable_lsn, self.commits, self.fsyncs)
+
+    def close(self) -> None:
+        """Commit what is buffered (best effort: a failure is logged), close files, release
+        the directory lock. Await the last :meth:`commit_async` first."""
+        if self._inflight is None and self._buffer:
+            try:
+                self.commit()
+            except JournalUnavailable as exc:
+                log.error("journal: %d records not committed at close: %s",
+                          len(self._buffer), exc)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self._close_files()
+
+    def _close_files(self) -> None:
+        for seg in self.segments.values():
+            seg.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> "Journal":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,80 @@
+"""What a node reads from (and, rarely, writes into) a message's content header.
+
+The node keeps every header as the bytes the publisher sent (design.md section 4). Features
+that need a property read the 16-bit property flags first (AMQP 0-9-1 spec 4.2.6.1: class u16,
+weight u16, body size u64, then the flags at payload offset 12) and decode with pamqp only when
+the flag says the property is present. Headers are re-encoded only to add ``x-death``
+(dead-lettering) or ``x-delivery-count`` (delivery limit), as RabbitMQ does.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Any
+
+from pamqp.commands import Basic
+from pamqp.header import ContentHeader
+
+log = logging.getLogger("shoal.node")
+
+# Property flag bits (spec 1.8 "basic" class properties, in order).
+F_CONTENT_TYPE = 0x8000
+F_CONTENT_ENCODING = 0x4000
+F_HEADERS = 0x2000
+F_DELIVERY_MODE = 0x1000
+F_PRIORITY = 0x0800
+F_CORRELATION_ID = 0x0400
+F_REPLY_TO = 0x0200
+F_EXPIRATION = 0x0100
+
+_BODY_SIZE = struct.Struct(">Q")
+
+
+def property_flags(header: bytes) -> int:
+    """The property flags of a content-header payload (0 when it is too short)."""
+    if len(header) < 14:
+        return 0
+    return (header[12] << 8) | header[13]
+
+
+def body_size(header: bytes) -> int:
+    return _BODY_SIZE.unpack_from(header, 4)[0] if len(header) >= 12 else 0
+
+
+def parse_properties(header: bytes) -> Basic.Properties | None:
+    """Decode the properties with pamqp; None when the header is undecodable (the message is
+    then treated as having no properties, never dropped)."""
+    ch = ContentHeader()
+    try:
+        ch.unmarshal(bytes(header))
+    except Exception:  # noqa: BLE001 - pamqp raises several types on bad input
+        log.debug("undecodable content header (%d bytes)", len(header))
+        return None
+    return ch.properties
+
+
+def encode_header(props: Basic.Properties, size: int) -> bytes:
+    """A content-header payload for ``props`` and a body of ``size`` bytes (pamqp)."""
+    return ContentHeader(0, size, props).marshal()
+
+
+def header_value(props: Basic.Properties | None, key: str) -> Any:
+    """``props.headers[key]`` (bytes decoded as UTF-8), or None."""
+    if props is None or not props.headers:
+        return None
+    v = props.headers.get(key)
+    if isinstance(v, (bytes, bytearray)):
+        v = bytes(v).decode("utf-8", "replace")
+    return v
+
+
+def expiration_ms(props: Basic.Properties | None) -> int | None:
+    """The per-message TTL (``expiration``, a decimal string of ms; RabbitMQ), or None when
+    absent or not a non-negative integer."""
+    if props is None or props.expiration is None:
+        return None
+    try:
+        v = int(props.expiration)
+    except (TypeError, ValueError):
+        return None
+    return v if v >= 0 else None

@@ -1,0 +1,354 @@
+"""JMS message selectors (``x-filter-jms-selector``), shared by router (bindings) and node
+(consumers).
+
+The language is the SQL-92 subset of the JMS 1.1 specification, section 3.8.1.1 ("Message
+Selector Syntax"), as the Qpid broker accepts it (seed 003, "bindings with selectors"):
+literals (strings in single quotes with ``''`` escapes, exact and approximate numbers, hex,
+``TRUE``/``FALSE``), identifiers (message headers, and the JMS header fields ``JMSPriority``,
+``JMSDeliveryMode``, ``JMSMessageID``, ``JMSCorrelationID``, ``JMSTimestamp``, ``JMSType``),
+``= <> < <= > >=``, ``+ - * /``, ``[NOT] BETWEEN``, ``[NOT] LIKE ... [ESCAPE]``, ``[NOT] IN``,
+``IS [NOT] NULL``, ``AND OR NOT`` and parentheses. Keywords are case-insensitive.
+
+Evaluation uses SQL three-valued logic: a missing identifier is NULL (unknown), and a message
+is selected only when the whole expression is TRUE. Comparing values of unlike types is FALSE
+(JMS 3.8.1.2).
+
+Public API: :func:`compile_selector` (text -> :class:`Selector`, cached; raises
+:class:`~shoal.shared.errors.AMQPError` 406 PRECONDITION_FAILED naming the position of the
+error) and :func:`selector_fields` (decoded ``basic`` properties -> the identifier dict a
+selector reads).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Callable
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, \
+    VisitError
+
+from .errors import PRECONDITION_FAILED, AMQPError, soft_error
+
+ARGUMENT = "x-filter-jms-selector"
+
+_KEYWORDS = "and|or|not|between|like|escape|in|is|null|true|false"
+
+_GRAMMAR = r"""
+?start: or_expr
+?or_expr: and_expr | or_expr OR and_expr -> or_
+?and_expr: not_expr | and_expr AND not_expr -> and_
+?not_expr: predicate | NOT not_expr -> not_
+?predicate: sum
+    | sum COMPOP sum -> compare
+    | sum NOT? BETWEEN sum AND sum -> between
+    | sum NOT? LIKE STRING (ESCAPE STRING)? -> like
+    | sum NOT? IN "(" literal ("," literal)* ")" -> in_
+    | sum IS NOT? NULL -> is_null
+?sum: product | sum ADDOP product -> arith
+?product: unary | product MULOP unary -> arith
+?unary: primary | ADDOP unary -> neg
+?primary: literal | IDENT -> ident | "(" or_expr ")"
+literal: STRING -> string | NUMBER -> number | TRUE -> true | FALSE -> false
+
+OR.2: /or\b/i
+AND.2: /and\b/i
+NOT.2: /not\b/i
+BETWEEN.2: /between\b/i
+LIKE.2: /like\b/i
+ESCAPE.2: /escape\b/i
+IN.2: /in\b/i
+IS.2: /is\b/i
+NULL.2: /null\b/i
+TRUE.2: /true\b/i
+FALSE.2: /false\b/i
+IDENT: /(?!(?:""" + _KEYWORDS + r""")\b)[A-Za-z_$][A-Za-z0-9_$.]*/i
+STRING: /'(?:[^']|'')*'/
+NUMBER: /0[xX][0-9a-fA-F]+|(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?[lLfFdD]?/
+COMPOP: "<>" | "<=" | ">=" | "=" | "<" | ">"
+ADDOP: "+" | "-"
+MULOP: "*" | "/"
+%import common.WS
+%ignore WS
+"""
+
+_parser = Lark(_GRAMMAR, parser="lalr", maybe_placeholders=False)
+
+Fn = Callable[[dict], Any]
+
+
+def _number(text: str) -> int | float:
+    t = text.rstrip("lLfFdD") if not text.lower().startswith("0x") else text
+    if t.lower().startswith("0x"):
+        return int(t, 16)
+    if re.fullmatch(r"\d+", t):
+        return int(t)
+    return float(t)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _and(a: Any, b: Any) -> Any:
+    if a is False or b is False:
+        return False
+    if a is None or b is None:
+        return None
+    return True
+
+
+def _or(a: Any, b: Any) -> Any:
+    if a is True or b is True:
+        return True
+    if a is None or b is None:
+        return None
+    return False
+
+
+def _compare(op: str, a: Any, b: Any) -> Any:
+    if a is None or b is None:
+        return None
+    if _is_num(a) and _is_num(b):
+        pass
+    elif type(a) is not type(b):
+        return False
+    elif isinstance(a, bool) and op not in ("=", "<>"):
+        return None
+    if op == "=":
+        return a == b
+    if op == "<>":
+        return a != b
+    if isinstance(a, str) and op not in ("=", "<>"):
+        return False           # JMS: strings and booleans compare with = and <> only
+    if op == "<":
+        return a < b
+    if op == "<=":
+        return a <= b
+    if op == ">":
+        return a > b
+    return a >= b
+
+
+def _like_regex(pattern: str, escape: str | None) -> re.Pattern:
+    out = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if escape is not None and ch == escape and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if ch == "%" else "." if ch == "_" else re.escape(ch))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+class _SelectorError(Exception):
+    """Raised inside the transformer for a semantic error (a bad ESCAPE)."""
+
+
+@v_args(inline=True)
+class _Compile(Transformer):
+    """Turns the parse tree into a closure ``fn(fields) -> True | False | None``."""
+
+    def string(self, tok: Token) -> Fn:
+        value = tok[1:-1].replace("''", "'")
+        return lambda f: value
+
+    def number(self, tok: Token) -> Fn:
+        value = _number(str(tok))
+        return lambda f: value
+
+    def true(self, tok: Token) -> Fn:
+        return lambda f: True
+
+    def false(self, tok: Token) -> Fn:
+        return lambda f: False
+
+    def ident(self, tok: Token) -> Fn:
+        name = str(tok)
+        return lambda f: f.get(name)
+
+    def or_(self, a: Fn, _op: Token, b: Fn) -> Fn:
+        return lambda f: _or(a(f), b(f))
+
+    def and_(self, a: Fn, _op: Token, b: Fn) -> Fn:
+        return lambda f: _and(a(f), b(f))
+
+    def not_(self, _op: Token, a: Fn) -> Fn:
+        def fn(f: dict) -> Any:
+            v = a(f)
+            return None if v is None or not isinstance(v, bool) else not v
+        return fn
+
+    def compare(self, a: Fn, op: Token, b: Fn) -> Fn:
+        o = str(op)
+        return lambda f: _compare(o, a(f), b(f))
+
+    def arith(self, a: Fn, op: Token, b: Fn) -> Fn:
+        o = str(op)
+
+        def fn(f: dict) -> Any:
+            x, y = a(f), b(f)
+            if not (_is_num(x) and _is_num(y)):
+                return None
+            if o == "+":
+                return x + y
+            if o == "-":
+                return x - y
+            if o == "*":
+                return x * y
+            if y == 0:
+                return None
+            return x / y if isinstance(x, float) or isinstance(y, float) or x % y else x // y
+        return fn
+
+    def neg(self, op: Token, a: Fn) -> Fn:
+        if str(op) == "+":
+            return lambda f: a(f) if _is_num(a(f)) else None
+        return lambda f: -a(f) if _is_num(a(f)) else None
+
+    def between(self, a: Fn, *rest: Any) -> Fn:
+        negate = isinstance(rest[0], Token) and rest[0].type == "NOT"
+        lo, hi = [r for r in rest if not isinstance(r, Token)]
+
+        def fn(f: dict) -> Any:
+            v = a(f)
+            r = _and(_compare(">=", v, lo(f)), _compare("<=", v, hi(f)))
+            return (None if r is None else not r) if negate else r
+        return fn
+
+    def like(self, a: Fn, *rest: Any) -> Fn:
+        toks = [t for t in rest if t.type == "STRING"]
+        negate = any(t.type == "NOT" for t in rest)
+        pattern = toks[0][1:-1].replace("''", "'")
+        escape = toks[1][1:-1].replace("''", "'") if len(toks) > 1 else None
+        if escape is not None and len(escape) != 1:
+            raise _SelectorError(f"ESCAPE must be one character, not '{escape}'")
+        rx = _like_regex(pattern, escape)
+
+        def fn(f: dict) -> Any:
+            v = a(f)
+            if not isinstance(v, str):
+                return None
+            r = rx.fullmatch(v) is not None
+            return not r if negate else r
+        return fn
+
+    def in_(self, a: Fn, *rest: Any) -> Fn:
+        negate = isinstance(rest[0], Token) and rest[0].type == "NOT"
+        values = [r({}) for r in rest if not isinstance(r, Token)]
+
+        def fn(f: dict) -> Any:
+            v = a(f)
+            if v is None:
+                return None
+            r = any(_compare("=", v, x) is True for x in values)
+            return not r if negate else r
+        return fn
+
+    def is_null(self, a: Fn, *rest: Token) -> Fn:
+        negate = any(t.type == "NOT" for t in rest)
+        return lambda f: (a(f) is not None) if negate else (a(f) is None)
+
+
+class Selector:
+    """A compiled selector. ``text``: its source; :meth:`matches` (fields dict -> bool)."""
+
+    __slots__ = ("text", "_fn")
+
+    def __init__(self, text: str, fn: Fn) -> None:
+        self.text = text
+        self._fn = fn
+
+    def matches(self, fields: dict) -> bool:
+        """True when the selector evaluates to TRUE for ``fields`` (see
+        :func:`selector_fields`); FALSE and unknown (NULL) both reject."""
+        try:
+            return self._fn(fields) is True
+        except (TypeError, ValueError, OverflowError):   # odd header types: not selected
+            return False
+
+    def __repr__(self) -> str:
+        return f"Selector({self.text!r})"
+
+
+def _error(text: str, pos: int, why: str) -> AMQPError:
+    return soft_error(PRECONDITION_FAILED,
+                      f"invalid {ARGUMENT} '{text}': {why} at position {pos}")
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_selector(text: str) -> Selector:
+    """Parse ``text`` (JMS 1.1 section 3.8.1.1). Raises AMQPError 406 PRECONDITION_FAILED
+    "invalid x-filter-jms-selector '<text>': <reason> at position <n>" (n counted from 1)."""
+    if not isinstance(text, str) or not text.strip():
+        raise _error(str(text), 1, "empty selector")
+    try:
+        tree = _parser.parse(text)
+        fn = _Compile().transform(tree)
+    except UnexpectedCharacters as e:
+        raise _error(text, e.column, f"unexpected character '{text[e.pos_in_stream]}'") \
+            from None
+    except UnexpectedEOF:
+        raise _error(text, len(text) + 1, "unexpected end of selector") from None
+    except UnexpectedInput as e:
+        tok = getattr(e, "token", None)
+        if tok is not None and getattr(tok, "type", "") == "$END":
+            raise _error(text, len(text) + 1, "unexpected end of selector") from None
+        raise _error(text, e.column if e.column and e.column > 0 else 1,
+                     f"unexpected '{tok}'" if tok is not None else "syntax error") from None
+    except VisitError as e:
+        raise _error(text, 1, str(e.orig_exc)) from None
+    return Selector(text, fn)
+
+
+def check_arguments(arguments: dict | None) -> Selector | None:
+    """The compiled ``x-filter-jms-selector`` of a consume or bind arguments table, or None.
+    Raises AMQPError 406 when the value is not a string or does not parse."""
+    if not arguments or ARGUMENT not in arguments:
+        return None
+    value = arguments[ARGUMENT]
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        raise soft_error(PRECONDITION_FAILED, f"{ARGUMENT} must be a string, not "
+                                              f"{type(value).__name__}")
+    return compile_selector(value)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v).decode("utf-8", "replace")
+    if hasattr(v, "timestamp") and callable(v.timestamp):      # datetime
+        return int(v.timestamp() * 1000)
+    if isinstance(v, (dict, list, tuple)):
+        return None                                           # not selectable
+    try:
+        import decimal
+        if isinstance(v, decimal.Decimal):
+            return float(v)
+    except ImportError:  # pragma: no cover
+        pass
+    return v
+
+
+def selector_fields(props: Any) -> dict:
+    """The identifiers a selector can read, from decoded ``basic`` properties (a pamqp
+    ``Basic.Properties`` or anything with the same attribute names): every header by name,
+    plus JMSPriority (default 4), JMSDeliveryMode ('PERSISTENT' when delivery_mode is 2,
+    else 'NON_PERSISTENT'), JMSMessageID, JMSCorrelationID, JMSTimestamp (ms), JMSType."""
+    if props is None:
+        return {"JMSPriority": 4, "JMSDeliveryMode": "NON_PERSISTENT"}
+    out = {k: _plain(v) for k, v in (getattr(props, "headers", None) or {}).items()}
+    prio = getattr(props, "priority", None)
+    out["JMSPriority"] = 4 if prio is None else prio
+    out["JMSDeliveryMode"] = ("PERSISTENT" if getattr(props, "delivery_mode", None) == 2
+                              else "NON_PERSISTENT")
+    for name, attr in (("JMSMessageID", "message_id"), ("JMSCorrelationID", "correlation_id"),
+                       ("JMSType", "message_type"), ("JMSTimestamp", "timestamp")):
+        v = getattr(props, attr, None)
+        if v is not None:
+            out[name] = _plain(v)
+    return out

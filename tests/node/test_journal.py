@@ -1,0 +1,628 @@
+"""The node journal (issue 5, design.md section 5): recovery, torn tails, corruption, group
+commit, compaction, disk full. Crashes are simulated by copying the journal directory (what a
+kill -9 or power cut leaves on disk) and cutting or damaging the copy."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pamqp.commands import Basic
+from pamqp.header import ContentHeader
+
+from shoal.node.journal import (Journal, JournalConfig, JournalCorrupt, JournalUnavailable,
+                                is_persistent)
+from shoal.node.journal_format import RecordType, scan
+from shoal.shared.errors import ShoalError
+
+Q = ("/", "q")
+
+
+def segs(d: Path) -> list[Path]:
+    return sorted(d.glob("*.seg"))
+
+
+def ids(j: Journal, q: tuple[str, str] = Q) -> list[int]:
+    return [m.entry_id for m in j.recovered.messages.get(q, [])]
+
+
+def crash_copy(src: Path, dst: Path) -> Path:
+    """What is on disk if the process died now (no close, no flush)."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("LOCK"))
+    return dst
+
+
+def fill(j: Journal, n: int, start: int = 1, body: bytes = b"x" * 100) -> None:
+    for i in range(start, start + n):
+        j.enqueue("/", "q", i, "amq.direct", "rk", b"\x00\x3c\x00\x00hdr", body,
+                  enqueue_ms=1_700_000_000_000 + i)
+
+
+@pytest.fixture
+def jdir(tmp_path: Path) -> Path:
+    return tmp_path / "node-0" / "journal"
+
+
+@pytest.fixture
+def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For long commit loops that test logic, not the disk: fdatasync becomes a no-op (the
+    page cache still holds every write, which is all a copied crash image needs)."""
+    monkeypatch.setattr(os, "fdatasync", lambda fd: None)
+
+
+# ---------------------------------------------------------------- basics
+def test_missing_directory_is_created_and_empty_journal_recovers_nothing(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        assert j.recovered.queues == {} and j.recovered.messages == {}
+        assert j.commit() == 0                      # nothing to do
+        assert j.stats().segments == 1
+    with Journal.open(jdir) as j:
+        assert j.recovered.messages == {} and j.recovered.cuts == []
+
+
+def test_empty_segment_file_is_a_torn_creation_and_is_removed(jdir: Path) -> None:
+    jdir.mkdir(parents=True)
+    (jdir / "00000001.seg").write_bytes(b"")
+    with Journal.open(jdir) as j:
+        assert [c.reason for c in j.recovered.cuts] == ["torn segment header"]
+        j.declare_queue(*Q)
+        fill(j, 1)
+        j.commit()
+    with Journal.open(jdir) as j:
+        assert ids(j) == [1]
+
+
+def test_replay_order_with_interleaved_settlements_and_delivery_state(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        j.declare_queue("/", "q", False, {"x-max-priority": 5})
+        j.declare_queue("/", "other")
+        fill(j, 3)                                  # 1 2 3
+        j.settle([2])
+        j.commit()
+        j.enqueue("/", "other", 4, "", "other", b"h", b"b4", expiry_ms=123, not_before_ms=45)
+        fill(j, 2, start=5)                         # 5 6
+        j.delivery_state([(3, True, 2)])
+        j.settle([1, 6, 999])                       # 999 was never journaled: ignored
+        fill(j, 1, start=7)
+        j.commit()
+    with Journal.open(jdir) as j:
+        r = j.recovered
+        assert ids(j) == [3, 5, 7]
+        assert [(m.redelivered, m.delivery_count) for m in r.messages[Q]] == [
+            (True, 2), (False, 0), (False, 0)]
+        (m4,) = r.messages[("/", "other")]
+        assert (m4.body, m4.expiry_ms, m4.not_before_ms) == (b"b4", 123, 45)
+        assert r.queues[Q].arguments == {"x-max-priority": 5}
+        assert r.max_entry_id == 7
+        kinds = [type(x).__name__ for x in j.replay()]
+        assert kinds.count("Enqueue") == 7 and kinds.count("Settle") == 2
+
+
+def test_uncommitted_records_are_not_durable(jdir: Path, tmp_path: Path) -> None:
+    j = Journal.open(jdir)
+    j.declare_queue(*Q)
+    fill(j, 2)
+    j.commit()
+    fill(j, 2, start=3)                             # appended, never committed
+    with Journal.open(crash_copy(jdir, tmp_path / "crash")) as c:
+        assert ids(c) == [1, 2]
+    j.close()
+
+
+def test_topology_round_trip(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        j.declare_exchange("/", "ex", "topic", auto_delete=False, internal=True,
+                           arguments={"alternate-exchange": "ae"})
+        j.declare_exchange("/", "gone", "fanout")
+        j.declare_queue("/", "q", True, {"x-message-ttl": 1000})
+        j.declare_queue("/", "dropped")
+        j.bind("/", "ex", "q", "q", "a.#", {"x-match": "all"})
+        j.bind("/", "ex", "q", "q", "b.*")
+        j.bind("/", "gone", "q", "q", "")
+        j.bind("v2", "amq.direct", "e", "ex", "k")
+        j.unbind("/", "ex", "q", "q", "b.*")
+        j.delete_exchange("/", "gone")              # takes its bindings with it
+        j.declare_queue("/", "dropped")
+        j.enqueue("/", "dropped", 1, "", "dropped", b"h", b"b")
+        j.delete_queue("/", "dropped")              # and its messages
+        j.commit()
+    with Journal.open(jdir) as j:
+        r = j.recovered
+        assert set(r.exchanges) == {("/", "ex")}
+        ex = r.exchanges[("/", "ex")]
+        assert (ex.type, ex.internal, ex.arguments) == ("topic", True, {"alternate-exchange": "ae"})
+        assert set(r.queues) == {("/", "q")}
+        assert r.queues[("/", "q")].auto_delete and r.queues[("/", "q")].arguments == {
+            "x-message-ttl": 1000}
+        assert sorted((b.vhost, b.exchange, b.routing_key, str(b.arguments)) for b in r.bindings) \
+            == [("/", "ex", "a.#", "{'x-match': 'all'}"), ("v2", "amq.direct", "k", "{}")]
+        assert r.messages == {}
+
+
+def test_caller_bugs_are_value_errors(jdir: Path) -> None:
+    with Journal.open(jdir) as j:
+        with pytest.raises(ValueError, match="not a durable queue"):
+            fill(j, 1)
+        j.declare_queue(*Q)
+        fill(j, 1)
+        with pytest.raises(ValueError, match="already journaled"):
+            fill(j, 1)
+
+
+def test_second_open_of_the_same_directory_is_refused(jdir: Path) -> None:
+    with Journal.open(jdir):
+        with pytest.raises(JournalUnavailable, match="locked"):
+            Journal.open(jdir)
+
+
+def test_journal_path_that_is_a_file_is_unavailable(tmp_path: Path) -> None:
+    (tmp_path / "journal").write_bytes(b"not a directory")
+    with pytest.raises(JournalUnavailable, match="cannot open journal directory") as info:
+        Journal.open(tmp_path / "journal")
+    assert info.value.os_error is not None
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_unwritable_directory_is_unavailable(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.raises(JournalUnavailable) as info:
+            Journal.open(ro / "journal")
+        assert isinstance(info.value, ShoalError) and info.value.os_error is not None
+    finally:
+        ro.chmod(0o700)
+
+
+# ---------------------------------------------------------------- torn tails and corruption
+def _journal_with_records(jdir: Path, n: int) -> tuple[Path, int, int]:
+    """n committed records (the last in its own commit); returns (segment, start of the last
+    commit's write, file size)."""
+    with Journal.open(jdir) as j:
+        j.declare_queue(*Q)
+        fill(j, n - 1)
+        j.commit()
+        last_write = j.stats().bytes_on_disk
+        fill(j, 1, start=n)
+        j.commit()
+    (seg,) = segs(jdir)
+    return seg, last_write, seg.stat().st_size
+
+
+def test_torn_write_at_every_byte_of_the_last_record(jdir: Path, tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    seg, last_write, size = _journal_with_records(jdir, 4)
+    image = seg.read_bytes()
+    assert size - last_write > 100                  # BATCH marker + the record
+    caplog.set_level(logging.WARNING, "shoal.node.journal")
+    for cut in range(last_write, size):
+        d = tmp_path / f"cut{cut}"
+        d.mkdir()
+        (d / seg.name).write_bytes(image[:cut])
+        with Journal.open(d) as j:
+            assert ids(j) == [1, 2, 3], cut
+            if cut > last_write:
+                (c,) = j.recovered.cuts
+                assert (c.offset, c.dropped) == (last_write, cut - last_write)
+                assert any(str(d / seg.name) in m and f"at byte {last_write}" in m
+                           for m in caplog.messages)
+            fill(j, 1, start=10)                    # start-up goes on: new commits land
+            j.commit()
+        assert (d / seg.name).stat().st_size > last_write
+        with Journal.open(d) as j:
+            assert ids(j) == [1, 2, 3, 10]
+        shutil.rmtree(d)
+
+
+def test_bad_checksum_in_the_last_record_is_cut(jdir: Path) -> None:
+    seg, last_write, size = _journal_with_records(jdir, 3)
+    data = bytearray(seg.read_bytes())
+    data[size - 5] ^= 0xFF                          # a body byte of the last record
+    seg.write_bytes(data)
+    with Journal.open(jdir) as j:
+        assert ids(j) == [1, 2]
+        assert j.recovered.cuts[0].reason == "bad record checksum"
+    assert seg.stat().st_size < size
+
+
+def test_zero_filled_tail_is_cut(jdir: Path) -> None:
+    seg, _, size = _journal_with_records(jdir, 3)
+    with open(seg, "ab") as f:
+        f.write(b"\0" * 4096)                       # blocks allocated, data never written
+    with Journal.open(jdir) as j:
+        assert ids(j) == [1, 2, 3]
+    assert seg.stat().st_size == size
+
+
+def test_bad_checksum_in_the_middle_names_file_and_offset(jdir: Path) -> None:
+    seg, _, size = _journal_with_records(jdir, 6)
+    result = scan(seg.read_bytes(), str(seg), True)
+    enq = [(off, sz) for off, sz, t, _ in result.records if t == RecordType.ENQUEUE]
+    off, sz = enq[1]
+    data = bytearray(seg.read_bytes())
+    data[off + sz - 3] ^= 0x01
+    seg.write_bytes(data)
+    with pytest.raises(JournalCorrupt) as info:
+        Journal.open(jdir)
+    err = info.value
+    assert isinstance(err, ShoalError)
+    assert (err.path, err.offset) == (str(seg), off)
+    assert str(seg) in str(err) and f"byte {off}" in str(err) and "valid records follow" in str(err)
+    assert seg.stat().st_size == size               # nothing cut
+    with pytest.raises(JournalCorrupt):             # and it stays refused
+        Journal.open(jdir)
+
+
+def test_garbled_length_in_the_middle_is_corruption_not_a_tail(jdir: Path) -> None:
+    seg, _, _ = _journal_with_records(jdir, 6)
+    result = scan(seg.read_bytes(), str(seg), True)
+    off = [o for o, _, t, _ in result.records if t == RecordType.ENQUEUE][2]
+    data = bytearray(seg.read_bytes())
+    data[off:off + 4] = (10 ** 9).to_bytes(4, "little")   # claims to run past the end
+    seg.write_bytes(data)
+    with pytest.raises(JournalCorrupt, match=f"byte {off}"):
+        Journal.open(jdir)
+
+
+def test_corruption_in_a_non_last_segment_is_reported(jdir: Path) -> None:
+    cfg = JournalConfig(segment_bytes=2048, mostly_dead=0.0)
+    with Journal.open(jdir, cfg) as j:
+        j.declare_queue(*Q)
+        for i in range(1, 40):
+            fill(j, 1, start=i)
+            j.commit()
+    first = segs(jdir)[0]
+    assert len(segs(jdir)) > 2
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 0xFF                                # its very last byte
+    first.write_bytes(data)
+    with pytest.raises(JournalCorrupt, match="not the last segment") as info:
+        Journal.open(jdir, cfg)
+    assert info.value.path == str(first)
+
+
+def test_segment_with_a_foreign_header_is_corrupt(jdir: Path) -> None:
+    jdir.mkdir(parents=True)
+    (jdir / "00000001.seg").write_bytes(b"NOTSHOAL" + b"\0" * 64)
+    with pytest.raises(JournalCorrupt, match="bad magic"):
+        Journal.open(jdir)
+
+
+# ---------------------------------------------------------------- group commit
+def test_group_commit_is_one_write_and_one_fsync(jdir: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    with Journal.open(jdir) as j:
+        j.declare_queue(*Q)
+        j.commit()
+        calls = {"fdatasync": 0, "pwrite": 0}
+        real_sync, real_pwrite = os.fdatasync, os.pwrite
+
+        def counting_sync(fd: int) -> None:
+            calls["fdatasync"] += 1
+            real_sync(fd)
+
+        def counting_pwrite(fd: int, data, offset: int) -> int:
+            calls["pwrite"] += 1
+            return real_pwrite(fd, data, offset)
+
+        monkeypatch.setattr(os, "fdatasync", counting_sync)
+        monkeypatch.setattr(os, "pwrite", counting_pwrite)
+        lsns = [j.enqueue("/", "q", i, "", "q", b"h", b"b" * 100) for i in range(1, 501)]
+        assert lsns == sorted(lsns) and j.durable_lsn < lsns[0]
+        assert calls == {"fdatasync": 0, "pwrite": 0}       # append only buffers
+        assert j.commit() == lsns[-1]
+        assert calls == {"fdatasync": 1, "pwrite": 1}
+        assert j.commit() == lsns[-1]                        # nothing new: no I/O
+        assert calls == {"fdatasync": 1, "pwrite": 1}
+
+
+def test_commit_async_groups_appends_made_while_the_disk_works(jdir: Path) -> None:
+    async def main() -> None:
+        with Journal.open(jdir) as j:
+            j.declare_queue(*Q)
+            futs = []
+            for i in range(1, 201):
+                fill(j, 1, start=i)
+                futs.append(j.commit_async())
+            results = await asyncio.gather(*futs)
+            assert results == sorted(results) and results[-1] == j.durable_lsn
+            assert j.fsyncs < 200                   # later commits grouped behind earlier ones
+            assert await j.commit_async() == j.durable_lsn
+    asyncio.run(main())
+    with Journal.open(jdir) as j:
+        assert ids(j) == list(range(1, 201))
+
+
+# ---------------------------------------------------------------- disk full
+class _Disk:
+    """Fails os.pwrite / os.fdatasync with ENOSPC while ``full``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, partial: bool) -> None:
+        self.full = False
+        self.partial = partial
+        real_pwrite, real_sync = os.pwrite, os.fdatasync
+
+        def pwrite(fd: int, data, offset: int) -> int:
+            if self.full:
+                if self.partial and len(data) > 10:     # some bytes land, then ENOSPC
+                    real_pwrite(fd, bytes(data[:len(data) // 2]), offset)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_pwrite(fd, data, offset)
+
+        def fdatasync(fd: int) -> None:
+            if self.full:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real_sync(fd)
+
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["nothing-written", "half-written"])
+def test_disk_full_withholds_commit_keeps_data_and_resumes(
+        jdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partial: bool) -> None:
+    disk = _Disk(monkeypatch, partial)
+    j = Journal.open(jdir)
+    j.declare_queue(*Q)
+    fill(j, 3)
+    durable = j.commit()
+    disk.full = True
+    fill(j, 2, start=4)
+    j.settle([1])
+    with pytest.raises(JournalUnavailable) as info:
+        j.commit()
+    assert info.value.os_error.errno == errno.ENOSPC and isinstance(info.value, ShoalError)
+    assert j.durable_lsn == durable and not j.available
+    with Journal.open(crash_copy(jdir, tmp_path / "during")) as c:   # a crash now loses nothing
+        assert ids(c) == [1, 2, 3]
+    fill(j, 1, start=6)                             # still buffering
+    with pytest.raises(JournalUnavailable):
+        j.commit()
+    disk.full = False
+    assert j.commit() > durable and j.available
+    j.close()
+    with Journal.open(jdir) as j2:
+        assert ids(j2) == [2, 3, 4, 5, 6]
+
+
+def test_disk_full_on_segment_roll(jdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = _Disk(monkeypatch, partial=False)
+    cfg = JournalConfig(segment_bytes=1024)
+    j = Journal.open(jdir, cfg)
+    j.declare_queue(*Q)
+    fill(j, 5)
+    j.commit()
+    disk.full = True
+    fill(j, 20, start=6)                            # does not fit: rolls
+    with pytest.raises(JournalUnavailable):
+        j.commit()
+    assert len(segs(jdir)) == 1                     # no half-made segment left behind
+    disk.full = False
+    j.commit()
+    j.close()
+    with Journal.open(jdir, cfg) as j2:
+        assert ids(j2) == list(range(1, 26))
+
+
+def test_enqueues_are_refused_when_the_failing_buffer_is_full(
+        jdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = _Disk(monkeypatch, partial=False)
+    j = Journal.open(jdir, JournalConfig(max_buffered_bytes=2000))
+    j.declare_queue(*Q)
+    j.commit()
+    disk.full = True
+    fill(j, 1)
+    with pytest.raises(JournalUnavailable):
+        j.commit()
+    with pytest.raises(JournalUnavailable, match="already buffered"):
+        fill(j, 30, start=2)
+    j.settle([1])                                   # settlements are still accepted
+    disk.full = False
+    j.close()
+
+
+# ---------------------------------------------------------------- compaction
+def test_compaction_keeps_exactly_the_live_records_in_order(jdir: Path, no_fsync: None) -> None:
+    cfg = JournalConfig(segment_bytes=4096, copy_bytes_per_commit=1024)
+    with Journal.open(jdir, cfg) as j:
+        j.declare_exchange("/", "ex", "direct")
+        j.declare_queue(*Q)
+        j.bind("/", "ex", "q", "q", "rk")
+        live = []
+        for i in range(1, 2001):
+            fill(j, 1, start=i)
+            if i % 7 == 0:
+                j.delivery_state([(i, True, 3)])
+            if i % 50 == 1:
+                live.append(i)                      # a few stay unacked for a long time
+            if i > 3 and (i - 3) % 50 != 1:
+                j.settle([i - 3])                   # the rest are acked 3 messages later
+            j.commit()
+        for i in range(1998, 2001):
+            if i not in live:
+                j.settle([i])
+        j.commit()
+        st = j.stats()
+        assert st.live_records == len(live)
+        assert st.segments <= 6, st
+        assert segs(jdir)[0].name != "00000001.seg"            # old segments are gone
+    with Journal.open(jdir, cfg) as j:
+        r = j.recovered
+        assert ids(j) == live
+        assert all((m.redelivered, m.delivery_count) == ((True, 3) if m.entry_id % 7 == 0
+                                                         else (False, 0))
+                   for m in r.messages[Q])
+        assert set(r.exchanges) == {("/", "ex")} and len(r.bindings) == 1
+
+
+def test_disk_use_is_bounded_under_steady_publish_and_ack(jdir: Path, no_fsync: None) -> None:
+    seg_bytes = 8192
+    cfg = JournalConfig(segment_bytes=seg_bytes, copy_bytes_per_commit=4096)
+    peak = 0
+    with Journal.open(jdir, cfg) as j:
+        j.declare_queue(*Q)
+        j.declare_queue("/", "backlog")
+        for i in range(1, 201):                     # a static backlog at the front
+            j.enqueue("/", "backlog", i, "", "b", b"h", b"y" * 100)
+        j.commit()
+        backlog_live = j.stats().live_bytes
+        for i in range(1000, 7000):                 # steady: publish, ack 20 later
+            fill(j, 1, start=i)
+            if i >= 1020:
+                j.settle([i - 20])
+            j.commit()
+            st = j.stats()
+            on_disk = st.bytes_on_disk
+            if i % 100 == 0:
+                assert on_disk == sum(p.stat().st_size for p in segs(jdir))
+            peak = max(peak, on_disk)
+            # the documented bound (docs/durability.md): garbage_factor * live + 2 segments
+            # (the trigger) + the live bytes being copied forward + the head segment + one
+            # commit's copy budget + one commit's write
+            assert on_disk <= 3 * st.live_bytes + 3 * seg_bytes + 4096 + 1024, (i, st)
+        written = j.stats().commits * 150
+    assert peak * 5 < written                       # the log did not just grow
+    assert backlog_live > 0
+    with Journal.open(jdir, cfg) as j:
+        assert ids(j, ("/", "backlog")) == list(range(1, 201))
+        assert ids(j) == list(range(6980, 7000))
+
+
+def test_compaction_snapshot_drops_deleted_topology(jdir: Path, no_fsync: None) -> None:
+    cfg = JournalConfig(segment_bytes=2048)
+    with Journal.open(jdir, cfg) as j:
+        j.declare_queue(*Q)
+        j.declare_queue("/", "tmp")
+        j.declare_exchange("/", "x1", "fanout")
+        j.commit()
+        j.delete_queue("/", "tmp")
+        j.delete_exchange("/", "x1")
+        j.commit()
+        for i in range(1, 200):
+            fill(j, 1, start=i)
+            j.settle([i])
+            j.commit()
+        assert "00000001.seg" not in [p.name for p in segs(jdir)]
+        kinds = [r.TYPE for r in j.replay()]
+        assert RecordType.TOPOLOGY_SNAPSHOT in kinds
+    with Journal.open(jdir, cfg) as j:
+        assert set(j.recovered.queues) == {Q} and j.recovered.exchanges == {}
+
+
+# ---------------------------------------------------------------- model-based crash test
+ops = st.lists(st.one_of(
+    st.tuples(st.just("enq"), st.integers(0, 300)),
+    st.tuples(st.just("settle"), st.integers(0, 10)),
+    st.tuples(st.just("deliver"), st.integers(0, 10)),
+    st.tuples(st.just("commit"), st.just(0)),
+), max_size=60)
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=ops, crash_at=st.integers(1, 12), where=st.floats(0, 1),
+       seg_bytes=st.sampled_from([600, 2000, 1 << 20]))
+def test_recovered_state_equals_the_committed_model(tmp_path: Path, no_fsync: None, ops: list,
+                                                    crash_at: int, where: float,
+                                                    seg_bytes: int) -> None:
+    """Random enqueue/settle/deliver/commit; the process dies during commit number
+    ``crash_at`` (its write cut at a random byte): recovery gives exactly the state of the
+    commit before, or of that commit if its write was whole. Small segments make the run
+    roll and compact."""
+    run = tmp_path / f"run{os.urandom(4).hex()}"
+    cfg = JournalConfig(segment_bytes=seg_bytes, copy_bytes_per_commit=512)
+    j = Journal.open(run / "j", cfg)
+    j.declare_queue(*Q)
+    j.commit()
+    model: dict[int, tuple[bytes, bool, int]] = {}
+    before = after = dict(model)
+    next_id = 1
+    commits = 0
+    image = None
+    for op, arg in ops + [("commit", 0)]:
+        if op == "enq":
+            model[next_id] = (b"m" * arg, False, 0)
+            j.enqueue("/", "q", next_id, "", "q", b"h", b"m" * arg)
+            next_id += 1
+        elif op == "settle" and model:
+            victim = sorted(model)[arg % len(model)]
+            del model[victim]
+            j.settle([victim])
+        elif op == "deliver" and model:
+            e = sorted(model)[arg % len(model)]
+            body, _, count = model[e]
+            model[e] = (body, True, count + 1)
+            j.delivery_state([(e, True, count + 1)])
+        elif op == "commit":
+            commits += 1
+            if commits == crash_at:                 # the disk as it was before this commit
+                image = crash_copy(run / "j", run / "crash")
+            head, pre = j.head.path, j.head.size
+            j.commit()
+            before, after = after, dict(model)
+            if image is not None:
+                # the process dies during this commit's write: part of it reached the disk,
+                # and nothing after it (no segment was deleted yet)
+                written = j.head.path.read_bytes()
+                if j.head.path != head:
+                    pre = 0                         # this commit started a new segment
+                size = len(written)
+                cut = pre + int(where * (size - pre))
+                with open(image / j.head.path.name, "ab") as f:
+                    f.write(written[pre:cut])
+                break
+    j.close()
+    if image is None:                               # no crash: a clean restart
+        image, before, cut, size = run / "j", after, 0, 0
+    with Journal.open(image, cfg) as r:
+        got = {m.entry_id: (m.body, m.redelivered, m.delivery_count)
+               for m in r.recovered.messages.get(Q, [])}
+        assert list(got) == sorted(got)
+    if cut == size:
+        assert got == after
+    else:
+        assert got in (before, after)
+
+
+@pytest.mark.parametrize("props, persistent", [
+    (Basic.Properties(delivery_mode=2), True),
+    (Basic.Properties(delivery_mode=1), False),
+    (Basic.Properties(), False),
+    (Basic.Properties(content_type="text/plain", content_encoding="gzip",
+                      headers={"a": 1, "b": "xyz"}, delivery_mode=2, priority=3), True),
+    (Basic.Properties(content_type="text/plain", headers={"a": 1}, delivery_mode=1), False),
+])
+def test_is_persistent_reads_delivery_mode_from_the_raw_header(props, persistent) -> None:
+    header = ContentHeader(0, 5, props).marshal()
+    assert is_persistent(header) is persistent
+    assert is_persistent(header[:14]) is False       # truncated: treated as transient
+
+
+def test_commit_async_on_a_full_disk_fails_then_resumes(jdir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = _Disk(monkeypatch, partial=True)
+
+    async def main() -> None:
+        with Journal.open(jdir) as j:
+            j.declare_queue(*Q)
+            fill(j, 2)
+            first = await j.commit_async()
+            disk.full = True
+            fill(j, 2, start=3)
+            with pytest.raises(JournalUnavailable):
+                await j.commit_async()
+            assert j.durable_lsn == first and not j.available
+            disk.full = False
+            fill(j, 1, start=5)
+            assert await j.commit_async() > first
+    asyncio.run(main())
+    with Journal.open(jdir) as j:
+        assert ids(j) == [1, 2, 3, 4, 5]
