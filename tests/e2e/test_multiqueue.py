@@ -186,3 +186,60 @@ def test_node_death_cancels_the_multiqueue_consumer_and_others_go_on(own_cluster
                      arguments={"x-multiqueue": [q0, q1]})
     _pump(conn, lambda: sorted(later) == [b"after-0", b"after-1"], "deliveries after the kill")
     conn.close()
+
+
+def test_priority_and_sorted_queues_keep_their_order_within_the_credit(cluster3):
+    """DG7: a multi-queue consumer with prefetch 1 over a priority queue and a sorted queue
+    on different nodes gets each queue's messages in that queue's order."""
+    qp = cluster3.queue_on("node-0", "prio")
+    qs = cluster3.queue_on("node-1", "sorted")
+    conn = _connect(cluster3)
+    pub = conn.channel()
+    pub.confirm_delivery()
+    pub.queue_declare(qp, arguments={"x-max-priority": 9})
+    pub.queue_declare(qs, arguments={"qpid.queue_sort_key": "k"})
+    for i, prio in enumerate([1, 9, 5, 9, 1]):
+        pub.basic_publish("", qp, f"p{prio}-{i}".encode(), pika.BasicProperties(priority=prio))
+    for k in ["d", "a", "c", "b"]:
+        pub.basic_publish("", qs, k.encode(), pika.BasicProperties(headers={"k": k}))
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=1)
+    got = {qp: [], qs: []}
+
+    def on_message(c, method, props, body):
+        got[method.routing_key].append(body)
+        c.basic_ack(method.delivery_tag)
+
+    ch.basic_consume("", on_message, arguments={"x-multiqueue": [qp, qs]})
+    _pump(conn, lambda: len(got[qp]) == 5 and len(got[qs]) == 4, "all 9 deliveries")
+    assert got[qp] == [b"p9-1", b"p9-3", b"p5-2", b"p1-0", b"p1-4"]
+    assert got[qs] == [b"a", b"b", b"c", b"d"]
+    conn.close()
+
+
+def test_a_browser_sees_every_message_while_a_multiqueue_consumer_takes_them(cluster3):
+    """DG8: a browser (x-filter-no-consume) on a queue gets every message, in order, without
+    removing any, while an acquiring multi-queue consumer spanning that queue takes them."""
+    q0, q1 = cluster3.queues_on_distinct_nodes(2, "browse")
+    conn = _connect(cluster3)
+    pub = conn.channel()
+    pub.confirm_delivery()
+    for q in (q0, q1):
+        pub.queue_declare(q)
+    browser = conn.channel()
+    browser.basic_qos(prefetch_count=100)
+    seen = []
+    browser.basic_consume(q0, lambda c, m, p, b: (seen.append(b), c.basic_ack(m.delivery_tag)),
+                          arguments={"x-filter-no-consume": True})
+    for i in range(20):
+        pub.basic_publish("", q0, f"m{i}".encode())
+    _pump(conn, lambda: len(seen) == 20, "the browser to see all 20")
+    assert pub.queue_declare(q0, passive=True).method.message_count == 20
+    taker = conn.channel()
+    taker.basic_qos(prefetch_count=3)
+    taken = []
+    taker.basic_consume("", lambda c, m, p, b: (taken.append(b), c.basic_ack(m.delivery_tag)),
+                        arguments={"x-multiqueue": [q0, q1]})
+    _pump(conn, lambda: len(taken) == 20, "the consumer to take all 20")
+    assert seen == taken == [f"m{i}".encode() for i in range(20)]
+    conn.close()
