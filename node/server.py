@@ -4,6 +4,13 @@ Each loop turn drains every readable message, feeds the :class:`~shoal.node.shar
 flushes its outbox with ONE ZeroMQ send per router (a batch, shared.wire.encode_batch). The
 socket's FD is edge-triggered (ZMQ_EVENTS), so after every send and before sleeping the loop
 re-reads ``zmq.EVENTS`` instead of trusting the FD alone.
+
+Durability (docs/durability.md): :func:`run_node` opens the journal in
+``<data_dir>/journal`` and rebuilds the shard from it before binding. Each turn ends with ONE
+group commit (``Journal.commit_async``, on the journal's thread, so the loop keeps serving);
+the answers that promised durability (PUBLISH_RESULT of persistent messages, REPLYs of durable
+declares) leave when it is on disk. A failing disk (``JournalUnavailable``) withholds them,
+tells the routers (NODE_BLOCKED) and retries every :data:`COMMIT_RETRY_S`.
 """
 from __future__ import annotations
 
@@ -15,15 +22,28 @@ import time
 
 import zmq
 
+import json
+import os
+from pathlib import Path
+
 from shoal.shared.settings import Settings
 from shoal.shared.wire import decode_batch, encode_batch
 
+from .journal import Journal, JournalCorrupt, JournalUnavailable, fsync_dir
 from .shard import Shard
 
 log = logging.getLogger("shoal.node")
 
 #: Messages read per loop turn before flushing (bounds latency under a flood).
 MAX_READ_PER_TURN = 64  # batches; then tick and flush, so heartbeats flow under load
+#: File in the journal directory written by a clean stop (after the last commit) and removed
+#: at start: without it, the last turn's delivery states may be lost, so every recovered
+#: message is marked redelivered.
+CLEAN_MARKER = "CLEAN"
+#: Seconds between commit retries while the journal cannot write.
+COMMIT_RETRY_S = 1.0
+#: Seconds between rewrites of the node stats file (SHOAL_NODE_STATS_FILE).
+STATS_EVERY_S = 1.0
 
 
 def feed_frame(shard: Shard, peer: bytes, frame: bytes, now_ms: float) -> int:
@@ -63,11 +83,102 @@ class NodeServer:
         self.sock.setsockopt(zmq.SNDHWM, 0)
         # Bounded (batches): a router that outruns this node gets EAGAIN and pauses its
         # publishers instead of growing this queue without limit.
-        self.sock.setsockopt(zmq.RCVHWM, 256)
+        self.sock.setsockopt(zmq.RCVHWM, 16)
         self._stopping = False
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.endpoint = settings.node_bind
+        self.journal: Journal | None = None
+        self._committing = False        # a commit_async of this server is in flight
+        self._retry: asyncio.TimerHandle | None = None
+        self._last_commit: asyncio.Future | None = None
+
+    def open_journal(self, directory: str | os.PathLike | None = None) -> int:
+        """Open the journal (default ``<settings.data_dir>/journal``) and rebuild the shard
+        from it; returns the messages restored. Raises JournalCorrupt (damage; file and
+        offset named) or JournalUnavailable (directory unwritable or locked)."""
+        path = Path(directory) if directory is not None else \
+            Path(self.settings.data_dir).expanduser() / "journal"
+        self.journal = Journal.open(path)
+        marker = path / CLEAN_MARKER
+        clean = marker.exists()
+        try:
+            if clean:
+                marker.unlink()
+                fsync_dir(path)
+            return self.shard.attach_journal(self.journal, clean)
+        except BaseException:
+            self.journal.close()
+            self.journal = None
+            raise
+
+    # ---- group commit ------------------------------------------------------------------------
+    def _commit(self) -> None:
+        """End of a turn: append the turn's settlements and start one group commit if records
+        are pending (none in flight from this server: the journal groups what comes
+        meanwhile into the next one)."""
+        if self.journal is None or not self.shard.journal_flush():
+            return
+        if self._committing or self._retry is not None:
+            return
+        self._committing = True
+        fut = self._last_commit = self.journal.commit_async()
+        fut.add_done_callback(self._committed)
+
+    def _committed(self, fut: asyncio.Future) -> None:
+        self._committing = False
+        shard = self.shard
+        exc = None if fut.cancelled() else fut.exception()
+        if isinstance(exc, JournalUnavailable):
+            if shard.blocked_reason is None:
+                log.error("journal cannot write: %s; persistent publishes are not confirmed "
+                          "until it can (retrying every %.0f s)", exc, COMMIT_RETRY_S)
+            shard.set_blocked(f"shoal node {shard.node_id}: journal cannot write "
+                              f"({_reason(exc)})")
+            self._flush()
+            if self._loop is not None and not self._stopping:
+                self._retry = self._loop.call_later(COMMIT_RETRY_S, self._retry_commit)
+            return
+        if exc is not None:
+            log.error("journal commit failed: %r", exc)
+        if shard.blocked_reason is not None and self.journal is not None \
+                and self.journal.available:
+            log.warning("journal writes again: resuming confirms")
+            shard.set_blocked(None)
+        shard.release_durable()
+        self._flush()
+        if self._wake is not None:
+            self._wake.set()           # the send may have eaten the FD's edge: look again
+
+    def _retry_commit(self) -> None:
+        self._retry = None
+        self._commit()
+        if not self._committing and self.journal is not None and not self.journal.available:
+            self._committing = True    # nothing new buffered: retry the old records
+            fut = self._last_commit = self.journal.commit_async()
+            fut.add_done_callback(self._committed)
+
+    def stats(self) -> dict:
+        """Counters for the stats file: journal commits and fsyncs, segments, bytes."""
+        out: dict = {"node_id": self.shard.node_id, "queues": len(self.shard.queues)}
+        if self.journal is not None:
+            st = self.journal.stats()
+            out.update(commits=st.commits, fsyncs=st.fsyncs, segments=st.segments,
+                       bytes_on_disk=st.bytes_on_disk, live_records=st.live_records,
+                       available=self.journal.available)
+        return out
+
+    async def _write_stats(self, path: str) -> None:
+        """Rewrite ``path`` each second with :meth:`stats` as JSON (atomic rename)."""
+        tmp = path + ".tmp"
+        while True:
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(self.stats(), f)
+                os.replace(tmp, path)
+            except OSError as exc:
+                log.warning("cannot write stats file %s: %s", path, exc.strerror)
+            await asyncio.sleep(STATS_EVERY_S)
 
     def bind(self) -> str:
         self.sock.bind(self.settings.node_bind)
@@ -120,10 +231,14 @@ class NodeServer:
         fd = self.sock.getsockopt(zmq.FD)
         loop.add_reader(fd, wake.set)
         tick_s = self.settings.link_heartbeat_ms / 1000.0 / 2
+        stats_path = os.environ.get("SHOAL_NODE_STATS_FILE")
+        stats = asyncio.ensure_future(self._write_stats(stats_path.replace(
+            "{node}", self.shard.node_id))) if stats_path else None
         try:
             while not self._stopping:
                 self._drain()
                 self.shard.tick(_now_ms())
+                self._commit()
                 self._flush()
                 if self._readable():
                     await asyncio.sleep(0)     # let other callbacks run, then drain again
@@ -139,14 +254,54 @@ class NodeServer:
                     await asyncio.wait_for(wake.wait(), timeout)
                 except asyncio.TimeoutError:
                     pass
+            await self._finish_journal()
             self.shard.goodbye_all()
             self._flush()
         finally:
             loop.remove_reader(fd)
+            if stats is not None:
+                stats.cancel()
+            if self._retry is not None:
+                self._retry.cancel()
+
+    async def _finish_journal(self) -> None:
+        """Stopping: commit what is pending and send the answers it releases."""
+        if self.journal is None:
+            return
+        self.shard.journal_flush()
+        try:
+            if self._last_commit is not None and not self._last_commit.done():
+                await asyncio.wait([self._last_commit], timeout=10)
+            self._committing = False
+            if self.journal.available or self._retry is None:
+                await asyncio.wait_for(self.journal.commit_async(), 10)
+        except (JournalUnavailable, asyncio.TimeoutError) as exc:
+            log.error("journal: last commit failed at stop: %s", exc)
+            return
+        self.shard.release_durable()
+        self._clean = True
 
     def close(self) -> None:
         self.sock.close(linger=1000)
         self.ctx.term()
+        if self.journal is not None:
+            clean = getattr(self, "_clean", False) and self.journal.available and \
+                self.journal.stats().buffered_records == 0
+            self.journal.close()
+            if clean:
+                try:
+                    (self.journal.directory / CLEAN_MARKER).touch()
+                    fsync_dir(self.journal.directory)
+                except OSError as exc:
+                    log.warning("journal: cannot mark a clean stop: %s", exc)
+            self.journal = None
+
+
+def _reason(exc: JournalUnavailable) -> str:
+    err = getattr(exc, "os_error", None)
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return str(exc)
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -160,11 +315,15 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 def run_node(settings: Settings, server: NodeServer | None = None) -> int:
     """Run a node until SIGINT/SIGTERM (or ``server.stop()``); blocking. Returns exit code 0.
 
-    On stop it sends GOODBYE to every known router, flushes and closes the socket. Signal
-    handlers are only installed when called from the main thread. Raises zmq.ZMQError when
-    ``settings.node_bind`` cannot be bound.
+    First it opens the journal in ``<settings.data_dir>/journal`` and rebuilds the shard.
+    On stop it commits the journal, sends GOODBYE to every known router, flushes and closes
+    the socket and the journal. Signal handlers are only installed when called from the main
+    thread. Raises zmq.ZMQError when ``settings.node_bind`` cannot be bound, JournalCorrupt /
+    JournalUnavailable when the journal cannot be opened.
     """
     server = server or NodeServer(settings)
+    if server.journal is None:
+        server.open_journal()     # raises JournalCorrupt / JournalUnavailable (cli: exit 3)
     loop = _new_loop()
     try:
         server.bind()

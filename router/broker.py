@@ -68,6 +68,8 @@ class Broker:
         self._dirty: set["ClientConnection"] = set()
         self._flush_scheduled = False
         self._congested_links = 0
+        #: nodes whose journal cannot write (NODE_BLOCKED): node_id -> reason
+        self.blocked_nodes: dict[str, str] = {}
         self._ctx = zmq.asyncio.Context()
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -191,7 +193,7 @@ class Broker:
             if link.up:
                 if msg[3]:
                     self.stats["drains"] += 1
-                link.send(msg)
+                link.send(msg, urgent=True)
 
     def replenish_channel(self, ch: "Channel") -> None:
         for t in list(ch.pool.targets.values()):
@@ -221,7 +223,7 @@ class Broker:
         for node_id, ids in by_node.items():
             link = self.links[node_id]
             if link.up:
-                link.send([T.SETTLE, outcome, ids])
+                link.send([T.SETTLE, outcome, ids], urgent=True)
         if ch.pool.global_prefetch:
             self.replenish_channel(ch)
         else:
@@ -273,6 +275,8 @@ class Broker:
                 self._server_cancel(entry[0], entry[1].target)
         elif tag == T.REPUBLISH:
             self._republish(*msg[1:])
+        elif tag == T.NODE_BLOCKED:
+            self._set_node_blocked(link.node_id, msg[2] if msg[1] else None)
         elif tag == T.TOPOLOGY_EVENT:
             for vhost, name in self.topology.apply(msg[1], msg[2]):
                 self._queue_removed(vhost, name)
@@ -321,13 +325,36 @@ class Broker:
         return self._congested_links > 0
 
     def _on_congestion(self, link: NodeLink, on: bool) -> None:
-        """Pause reading from every client while any node link is full (publishers and
-        everything else wait in their sockets: TCP pushes back), resume when all drain."""
+        """Pause reading from publishing clients while any node link is full (their
+        publishes wait in their sockets: TCP pushes back); resume when all links drain.
+        Connections that only consume keep being read, so acks and credit keep flowing."""
         was = self.congested
         self._congested_links += 1 if on else -1
         if was != self.congested:
             for client in self.connections:
-                client.set_reading(not self.congested)
+                if client.publisher:
+                    client.set_reading(not self.congested)
+
+    @property
+    def blocked_reason(self) -> str | None:
+        """Why publishers are blocked (some node's journal cannot write), or None."""
+        return next(iter(self.blocked_nodes.values()), None)
+
+    def _set_node_blocked(self, node_id: str, reason: str | None) -> None:
+        """NODE_BLOCKED: while any node's journal cannot write, clients that announced the
+        ``connection.blocked`` capability (RabbitMQ extension) get ``connection.blocked``
+        (reason), then ``connection.unblocked``; confirms of their persistent messages on
+        that node's durable queues are withheld meanwhile (never a false confirm)."""
+        was = self.blocked_reason
+        if reason is None:
+            self.blocked_nodes.pop(node_id, None)
+        else:
+            self.blocked_nodes[node_id] = str(reason)
+            log.warning("node %s blocked publishers: %s", node_id, reason)
+        now = self.blocked_reason
+        if (was is None) != (now is None):
+            for client in self.connections:
+                client.send_blocked(now)
 
     def _on_node_up(self, link: NodeLink, restarted: bool) -> None:
         if restarted:
@@ -347,6 +374,8 @@ class Broker:
         """A node is lost: cancel its consumers, nack its pending confirms, and make its
         unacked deliveries settle as no-ops (design.md section 4)."""
         node_id = link.node_id
+        if node_id in self.blocked_nodes:
+            self._set_node_blocked(node_id, None)
         for ch, c in list(self.consumers.values()):
             if c.node_id == node_id:
                 self._server_cancel(ch, c.target)

@@ -11,6 +11,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from pamqp import commands as C
+
 from shoal.shared.errors import INTERNAL_ERROR, AMQPError
 from shoal.shared.wire import T
 
@@ -46,6 +48,7 @@ class ClientConnection(asyncio.Protocol):
         self.amqp: AMQPConnection | None = None
         self._settings = s
         self._done = False
+        self.publisher = False  #: has published: paused while a node link is congested
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -60,8 +63,6 @@ class ClientConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=s.max_output_buffer,
                                           low=s.max_output_buffer // 4)
         self.broker.connections.add(self)
-        if self.broker.congested:
-            transport.pause_reading()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -106,6 +107,10 @@ class ClientConnection(asyncio.Protocol):
                 ch = self.channels.get(ev.channel)
                 if ch is not None:
                     ch.handle_publish(ev)
+                if not self.publisher:
+                    self.publisher = True
+                    if self.broker.congested:
+                        self.set_reading(False)
             elif t is E.MethodReceived:
                 ch = self.channels.get(ev.channel)
                 if ch is not None:
@@ -120,8 +125,20 @@ class ClientConnection(asyncio.Protocol):
                 self.vhost = ev.vhost
                 caps = (ev.client_properties or {}).get("capabilities") or {}
                 self.capabilities = caps if isinstance(caps, dict) else {}
+                if self.broker.blocked_reason is not None:
+                    self.send_blocked(self.broker.blocked_reason)
             elif t is E.ConnectionClosed:
                 self._teardown()
+
+    def send_blocked(self, reason: str | None) -> None:
+        """``connection.blocked`` (reason) / ``connection.unblocked`` (None) on channel 0, to
+        a client that announced the ``connection.blocked`` capability (RabbitMQ extension)."""
+        if self.amqp is None or not self.capabilities.get("connection.blocked"):
+            return
+        method = C.Connection.Blocked(reason[:255]) if reason is not None \
+            else C.Connection.Unblocked()
+        self.amqp.send_method(0, method)
+        self.broker.mark_dirty(self)
 
     def fail(self, channel: int, err: AMQPError) -> None:
         """Turn a broker error into channel.close / connection.close (the one converter)."""

@@ -22,11 +22,12 @@ from shoal.shared.wire import T
 
 log = logging.getLogger("shoal.router.link")
 
-#: Batches queued towards one node (each side) before publishers are paused.
-LINK_HWM = 256
+#: Batches queued towards one node (each side) before publishers are paused. Small, so that
+#: what waits in the pipes (up to LINK_HWM * MAX_BATCH messages) stays a fraction of a second.
+LINK_HWM = 16
 #: Wire messages in one batch at most, so a node never swallows a huge backlog in one go
 #: (it ticks and heartbeats between batches).
-MAX_BATCH = 1024
+MAX_BATCH = 128
 
 
 class NodeDown(AMQPError):
@@ -74,6 +75,7 @@ class NodeLink:
         # (zmq.asyncio turns NOBLOCK calls into futures).
         self._sync = zmq.Socket.shadow(self._sock.underlying)
         self._outbox: list[list] = []
+        self._urgent: list[list] = []   # SETTLE / CREDIT: leave before queued publishes
         self._flush_scheduled = False
         self._drain_scheduled = False
         self._req_seq = 0
@@ -109,9 +111,13 @@ class NodeLink:
         self._send_now([[T.HELLO, wire.WIRE_VERSION, self.router_id, self.node_id]])
 
     # ---- sending -----------------------------------------------------------------------------
-    def send(self, msg: list) -> None:
-        """Queue one wire message; the batch leaves at the end of this event-loop turn."""
-        self._outbox.append(msg)
+    def send(self, msg: list, urgent: bool = False) -> None:
+        """Queue one wire message; the batch leaves at the end of this event-loop turn.
+
+        ``urgent`` messages (settlements, credit) go ahead of everything queued, so that
+        consumers keep flowing while a node works through a backlog of publishes.
+        """
+        (self._urgent if urgent else self._outbox).append(msg)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -133,6 +139,9 @@ class NodeLink:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._urgent:
+            self._outbox[:0] = self._urgent
+            self._urgent = []
         if not self._outbox or self._closed:
             return
         outbox = self._outbox
@@ -254,6 +263,7 @@ class NodeLink:
         self.up = False
         self.ready.clear()
         self._outbox.clear()
+        self._urgent.clear()
         if self.congested:
             self.congested = False
             self._on_congestion(self, False)
