@@ -13,12 +13,15 @@ import sys
 from .errors import ConfigError
 from .settings import load_settings
 
-USAGE = """usage: shoal {serve,node,router} [options]
+USAGE = """usage: shoal {serve,node,router,cluster,loadtest,report} [options]
 
 commands:
   serve    run a local cluster: N node processes and one router
   node     run one node process (owns a shard of queues)
   router   run one router process (speaks AMQP 0-9-1 to clients)
+  loadtest load any AMQP 0-9-1 broker and write Parquet results (PerfTest-like)
+  cluster  docker clusters for load tests: build, up, loadtest, status, down
+  report   Spark job over loadtest runs: HTML report + Parquet/CSV aggregates
 
 'shoal COMMAND --help' shows a command's options."""
 
@@ -57,6 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         return serve_main(rest)
     if command in ("node", "router"):
         return importlib.import_module(f"shoal.{command}.cli").main(rest)
+    if command == "loadtest":
+        from .loadtest.cli import main as loadtest_main
+        return loadtest_main(rest)
+    if command == "cluster":
+        from .dockercluster import main as cluster_main
+        return cluster_main(rest)
+    if command == "report":
+        from .spark.cli import main as report_main  # imports pyspark only when run
+        return report_main(rest)
     print(f"shoal: unknown command '{command}'\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -1,0 +1,587 @@
+"""``shoal cluster``: Shoal clusters in docker containers, for load tests (docs/deploy.md).
+
+Commands (``shoal cluster COMMAND --help`` for flags)::
+
+    shoal cluster build  [--base-image IMG] [--tag TAG]   # wheelhouse + deploy/Dockerfile
+    shoal cluster up     --nodes N [--image TAG] [--port P] [--id ID]
+                         [--loadtest-args '...' [--loadgens K] [--out DIR]] [--foreground]
+    shoal cluster loadtest [--id ID] [--loadgens K] [--out DIR] -- ARGS...
+    shoal cluster status [--id ID]
+    shoal cluster down   [--id ID]
+
+Every container runs with host networking on 127.0.0.1: the router on ``--port`` (a free one by
+default), node ``i`` as ``node-<i>`` on ``tcp://127.0.0.1:<free port>``. Each carries the labels
+``shoal.cluster=<id>`` and ``shoal.role=router|node|loadgen`` (the router also ``shoal.url``),
+so ``down`` finds everything a cluster started, whichever process started it. A command that is
+interrupted (SIGINT/SIGTERM) or fails removes the containers it started itself.
+
+A load generator runs ``shoal loadtest --url URL ARGS --out /out`` in the same image (the
+``shoal loadtest`` tool, when the image has it; otherwise this module's small pika
+publish/consume load, ``python -m shoal.shared.dockercluster pika-load``), and its ``/out`` is
+copied to ``OUT/<container name>/`` on the host with the container's log.
+
+Needs the ``docker`` package (``pip install 'shoal[deploy]'``) and a Docker engine. Errors are
+:class:`ClusterError` (one line; the CLI exits 1).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ShoalError
+
+LABEL = "shoal.cluster"
+ROLE_LABEL = "shoal.role"
+URL_LABEL = "shoal.url"
+DEFAULT_IMAGE = "shoal:latest"
+NODE_READY_TIMEOUT_S = 60.0
+ROUTER_READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10
+LOAD_TIMEOUT_S = 600.0
+#: Files of the repository that the image build needs (the build context).
+CONTEXT_PATHS = ("pyproject.toml", "README.md", "shared", "router", "node", "deploy/Dockerfile",
+                 "deploy/docker-entrypoint.sh", "deploy/healthcheck.py", "deploy/wheelhouse")
+#: Installed in the image next to the project's dependencies (the load generator's client).
+EXTRA_WHEELS = ("pika>=1.3",)
+#: Needed to build the project itself offline (pyproject's [build-system]).
+BUILD_WHEELS = ("setuptools>=68", "wheel")
+
+
+class ClusterError(ShoalError):
+    """A docker cluster operation failed. ``str(err)`` is one line."""
+
+
+class Interrupted(ClusterError):
+    """SIGINT or SIGTERM arrived while a command ran; what it started has been removed."""
+
+
+def docker_client() -> Any:
+    """``docker.from_env()``, pinged. Raises ClusterError when the SDK or the engine is missing."""
+    try:
+        import docker
+    except ImportError:
+        raise ClusterError("shoal cluster needs the docker package: "
+                           "pip install 'shoal[deploy]'") from None
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise ClusterError(f"no Docker engine reachable: {exc}") from None
+    return client
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def signals_raise() -> Iterator[None]:
+    """Turn the first SIGINT/SIGTERM into :class:`Interrupted` inside the block (main thread
+    only); later ones are ignored so that the clean-up in ``finally`` runs to the end."""
+    seen: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if not seen:                        # a second signal must not cut the clean-up short
+            seen.append(signum)
+            raise Interrupted(f"interrupted by {signal.Signals(signum).name}")
+    try:
+        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:                      # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# --- the image ---------------------------------------------------------------------------
+
+def repo_root() -> Path:
+    """The source tree holding deploy/Dockerfile: the current directory or this package's."""
+    for cand in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        if (cand / "deploy" / "Dockerfile").is_file() and (cand / "pyproject.toml").is_file():
+            return cand
+    raise ClusterError("cannot find deploy/Dockerfile: run from the Shoal source tree")
+
+
+def _image_python(client: Any, base_image: str) -> tuple[str, str, str]:
+    """``(major.minor, machine, glibc version)`` of ``python3`` in ``base_image``."""
+    import docker
+    code = ("import sys,platform;v=sys.version_info;"
+            "print(f'{v[0]}.{v[1]}',platform.machine(),platform.libc_ver()[1] or '2.17')")
+    try:
+        out = client.containers.run(base_image, ["python3", "-c", code], remove=True,
+                                    network_mode="none", entrypoint=[])
+    except docker.errors.DockerException as exc:  # ImageNotFound, ContainerError, APIError
+        raise ClusterError(f"cannot run python3 in base image {base_image}: "
+                           f"{str(exc).splitlines()[0]}") from None
+    version, machine, glibc = out.decode().split()
+    return version, machine, glibc
+
+
+def project_requirements(root: Path) -> list[str]:
+    """The image's requirements: pyproject dependencies (+ a ``loadtest`` extra if defined)."""
+    import tomllib
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    return [*project["dependencies"],
+            *project.get("optional-dependencies", {}).get("loadtest", []), *EXTRA_WHEELS]
+
+
+def fill_wheelhouse(root: Path, python: str, machine: str, glibc: str) -> Path:
+    """Download every wheel the image needs for that Python/platform into deploy/wheelhouse.
+
+    Uses ``pip download --only-binary=:all:`` (so it works for another Python than this one);
+    raises ClusterError with pip's last line when a wheel cannot be had.
+    """
+    wh = root / "deploy" / "wheelhouse"
+    wh.mkdir(parents=True, exist_ok=True)
+    major, minor = glibc.split(".")[:2]
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
+           "-d", str(wh), "--only-binary=:all:", "--python-version", python,
+           "--implementation", "cp", "--platform", f"manylinux_{major}_{minor}_{machine}",
+           "--platform", f"manylinux2014_{machine}", *BUILD_WHEELS, *project_requirements(root)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ClusterError(f"pip download for the wheelhouse failed: {last}")
+    return wh
+
+
+def build_context(root: Path) -> io.BytesIO:
+    """An uncompressed tar of CONTEXT_PATHS (no caches), for ``docker build``."""
+    buf = io.BytesIO()
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = info.name.split("/")
+        return None if "__pycache__" in parts or info.name.endswith(".pyc") else info
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for rel in CONTEXT_PATHS:
+            if (root / rel).exists():
+                tar.add(root / rel, arcname=rel, filter=keep)
+    buf.seek(0)
+    return buf
+
+
+def build_image(client: Any, base_image: str = "python:3.12-slim", tag: str = DEFAULT_IMAGE,
+                root: Path | None = None, offline: bool = True) -> str:
+    """Build deploy/Dockerfile on ``base_image`` as ``tag``; return the image id.
+
+    ``offline``: fill the wheelhouse on the host first and build with no network at all
+    (``network_mode="none"``), which proves the image builds offline. Raises ClusterError with
+    the failing build step's last log line.
+    """
+    import docker
+    root = root or repo_root()
+    if offline:
+        fill_wheelhouse(root, *_image_python(client, base_image))
+    try:
+        previous = client.images.get(tag).id
+    except docker.errors.ImageNotFound:
+        previous = None
+    try:
+        image, _ = client.images.build(
+            fileobj=build_context(root), custom_context=True, dockerfile="deploy/Dockerfile",
+            tag=tag, buildargs={"BASE_IMAGE": base_image}, rm=True, forcerm=True,
+            network_mode="none" if offline else "host")
+    except docker.errors.BuildError as exc:
+        lines = [c.get("stream", c.get("error", "")).strip() for c in exc.build_log]
+        tail = [ln for ln in lines if ln][-1:] or [str(exc)]
+        raise ClusterError(f"image build failed: {tail[0]}") from None
+    if previous and previous != image.id:          # don't pile up old images of this tag
+        try:
+            client.images.remove(previous)
+        except docker.errors.APIError:              # still used by a container: keep it
+            pass
+    return image.id
+
+
+# --- the cluster -------------------------------------------------------------------------
+
+@dataclass
+class DockerCluster:
+    """One router and ``nodes`` node containers on the host network, labelled ``id``."""
+
+    client: Any
+    image: str = DEFAULT_IMAGE
+    nodes: int = 2
+    port: int = 0                          #: router AMQP port; 0 picks a free one
+    id: str = field(default_factory=lambda: f"shoal-{secrets.token_hex(3)}")
+    user: str = "guest"
+    password: str = "guest"
+    started: list[Any] = field(default_factory=list)  #: containers this object started
+
+    @property
+    def url(self) -> str:
+        """AMQP URL of the router (guest is loopback-only, which host networking satisfies)."""
+        return f"amqp://{self.user}:{self.password}@127.0.0.1:{self.port}/"
+
+    def _run(self, name: str, role: str, command: list[str], **labels: str) -> Any:
+        import docker
+        try:
+            c = self.client.containers.run(
+                self.image, command, name=f"{self.id}-{name}", detach=True,
+                network_mode="host", labels={LABEL: self.id, ROLE_LABEL: role, **labels},
+                environment={"SHOAL_LOG_LEVEL": "info"})
+        except docker.errors.APIError as exc:
+            raise ClusterError(f"cannot start {name}: {exc.explanation or exc}") from None
+        self.started.append(c)
+        return c
+
+    def up(self) -> str:
+        """Start the nodes, wait until each accepts TCP, start the router, wait for its ready
+        line. Returns the AMQP URL. On any error removes what it started and raises
+        ClusterError naming the container and its last log line."""
+        import docker
+        try:
+            try:
+                self.client.images.get(self.image)      # never pull: images are built here
+            except docker.errors.ImageNotFound:
+                raise ClusterError(f"image {self.image} not found: build it with "
+                                   "'shoal cluster build'") from None
+            if self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.id}"}):
+                raise ClusterError(f"cluster {self.id} exists: 'shoal cluster down --id "
+                                   f"{self.id}' first")
+            self.port = self.port or free_port()
+            endpoints = []
+            for i in range(self.nodes):
+                node_port = free_port()
+                endpoint = f"tcp://127.0.0.1:{node_port}"
+                c = self._run(f"node-{i}", "node", ["node", "--node-id", f"node-{i}", "--bind",
+                                                    endpoint, "--data-dir", "/var/lib/shoal"])
+                endpoints.append((f"node-{i}", endpoint, node_port, c))
+            for node_id, _, node_port, c in endpoints:
+                _wait(c, lambda p=node_port: _accepts(p), NODE_READY_TIMEOUT_S)
+            args = ["router", "--host", "127.0.0.1", "--port", str(self.port)]
+            for node_id, endpoint, _, _ in endpoints:
+                args += ["--node", f"{node_id}={endpoint}"]
+            router = self._run("router", "router", args, **{URL_LABEL: self.url})
+            _wait(router, lambda: b"shoal router ready on" in router.logs(stdout=True,
+                                                                          stderr=False),
+                  ROUTER_READY_TIMEOUT_S)
+            return self.url
+        except BaseException:
+            self.remove_started()
+            raise
+
+    def remove_started(self) -> None:
+        """Remove (force, with volumes) every container this object started."""
+        for c in reversed(self.started):
+            _remove(c)
+        self.started.clear()
+
+    def run_load(self, args: list[str], out_dir: Path, loadgens: int = 1,
+                 timeout_s: float = LOAD_TIMEOUT_S) -> list[dict]:
+        """Run ``loadgens`` load-generator containers against this cluster and wait for them.
+
+        Each runs ``loadtest --url URL ARGS --out /out`` (or the pika fallback, see the module
+        docstring); its /out and log land in ``out_dir/<container name>/``. Returns one dict per
+        generator: ``name``, ``exit_code``, ``out`` (host path), ``tool``. The generators are
+        removed afterwards, also on error or interrupt. Raises ClusterError when one exits
+        non-zero or outlives ``timeout_s`` (seconds).
+        """
+        import requests
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tool = "shoal-loadtest" if self._image_has_loadtest() else "pika-load"
+        if "--url" not in args:
+            args = ["--url", self.url, *args]
+        gens = []
+        try:
+            for i in range(loadgens):
+                if tool == "shoal-loadtest":
+                    cmd = ["loadtest", *args, "--out", "/out"]
+                else:
+                    cmd = ["python", "-m", "shoal.shared.dockercluster", "pika-load", *args,
+                           "--out", "/out", "--queue", f"{self.id}-load-{i}"]
+                gens.append(self._run(f"loadgen-{i}-{secrets.token_hex(2)}", "loadgen", cmd))
+            results, failed = [], []
+            deadline = time.monotonic() + timeout_s
+            for c in gens:
+                try:
+                    code = c.wait(timeout=max(1.0, deadline - time.monotonic()))["StatusCode"]
+                except requests.exceptions.RequestException:  # the wait timed out
+                    raise ClusterError(f"{c.name} still running after {timeout_s:.0f} s") \
+                        from None
+                dest = out_dir / c.name
+                _copy_out(c, "/out", dest)
+                (dest / "container.log").write_bytes(c.logs())
+                results.append({"name": c.name, "exit_code": code, "out": str(dest),
+                                "tool": tool})
+                if code != 0:
+                    failed.append(f"{c.name} exited {code}: {_last_line(c)}")
+            if failed:
+                raise ClusterError("; ".join(failed))
+            return results
+        finally:
+            for c in gens:
+                _remove(c)
+                if c in self.started:
+                    self.started.remove(c)
+
+    def _image_has_loadtest(self) -> bool:
+        """True when ``shoal loadtest --help`` works in the image."""
+        import docker
+        try:
+            self.client.containers.run(self.image, ["loadtest", "--help"], remove=True,
+                                       network_mode="none")
+            return True
+        except docker.errors.ContainerError:      # no such command in this image
+            return False
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def _last_line(container: Any) -> str:
+    lines = container.logs(tail=5).decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else "(no output)"
+
+
+def _wait(container: Any, ready: Any, timeout_s: float) -> None:
+    """Poll ``ready()`` until true; ClusterError if the container exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        container.reload()
+        if container.status in ("exited", "dead"):
+            raise ClusterError(f"{container.name} exited: {_last_line(container)}")
+        if ready():
+            return
+        time.sleep(0.2)
+    raise ClusterError(f"{container.name} not ready after {timeout_s:.0f} s: "
+                       f"{_last_line(container)}")
+
+
+def _remove(container: Any) -> None:
+    """Stop gracefully (SIGTERM, then SIGKILL after STOP_TIMEOUT_S) and remove with volumes."""
+    import docker
+    try:
+        container.stop(timeout=STOP_TIMEOUT_S)
+    except docker.errors.DockerException:
+        pass
+    try:
+        container.remove(force=True, v=True)
+    except docker.errors.NotFound:
+        pass
+
+
+def _copy_out(container: Any, path: str, dest: Path) -> None:
+    """Copy ``path`` of a (stopped) container into ``dest`` on the host."""
+    import docker
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        stream, _ = container.get_archive(path)
+    except docker.errors.NotFound:
+        return
+    with tempfile.TemporaryFile() as f:
+        for chunk in stream:
+            f.write(chunk)
+        f.seek(0)
+        with tarfile.open(fileobj=f) as tar:
+            base = Path(path).name
+            for m in tar.getmembers():
+                rel = Path(m.name).relative_to(base) if m.name != base else None
+                if rel is None or m.issym() or m.islnk() or ".." in rel.parts:
+                    continue
+                m.name = str(rel)
+                tar.extract(m, dest, filter="data")
+
+
+def cluster_containers(client: Any, cluster_id: str | None = None) -> list[Any]:
+    """Every container labelled ``shoal.cluster`` (``=cluster_id`` when given)."""
+    label = f"{LABEL}={cluster_id}" if cluster_id else LABEL
+    return client.containers.list(all=True, filters={"label": label})
+
+
+def down(client: Any, cluster_id: str | None = None) -> list[str]:
+    """Remove a cluster's containers (every Shoal cluster's without an id): load generators
+    and the router first, then the nodes. Returns the removed container names."""
+    order = {"loadgen": 0, "router": 1, "node": 2}
+    cs = sorted(cluster_containers(client, cluster_id),
+                key=lambda c: order.get(c.labels.get(ROLE_LABEL, ""), 3))
+    for c in cs:
+        _remove(c)
+    return [c.name for c in cs]
+
+
+# --- the fallback load (runs inside a load-generator container) ---------------------------
+
+def pika_load(argv: list[str]) -> int:
+    """Publish ``--messages`` (bounded by ``--time`` s) with confirms to a fresh queue, consume
+    and ack them all, write ``OUT/summary.json`` (counts, msg/s). Flags of ``shoal loadtest``
+    that it does not know are ignored and listed in the summary. Exit 1 if any is missing."""
+    import pika
+    p = argparse.ArgumentParser(prog="pika-load")
+    p.add_argument("--url", required=True)
+    p.add_argument("--out", default="/out")
+    p.add_argument("--queue", default="shoal-load")
+    p.add_argument("--messages", type=int, default=2000)
+    p.add_argument("--size", type=int, default=100, help="body bytes")
+    p.add_argument("--time", type=float, default=10.0, help="seconds at most")
+    args, ignored = p.parse_known_args(argv)
+    conn = pika.BlockingConnection(pika.URLParameters(args.url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare(args.queue, auto_delete=False)
+    body, sent, t0 = b"x" * args.size, 0, time.monotonic()
+    while sent < args.messages and time.monotonic() - t0 < args.time:
+        ch.basic_publish("", args.queue, body)
+        sent += 1
+    t_pub = time.monotonic() - t0
+    ch.basic_qos(prefetch_count=200)
+    got, t1 = 0, time.monotonic()
+    for method, _, _ in ch.consume(args.queue, inactivity_timeout=5.0):
+        if method is None:
+            break
+        ch.basic_ack(method.delivery_tag)
+        got += 1
+        if got == sent:
+            break
+    ch.cancel()
+    t_con = time.monotonic() - t1
+    ch.queue_delete(args.queue)
+    conn.close()
+    summary = {"tool": "pika-load", "sent_confirmed": sent, "received_acked": got,
+               "publish_msg_per_s": round(sent / t_pub, 1) if t_pub else None,
+               "consume_msg_per_s": round(got / t_con, 1) if t_con else None,
+               "size_bytes": args.size, "ignored_args": ignored}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary))
+    return 0 if got == sent else 1
+
+
+# --- command line ------------------------------------------------------------------------
+
+def _print_status(client: Any, cluster_id: str | None) -> int:
+    cs = cluster_containers(client, cluster_id)
+    if not cs:
+        print("no shoal cluster containers" + (f" for {cluster_id}" if cluster_id else ""))
+        return 0
+    for c in sorted(cs, key=lambda c: (c.labels.get(LABEL, ""), c.name)):
+        health = c.attrs.get("State", {}).get("Health", {}).get("Status", "-")
+        url = c.labels.get(URL_LABEL, "")
+        print(f"{c.labels.get(LABEL)}  {c.name:32} {c.labels.get(ROLE_LABEL, '?'):8} "
+              f"{c.status:9} {health:10} {url}".rstrip())
+    return 0
+
+
+def _router_of(client: Any, cluster_id: str | None) -> Any:
+    routers = [c for c in cluster_containers(client, cluster_id)
+               if c.labels.get(ROLE_LABEL) == "router"]
+    if len(routers) != 1:
+        raise ClusterError(f"found {len(routers)} cluster routers" +
+                           (f" for {cluster_id}" if cluster_id else "; name one with --id"))
+    return routers[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``shoal cluster ...``; returns the exit code (1 with one line on any error)."""
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="shoal cluster",
+                                description="Shoal clusters in docker containers (host network).")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build the image from deploy/Dockerfile")
+    b.add_argument("--base-image", default="python:3.12-slim")
+    b.add_argument("--tag", default=DEFAULT_IMAGE)
+    b.add_argument("--online", action="store_true",
+                   help="let the build use the network instead of a wheelhouse")
+    u = sub.add_parser("up", help="start a router and N nodes; print the AMQP URL")
+    u.add_argument("--nodes", type=int, default=2)
+    u.add_argument("--image", default=DEFAULT_IMAGE)
+    u.add_argument("--port", type=int, default=0, help="router port (default: a free one)")
+    u.add_argument("--id", help="cluster id (default: shoal-<random>)")
+    u.add_argument("--loadtest-args", help="run a load with these args, collect it, tear down")
+    u.add_argument("--loadgens", type=int, default=1)
+    u.add_argument("--out", default="shoal-loadtest-out")
+    u.add_argument("--foreground", action="store_true",
+                   help="stay until Ctrl-C/SIGTERM, then remove the cluster")
+    lt = sub.add_parser("loadtest", help="run load generators against a running cluster")
+    lt.add_argument("--id")
+    lt.add_argument("--loadgens", type=int, default=1)
+    lt.add_argument("--out", default="shoal-loadtest-out")
+    lt.add_argument("args", nargs=argparse.REMAINDER, help="shoal loadtest args (after --)")
+    for name, text in (("status", "list cluster containers"), ("down", "remove clusters")):
+        sub.add_parser(name, help=text).add_argument("--id", help="one cluster (default: all)")
+    if argv[:1] == ["pika-load"]:                    # inside load-generator containers
+        return pika_load(argv[1:])
+    args = p.parse_args(argv)
+    if args.command == "up" and not 1 <= args.nodes <= 256:
+        print("shoal cluster: --nodes must be from 1 to 256", file=sys.stderr)
+        return 2
+    try:
+        with signals_raise():
+            return _run(args)
+    except ClusterError as exc:
+        print(f"shoal cluster: {exc}", file=sys.stderr)
+        return 130 if isinstance(exc, Interrupted) else 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    client = docker_client()
+    if args.command == "build":
+        image_id = build_image(client, args.base_image, args.tag, offline=not args.online)
+        print(f"built {args.tag} ({image_id[:19]}) on {args.base_image}")
+        return 0
+    if args.command == "status":
+        return _print_status(client, args.id)
+    if args.command == "down":
+        names = down(client, args.id)
+        print(f"removed {len(names)} containers")
+        return 0
+    if args.command == "loadtest":
+        router = _router_of(client, args.id)
+        cluster = DockerCluster(client, image=router.image.tags[0] if router.image.tags
+                                else router.image.id, id=router.labels[LABEL])
+        extra = args.args[1:] if args.args[:1] == ["--"] else args.args
+        results = cluster.run_load(["--url", router.labels[URL_LABEL], *extra],
+                                   Path(args.out), args.loadgens)
+        for r in results:
+            print(f"{r['name']}: exit {r['exit_code']}, output in {r['out']} ({r['tool']})")
+        return 0
+    cluster = DockerCluster(client, image=args.image, nodes=args.nodes, port=args.port,
+                            **({"id": args.id} if args.id else {}))
+    url = cluster.up()
+    print(f"shoal cluster {cluster.id} up: {url} ({args.nodes} nodes, image {args.image})",
+          flush=True)
+    if not (args.loadtest_args or args.foreground):
+        return 0
+    try:
+        if args.loadtest_args:
+            for r in cluster.run_load(shlex.split(args.loadtest_args), Path(args.out),
+                                      args.loadgens):
+                print(f"{r['name']}: exit {r['exit_code']}, output in {r['out']} ({r['tool']})")
+        else:
+            signal.pause()
+    finally:
+        cluster.remove_started()
+        print(f"shoal cluster {cluster.id} removed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""The Helm chart helm/shoal: Helm's own lint and rendering (helm-python-sdk, no helm binary)
+with default values and representative overrides; every rendered manifest is validated against
+the Kubernetes API schemas of KUBE_VERSION (kubernetes-validate, strict: unknown fields fail).
+"""
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+import yaml
+
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed")
+kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed")
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "shoal"
+KUBE_VERSION = "1.30.0"
+RELEASE, NAMESPACE = "prod", "brokers"
+FULL = f"{RELEASE}-shoal"
+#: Custom resources have no schema in kubernetes-validate: their required shape is checked here.
+CRD_REQUIRED = {"ServiceMonitor": ("spec.selector.matchLabels", "spec.endpoints")}
+
+OVERRIDES = {
+    "defaults": {},
+    "three-nodes": {"nodes": {"replicaCount": 3}},
+    "loadbalancer": {"service": {"type": "LoadBalancer", "annotations": {
+        "service.beta.kubernetes.io/aws-load-balancer-type": "nlb"},
+        "loadBalancerSourceRanges": ["10.0.0.0/8"], "externalTrafficPolicy": "Local",
+        "nodePorts": {"amqp": 30672}}},
+    "no-persistence": {"persistence": {"enabled": False}},
+    "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True,
+                                                       "labels": {"release": "prom"}}}},
+    "resources-hard-affinity": {
+        "nodes": {"resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                "limits": {"memory": "2Gi"}},
+                  "podAntiAffinityPreset": "hard"},
+        "routers": {"resources": {"requests": {"cpu": "500m", "memory": "256Mi"}},
+                    "replicaCount": 3}},
+    "existing-secret-netpol": {"auth": {"existingSecret": "my-users"},
+                               "networkPolicy": {"enabled": True},
+                               "persistence": {"storageClass": "fast-ssd", "size": "50Gi"}},
+}
+
+
+def render(values: dict) -> dict[tuple[str, str], dict]:
+    """Render the chart; returns {(kind, name): manifest} of every non-empty document."""
+    with helm.Chart.load(CHART) as chart:
+        files = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    docs = {}
+    for path, text in files.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                key = (doc["kind"], doc["metadata"]["name"])
+                assert key not in docs, f"{key} rendered twice"
+                docs[key] = doc
+    return docs
+
+
+def notes(values: dict) -> str:
+    with helm.Chart.load(CHART) as chart:
+        files = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    return next(text for path, text in files.items() if path.endswith("NOTES.txt"))
+
+
+def container(docs: dict, kind: str, name: str) -> dict:
+    return docs[(kind, name)]["spec"]["template"]["spec"]["containers"][0]
+
+
+def dig(doc: dict, dotted: str):
+    for part in dotted.split("."):
+        doc = doc[part]
+    return doc
+
+
+@pytest.mark.parametrize("case", OVERRIDES)
+def test_lint_is_clean(case: str) -> None:
+    report = helm.lint(str(CHART), OVERRIDES[case], strict=True, namespace=NAMESPACE,
+                       kube_version=f"v{KUBE_VERSION}")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, (report["errors"], problems)
+
+
+@pytest.mark.parametrize("case", OVERRIDES)
+def test_every_manifest_matches_the_kubernetes_schema(case: str) -> None:
+    docs = render(OVERRIDES[case])
+    assert docs
+    for (kind, name), doc in docs.items():
+        if kind in CRD_REQUIRED:
+            for field in CRD_REQUIRED[kind]:
+                assert dig(doc, field), f"{kind}/{name} lacks {field}"
+            continue
+        try:
+            kv.validate(doc, KUBE_VERSION, strict=True)
+        except kv.utils.ValidationError as exc:
+            pytest.fail(f"{kind}/{name} ({case}): {exc.message} at "
+                        f"{'.'.join(map(str, exc.absolute_path))}")
+
+
+def test_defaults_have_every_part_of_the_chart() -> None:
+    docs = render({})
+    kinds = {kind for kind, _ in docs}
+    assert {"StatefulSet", "Deployment", "Service", "ConfigMap", "Secret",
+            "PodDisruptionBudget", "ServiceAccount"} <= kinds
+    assert "ServiceMonitor" not in kinds and "NetworkPolicy" not in kinds
+    sts = docs[("StatefulSet", f"{FULL}-node")]
+    assert sts["spec"]["serviceName"] == f"{FULL}-node-headless"
+    assert docs[("Service", f"{FULL}-node-headless")]["spec"]["clusterIP"] == "None"
+    claim = sts["spec"]["volumeClaimTemplates"][0]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "8Gi"
+    node = container(docs, "StatefulSet", f"{FULL}-node")
+    assert {"mountPath": "/var/lib/shoal", "name": "data"} in node["volumeMounts"]
+    assert node["readinessProbe"]["tcpSocket"]["port"] == "zmq"
+    assert node["livenessProbe"]["tcpSocket"]["port"] == "zmq"
+    pod_name = next(e for e in node["env"] if e["name"] == "POD_NAME")
+    assert pod_name["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    router = container(docs, "Deployment", f"{FULL}-router")
+    assert router["readinessProbe"]["tcpSocket"]["port"] == "amqp"
+    svc = docs[("Service", FULL)]
+    assert svc["spec"]["type"] == "ClusterIP"
+    assert svc["spec"]["ports"][0]["port"] == 5672
+    assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "router"
+    config = yaml.safe_load(docs[("ConfigMap", FULL)]["data"]["shoal.yaml"])
+    assert config["log_level"] == "info" and config["vhosts"] == ["/"]
+    pdb = docs[("PodDisruptionBudget", f"{FULL}-node")]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    soft = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" in soft
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_routers_know_every_node_by_its_stable_dns_name(replicas: int) -> None:
+    docs = render({"nodes": {"replicaCount": replicas}})
+    assert docs[("StatefulSet", f"{FULL}-node")]["spec"]["replicas"] == replicas
+    args = container(docs, "Deployment", f"{FULL}-router")["args"]
+    nodes = [args[i + 1] for i, a in enumerate(args) if a == "--node"]
+    assert nodes == [f"node-{i}=tcp://{FULL}-node-{i}.{FULL}-node-headless.{NAMESPACE}"
+                     f".svc.cluster.local:5680" for i in range(replicas)]
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+
+
+def test_users_secret_feeds_the_routers() -> None:
+    docs = render({"auth": {"username": "app", "password": "s3cret:x",
+                            "extraUsers": {"ops": "pw2"}}})
+    data = {k: base64.b64decode(v).decode() for k, v in docs[("Secret", FULL)]["data"].items()}
+    assert data["username"] == "app" and data["password"] == "s3cret:x"
+    assert data["users"] == "app:s3cret:x,ops:pw2"
+    env = container(docs, "Deployment", f"{FULL}-router")["env"]
+    ref = next(e for e in env if e["name"] == "SHOAL_USERS")["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": FULL, "key": "users"}
+
+
+def test_generated_password_when_none_given() -> None:
+    data = render({})[("Secret", FULL)]["data"]
+    password = base64.b64decode(data["password"]).decode()
+    assert len(password) == 24
+    assert base64.b64decode(data["users"]).decode() == f"shoal:{password}"
+
+
+def test_overrides_reach_the_manifests() -> None:
+    lb = render(OVERRIDES["loadbalancer"])[("Service", FULL)]
+    assert lb["spec"]["type"] == "LoadBalancer"
+    assert lb["metadata"]["annotations"] == {
+        "service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}
+    assert lb["spec"]["ports"][0]["nodePort"] == 30672
+    assert lb["spec"]["externalTrafficPolicy"] == "Local"
+    assert "status.loadBalancer.ingress" in notes(OVERRIDES["loadbalancer"])
+
+    docs = render(OVERRIDES["no-persistence"])
+    sts = docs[("StatefulSet", f"{FULL}-node")]
+    assert "volumeClaimTemplates" not in sts["spec"]
+    assert {"name": "data", "emptyDir": {}} in sts["spec"]["template"]["spec"]["volumes"]
+    assert "persistence is disabled" in notes(OVERRIDES["no-persistence"])
+
+    docs = render(OVERRIDES["service-monitor"])
+    sm = docs[("ServiceMonitor", FULL)]
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    assert any(p["name"] == "metrics" for p in docs[("Service", FULL)]["spec"]["ports"])
+
+    docs = render(OVERRIDES["resources-hard-affinity"])
+    node = container(docs, "StatefulSet", f"{FULL}-node")
+    assert node["resources"]["limits"]["memory"] == "2Gi"
+    assert container(docs, "Deployment", f"{FULL}-router")["resources"]["requests"]["cpu"] \
+        == "500m"
+    assert docs[("Deployment", f"{FULL}-router")]["spec"]["replicas"] == 3
+    hard = docs[("StatefulSet", f"{FULL}-node")]["spec"]["template"]["spec"]["affinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in hard["podAntiAffinity"]
+
+    docs = render(OVERRIDES["existing-secret-netpol"])
+    assert ("Secret", FULL) not in docs
+    env = container(docs, "Deployment", f"{FULL}-router")["env"]
+    assert env[0]["valueFrom"]["secretKeyRef"]["name"] == "my-users"
+    claim = docs[("StatefulSet", f"{FULL}-node")]["spec"]["volumeClaimTemplates"][0]["spec"]
+    assert claim["storageClassName"] == "fast-ssd"
+    assert claim["resources"]["requests"]["storage"] == "50Gi"
+    assert ("NetworkPolicy", f"{FULL}-node") in docs
+
+
+def test_config_change_rolls_the_pods() -> None:
+    def checksum(values: dict) -> str:
+        sts = render(values)[("StatefulSet", f"{FULL}-node")]
+        return sts["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    assert checksum({}) != checksum({"config": {"log_level": "debug"}})
+
+
+@pytest.mark.parametrize("bad", [
+    {"nodes": {"replicaCount": 0}},
+    {"service": {"type": "ExternalName"}},
+    {"config": {"port": 5673}},                 # set by the chart itself
+    {"auth": {"password": "a,b"}},              # SHOAL_USERS separates users with commas
+    {"persistence": {"size": "lots"}},
+    {"nodes": {"podAntiAffinityPreset": "medium"}},
+    {"config": {"log_level": "verbose"}},
+], ids=lambda v: repr(v))
+def test_schema_refuses_bad_values(bad: dict) -> None:
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError):
+        chart.validate_schema(bad)
+    report = helm.lint(str(CHART), bad, namespace=NAMESPACE)
+    assert report["errors"] or any(m["severity"] == 3 for m in report["messages"])

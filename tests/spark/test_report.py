@@ -1,0 +1,109 @@
+"""``shoal report``: aggregates of a recorded load-test folder checked against numpy, the
+output files, and the one-line errors for bad input."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark not installed: pip install 'shoal[spark]' "
+                                  "runs the Spark tests")
+from shoal.shared.spark import cli
+
+from .loadtest_data import make_run
+
+PCTS = {"p50": 50, "p95": 95, "p99": 99, "p999": 99.9}
+
+
+@pytest.fixture(scope="module")
+def report_out(spark, tmp_path_factory):
+    base = tmp_path_factory.mktemp("report")
+    exp_a = make_run(base / "shoal-2n", "shoal 2 nodes", seed=1)
+    # one producer over both queues: per-queue loss is not attributable (null)
+    exp_b = make_run(base / "rabbit", "rabbitmq", seed=2, producers_queues=((0, ("qa", "qb")),),
+                     latency_scale_us=2500)
+    out = base / "out"
+    html = cli.run([str(base / "shoal-2n"), str(base / "rabbit")], "local[2]", str(out))
+    tables = {n: pq.read_table(out / f"{n}.parquet").to_pylist()
+              for n in ("runs", "queues", "nodes", "timeline", "latency_hist")}
+    return {"shoal 2 nodes": exp_a, "rabbitmq": exp_b}, tables, out, html
+
+
+def test_per_run_totals_match_independent_computation(report_out):
+    expected, tables, _, _ = report_out
+    runs = {r["run"]: r for r in tables["runs"]}
+    assert set(runs) == set(expected)
+    for name, exp in expected.items():
+        r = runs[name]
+        sent = sum(exp.sent.values())
+        assert r["sent"] == sent
+        assert r["received"] == sum(exp.received.values())
+        assert r["redelivered"] == sum(exp.redelivered.values())
+        assert r["sent_per_s"] == pytest.approx(sent / 5)
+        assert r["received_per_s"] == pytest.approx(sum(exp.received_window.values()) / 5)
+        assert r["lost"] == sum(exp.lost_by_producer.values())
+        assert r["duplicates"] == sum(exp.dup_by_producer.values())
+        lats = np.array([x for v in exp.lat_window.values() for x in v])
+        assert r["latency_samples"] == len(lats)
+        for p, q in PCTS.items():
+            assert r[f"latency_{p}_ms"] == pytest.approx(np.percentile(lats, q) / 1000)
+
+
+def test_per_queue_and_per_node_match(report_out):
+    expected, tables, _, _ = report_out
+    for row in tables["queues"]:
+        exp = expected[row["run"]]
+        q = row["queue"]
+        assert row["node"] == {"qa": "node-0", "qb": "node-1"}[q]
+        assert row["sent"] == exp.sent[q]
+        assert row["received"] == exp.received[q]
+        assert row["redelivered"] == exp.redelivered[q]
+        assert row["received_per_s"] == pytest.approx(exp.received_window[q] / 5)
+        for p, pct in PCTS.items():
+            assert row[f"latency_{p}_ms"] == pytest.approx(
+                np.percentile(exp.lat_window[q], pct) / 1000)
+    lost = {(r["run"], r["queue"]): r["lost"] for r in tables["queues"]}
+    a = expected["shoal 2 nodes"].lost_by_producer
+    assert lost == {("shoal 2 nodes", "qa"): a[0], ("shoal 2 nodes", "qb"): a[1],
+                    ("rabbitmq", "qa"): None, ("rabbitmq", "qb"): None}
+    nodes = {(r["run"], r["node"]): r for r in tables["nodes"]}
+    assert nodes[("shoal 2 nodes", "node-1")]["received"] == \
+        expected["shoal 2 nodes"].received["qb"]
+    assert nodes[("shoal 2 nodes", "node-0")]["lost"] == a[0]
+
+
+def test_timeline_and_histogram(report_out):
+    expected, tables, _, _ = report_out
+    for name, exp in expected.items():
+        got = {r["second"]: r["received"] for r in tables["timeline"] if r["run"] == name}
+        assert got == exp.timeline_received
+        hist = sum(r["count"] for r in tables["latency_hist"] if r["run"] == name)
+        assert hist > sum(len(v) for v in exp.lat_window.values())   # drain samples too
+
+
+def test_output_files(report_out):
+    _, tables, out, html = report_out
+    with open(html, encoding="utf-8") as f:
+        text = f.read()
+    assert text.count("src='data:image/png;base64,") == 3
+    assert "shoal 2 nodes" in text and "rabbitmq" in text
+    csv_runs = pcsv.read_csv(out / "runs.csv").to_pylist()
+    assert {r["run"] for r in csv_runs} == {r["run"] for r in tables["runs"]}
+
+
+def test_missing_folder_is_one_line_error(tmp_path, capsys):
+    assert cli.main([str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"shoal report: {tmp_path / 'nope'}: no such folder"
+
+
+def test_not_loadtest_output_is_one_line_error(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"hello": 1}))
+    assert cli.main([str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(f"shoal report: {tmp_path / 'run'}: not load-test output (missing ")
