@@ -2,7 +2,7 @@
 
 ``--node-id ID --bind ENDPOINT [--config FILE] [--data-dir DIR]``; settings come from
 shared.settings.load_settings (file < SHOAL_* env < flags). Exit codes: 0 clean stop,
-1 cannot bind, 2 bad configuration (one line on stderr).
+1 cannot bind, 2 bad configuration, 3 journal corrupt or unwritable (one line on stderr).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import zmq
 from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings
 
+from .journal import JournalCorrupt, JournalUnavailable
 from .server import run_node
 
 
@@ -41,3 +42,6 @@ def main(argv: list[str] | None = None) -> int:
     except zmq.ZMQError as exc:
         print(f"shoal node: cannot bind {settings.node_bind}: {exc}", file=sys.stderr)
         return 1
+    except (JournalCorrupt, JournalUnavailable) as exc:
+        print(f"shoal node: cannot open the journal: {exc}", file=sys.stderr)
+        return 3

@@ -74,7 +74,7 @@ class StandardQueueEntryList(QueueEntryList):
     amortised (one unlink per dead entry, done ``scavenge_batch`` at a time).
     """
 
-    __slots__ = ("_head", "_tail", "_dead", "scavenge_batch", "linked")
+    __slots__ = ("_head", "_tail", "_dead", "scavenge_batch", "linked", "settled")
 
     def __init__(self, scavenge_batch: int = SCAVENGE_BATCH) -> None:
         head = QueueEntry(-1)
@@ -84,6 +84,9 @@ class StandardQueueEntryList(QueueEntryList):
         self._dead: list[QueueEntry] = []
         self.scavenge_batch = scavenge_batch
         self.linked = 0          #: entries currently linked (live + dead not yet unlinked)
+        #: journaled queues: the shard's list of entry ids that died (settled in the journal
+        #: at the end of the turn, node/durable.py); None for queues without a journal
+        self.settled: list[int] | None = None
 
     @property
     def head(self) -> QueueEntry:
@@ -113,6 +116,9 @@ class StandardQueueEntryList(QueueEntryList):
         return a.entry_id < b.entry_id
 
     def entry_dead(self, entry: QueueEntry) -> None:
+        settled = self.settled
+        if settled is not None:
+            settled.append(entry.entry_id)
         dead = self._dead
         dead.append(entry)
         if len(dead) >= self.scavenge_batch:

@@ -200,7 +200,9 @@ class Journal:
         else:
             self._create_first_segment()
         n = sum(len(v) for v in self.recovered.messages.values())
-        log.info("journal %s: recovered %d queues, %d exchanges, %d bindings, %d messages "
+        r = self.recovered
+        log.log(logging.INFO if (n or r.queues or r.exchanges or r.bindings or cuts)
+                else logging.DEBUG, "journal %s: recovered %d queues, %d exchanges, %d bindings, %d messages "
                  "from %d segments", self.directory, len(self.recovered.queues),
                  len(self.recovered.exchanges), len(self.recovered.bindings), n,
                  len(self.segments))

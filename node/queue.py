@@ -69,7 +69,7 @@ class Queue:
     __slots__ = ("vhost", "name", "durable", "exclusive_owner", "auto_delete", "arguments",
                  "entries", "qcm", "available", "sink", "next_id", "deleted", "had_consumers",
                  "exclusive_consumer", "work_wanted", "cfg", "timers", "held", "ready_bytes",
-                 "groups", "active", "last_used")
+                 "groups", "active", "last_used", "journaled")
 
     def __init__(self, vhost: str, name: str, *, durable: bool = False,
                  exclusive_owner: str | None = None, auto_delete: bool = False,
@@ -104,6 +104,8 @@ class Queue:
         self.groups: dict[Any, list] | None = {} if self.cfg.group_key is not None else None
         self.active: QueueConsumer | None = None          # single active consumer
         self.last_used = self.timers.now
+        #: persistent messages of this queue go to the node's journal (node/durable.py)
+        self.journaled = False
         if self.cfg.expires:
             self.timers.add(self.last_used + self.cfg.expires, self._check_expires)
 
@@ -239,6 +241,10 @@ class Queue:
             if e is None:
                 return
             self._remove_ready(e, MAXLEN)
+
+    def discard(self, e: QueueEntry) -> None:
+        """Take back a just-enqueued entry that could not be journaled (not dead-lettered)."""
+        self._remove_ready(e, None)
 
     def _remove_ready(self, e: QueueEntry, reason: str | None) -> None:
         """Delete an AVAILABLE/HELD entry, dead-lettering it with ``reason`` (None: drop)."""

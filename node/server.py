@@ -29,7 +29,7 @@ from pathlib import Path
 from shoal.shared.settings import Settings
 from shoal.shared.wire import decode_batch, encode_batch
 
-from .journal import Journal, JournalCorrupt, JournalUnavailable, fsync_dir
+from .journal import Journal, JournalUnavailable, fsync_dir
 from .shard import Shard
 
 log = logging.getLogger("shoal.node")
@@ -92,6 +92,7 @@ class NodeServer:
         self._committing = False        # a commit_async of this server is in flight
         self._retry: asyncio.TimerHandle | None = None
         self._last_commit: asyncio.Future | None = None
+        self._clean = False             # the last commit at stop succeeded
 
     def open_journal(self, directory: str | os.PathLike | None = None) -> int:
         """Open the journal (default ``<settings.data_dir>/journal``) and rebuild the shard
@@ -285,15 +286,14 @@ class NodeServer:
         self.sock.close(linger=1000)
         self.ctx.term()
         if self.journal is not None:
-            clean = getattr(self, "_clean", False) and self.journal.available and \
-                self.journal.stats().buffered_records == 0
-            self.journal.close()
-            if clean:
+            if self._clean and self.journal.available and \
+                    self.journal.stats().buffered_records == 0:
                 try:
                     (self.journal.directory / CLEAN_MARKER).touch()
                     fsync_dir(self.journal.directory)
                 except OSError as exc:
                     log.warning("journal: cannot mark a clean stop: %s", exc)
+            self.journal.close()
             self.journal = None
 
 

@@ -29,7 +29,9 @@ from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_REMOVED, OUTCOME_ACK, OUTCOM
 
 from .consumer import QueueConsumer
 from .deadletter import dead_letter_header, delivery_count_header
+from .durable import DurableLog
 from .entry import QueueEntry
+from .journal import Journal, JournalUnavailable, is_persistent
 from .message import body_size
 from .queue import Queue
 from .queue_args import parse_consume_arguments, parse_queue_arguments
@@ -47,6 +49,12 @@ _HELLO = int(T.HELLO)
 _EVENT = int(T.TOPOLOGY_EVENT)
 _PUBLISH_RESULT = int(T.PUBLISH_RESULT)
 _REPUBLISH = int(T.REPUBLISH)
+_NODE_BLOCKED = int(T.NODE_BLOCKED)
+#: Requests whose REPLY waits for the journal when records are pending (a declare-ok means
+#: the object survives a crash).
+_TOPOLOGY_REQUESTS = frozenset(int(t) for t in (
+    T.QUEUE_DECLARE, T.QUEUE_DELETE, T.QUEUE_PURGE, T.EXCHANGE_DECLARE, T.EXCHANGE_DELETE,
+    T.BIND, T.UNBIND))
 
 _S = (str, type(None))      # optional str (owner)
 _D = (dict, type(None))     # optional table (arguments)
@@ -87,6 +95,11 @@ class Shard:
         self.incarnation = incarnation or uuid.uuid4().hex
         self.settings = settings or Settings(node_id=node_id)
         self.queues: dict[tuple[str, str], Queue] = {}
+        #: journal glue (node/durable.py) once :meth:`attach_journal` ran; None: nothing
+        #: is durable (unit tests, a node without a data dir)
+        self.durable: DurableLog | None = None
+        #: the journal cannot write (disk full...): the reason, told to routers (NODE_BLOCKED)
+        self.blocked_reason: str | None = None
         self.topology = Topology(self._emit)
         self.peers: dict[bytes, RouterPeer] = {}
         self._outbox: dict[bytes, list[list]] = {}
@@ -130,7 +143,9 @@ class Shard:
         box.append(msg)
 
     def _emit(self, event: int, data: list) -> None:
-        """Queue a TOPOLOGY_EVENT to every registered router."""
+        """Queue a TOPOLOGY_EVENT to every registered router (and journal durable changes)."""
+        if self.durable is not None:
+            self.durable.topology_event(event, data, self.topology.exchanges)
         for identity in self.peers:
             self._send(identity, [_EVENT, event, data])
 
@@ -139,6 +154,62 @@ class Shard:
         out = self._outbox
         self._outbox = {}
         return out
+
+    # ------------------------------------------------------------------ durability
+    def attach_journal(self, journal: Journal, clean: bool = True) -> int:
+        """Make this (empty) shard durable with ``journal`` and rebuild it from
+        ``journal.recovered`` (node/durable.py; ``clean``: the last run stopped cleanly, else
+        every restored message is marked redelivered); the recovered bodies are dropped
+        afterwards. Returns the number of messages restored."""
+        self.durable = DurableLog(journal, self.timers.wall_offset_ms)
+        n = 0
+        if journal.recovered is not None:
+            n = self.durable.restore(self, journal.recovered, clean)
+            journal.recovered = None
+        return n
+
+    def reset_entry_ids(self, start: int) -> None:
+        """Continue entry ids at ``start`` (above every id in the journal)."""
+        self._next_id = itertools.count(start).__next__
+
+    def restore_queue(self, vhost: str, name: str, auto_delete: bool, args: dict) -> Queue:
+        """Re-create a durable queue from the journal (no records written)."""
+        q = Queue(vhost, name, durable=True, auto_delete=auto_delete, arguments=args,
+                  sink=self, next_id=self._next_id, timers=self.timers,
+                  config=parse_queue_arguments(vhost, name, args))
+        self.queues[(vhost, name)] = q
+        if self.durable is not None:
+            self.durable.attach(q)
+        return q
+
+    def journal_flush(self) -> bool:
+        """End of a turn: append the turn's SETTLE / DELIVERY_STATE records. Returns whether
+        the journal has records to commit."""
+        dl = self.durable
+        if dl is None:
+            return False
+        dl.flush()
+        return dl.journal.durable_lsn < dl.last_lsn
+
+    def release_durable(self) -> int:
+        """Queue the deferred answers whose records are on disk now. Returns how many."""
+        dl = self.durable
+        if dl is None:
+            return 0
+        ready = dl.ready()
+        for identity, msg in ready:
+            if identity in self.peers:
+                self._send(identity, msg)
+        return len(ready)
+
+    def set_blocked(self, reason: str | None) -> None:
+        """The journal stopped (``reason``) or resumed (None) writing: tell every router
+        (NODE_BLOCKED), which blocks publishers with ``connection.blocked``."""
+        if reason == self.blocked_reason:
+            return
+        self.blocked_reason = reason
+        for identity in self.peers:
+            self._send(identity, [_NODE_BLOCKED, reason is not None, reason or ""])
 
     # DeliverySink (called by Queue)
     def deliver(self, consumer: QueueConsumer, entry: QueueEntry) -> None:
@@ -151,6 +222,8 @@ class Shard:
                                    header, entry.body])
         if not consumer.no_ack and consumer.acquires:
             peer.unsettled[entry.entry_id] = entry
+            if entry.queue.journaled:
+                self.durable.delivered.append((entry.entry_id, True, entry.delivery_count))
 
     def work(self, consumer: QueueConsumer) -> None:
         self._send(consumer.peer.identity, [_WORK, consumer.consumer_id])
@@ -221,7 +294,12 @@ class Shard:
                 log.debug("%s from %r failed: %s", T(tag).name, peer, err.text)
             return
         if is_request:
-            self._send(peer, [_REPLY, msg[1], 0, "", payload])
+            dl = self.durable
+            if dl is not None and tag in _TOPOLOGY_REQUESTS and \
+                    dl.last_lsn > dl.journal.durable_lsn:
+                dl.defer(dl.last_lsn, peer, [_REPLY, msg[1], 0, "", payload])
+            else:
+                self._send(peer, [_REPLY, msg[1], 0, "", payload])
 
     def _malformed(self, peer: bytes, msg: list, is_request: bool) -> None:
         name = T(msg[0]).name
@@ -242,6 +320,8 @@ class Shard:
             self._forget(old)
         self.peers[peer] = RouterPeer(peer, router_id, now_ms)
         log.info("router %r connected", router_id)
+        if self.blocked_reason is not None:
+            self._send(peer, [_NODE_BLOCKED, True, self.blocked_reason])
 
     def _on_heartbeat(self, state: RouterPeer, msg: list) -> None:
         pass
@@ -274,6 +354,8 @@ class Shard:
         """The router is gone: drop its consumers, release its unsettled deliveries (original
         position, redelivered), delete its connections' exclusive queues (EV_QUEUE_REMOVED)."""
         self.peers.pop(state.identity, None)
+        if self.durable is not None:
+            self.durable.forget_router(state.identity)
         consumers = list(state.consumers.values())
         state.consumers.clear()
         for c in consumers:
@@ -321,6 +403,8 @@ class Shard:
                       exclusive_owner=owner if exclusive else None, arguments=args,
                       sink=self, next_id=self._next_id, timers=self.timers, config=cfg)
             self.queues[(vhost, name)] = q
+            if durable and not exclusive and self.durable is not None:
+                self.durable.declare_queue(q)
             return [name, 0, 0]
         self._check_owner(q, owner)
         if not passive:
@@ -370,6 +454,8 @@ class Shard:
             self._send(c.peer.identity, [int(T.CONSUMER_CANCELLED), c.consumer_id,
                                          "queue deleted"])
         del self.queues[(q.vhost, q.name)]
+        if q.journaled:
+            self.durable.delete_queue(q)
         self.topology.unbind_destination(q.vhost, DEST_QUEUE, q.name)
         self._emit(EV_QUEUE_REMOVED, [q.vhost, q.name])
 
@@ -417,16 +503,29 @@ class Shard:
         queues = self.queues
         routed = 0
         refused = 0
+        lsn = 0
         for name in names:
             q = queues.get((vhost, name))
             if q is not None:
-                if q.enqueue(exchange, routing_key, header, body, publisher) is None:
+                e = q.enqueue(exchange, routing_key, header, body, publisher)
+                if e is None:
                     refused += 1
+                elif q.journaled and is_persistent(header):
+                    try:
+                        lsn = self.durable.enqueue(q, e, self.timers.now)
+                        routed += 1
+                    except JournalUnavailable as exc:   # disk failing, buffer full: refuse
+                        log.warning("refusing persistent message for queue '%s': %s", name, exc)
+                        q.discard(e)
+                        refused += 1
                 else:
                     routed += 1
         if seq:
-            self._send(state.identity, [_PUBLISH_RESULT, seq, RESOURCE_ERROR if refused else 0,
-                                        routed])
+            res = [_PUBLISH_RESULT, seq, RESOURCE_ERROR if refused else 0, routed]
+            if lsn:
+                self.durable.defer(lsn, state.identity, res)   # answered once on disk
+            else:
+                self._send(state.identity, res)
         if routed:
             for name in names:
                 q = queues.get((vhost, name))
@@ -512,6 +611,8 @@ class Shard:
             q.dequeue(e)
         else:
             state.unsettled[e.entry_id] = e
+            if q.journaled:
+                self.durable.delivered.append((e.entry_id, True, e.delivery_count))
         header = e.header
         if e.delivery_count > 1 and q.cfg.max_returns is not None:
             header = delivery_count_header(header, body_size(header), e.delivery_count - 1)

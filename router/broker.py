@@ -11,7 +11,7 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import zmq.asyncio
+import zmq
 from pamqp import commands as C
 
 from shoal.shared import placement, wire
@@ -70,7 +70,7 @@ class Broker:
         self._congested_links = 0
         #: nodes whose journal cannot write (NODE_BLOCKED): node_id -> reason
         self.blocked_nodes: dict[str, str] = {}
-        self._ctx = zmq.asyncio.Context()
+        self._ctx = zmq.Context()
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self, timeout: float = 30.0) -> None:

@@ -89,17 +89,19 @@ class Channel:
         if isinstance(item, MessagePublished):
             self._guard(self.publish, item)
             return
-        name = item.name.replace(".", "_").lower()
-        handler = getattr(self, "on_" + name, None)
-        if handler is None:
+        entry = _HANDLERS.get(type(item))
+        if entry is None:
+            entry = _HANDLERS[type(item)] = _handler_for(item)
+        fn, is_async = entry
+        if fn is None:
             self.client.fail(self.number, hard_error(
                 NOT_IMPLEMENTED, f"method {item.name} is not implemented"))
             return
-        if asyncio.iscoroutinefunction(handler):
+        if is_async:
             self._busy = True
-            asyncio.ensure_future(self._run(handler(item)))
+            asyncio.ensure_future(self._run(fn(self, item)))
         else:
-            self._guard(handler, item)
+            self._guard(fn.__get__(self), item)
 
     def _guard(self, fn, arg) -> None:
         try:
@@ -514,6 +516,16 @@ class Channel:
         self._tx_settles.clear()
         self._tx_publishes.clear()
         self.settle(self._take(0, True), wire.OUTCOME_REQUEUE)
+
+
+#: pamqp method class -> (unbound Channel handler or None, is it a coroutine function)
+_HANDLERS: dict[type, tuple[Any, bool]] = {}
+
+
+def _handler_for(method: Any) -> tuple[Any, bool]:
+    """The ``Channel.on_<class>_<method>`` handler for a pamqp method (cached by class)."""
+    fn = getattr(Channel, "on_" + method.name.replace(".", "_").lower(), None)
+    return fn, fn is not None and asyncio.iscoroutinefunction(fn)
 
 
 def _queue_list(value: Any) -> list[str]:

@@ -14,7 +14,6 @@ import time
 from typing import Callable
 
 import zmq
-import zmq.asyncio
 
 from shoal.shared import wire
 from shoal.shared.errors import AMQPError, NOT_FOUND
@@ -46,7 +45,7 @@ class NodeLink:
     (``restarted``: the node's incarnation changed); ``on_down(link)`` when it is lost.
     """
 
-    def __init__(self, ctx: zmq.asyncio.Context, node_id: str, endpoint: str, router_id: str,
+    def __init__(self, ctx: zmq.Context, node_id: str, endpoint: str, router_id: str,
                  heartbeat_ms: int, timeout_ms: int,
                  on_message: Callable[["NodeLink", list], None],
                  on_up: Callable[["NodeLink", bool], None],
@@ -71,9 +70,7 @@ class NodeLink:
         self._sock.setsockopt(zmq.SNDHWM, LINK_HWM)
         self._sock.setsockopt(zmq.RCVHWM, 0)
         self._sock.connect(endpoint)
-        # A plain socket on the same handle, for non-blocking sends and draining reads
-        # (zmq.asyncio turns NOBLOCK calls into futures).
-        self._sync = zmq.Socket.shadow(self._sock.underlying)
+        self._mon = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._outbox: list[list] = []
         self._urgent: list[list] = []   # SETTLE / CREDIT: leave before queued publishes
         self._flush_scheduled = False
@@ -88,9 +85,12 @@ class NodeLink:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        self._tasks = [asyncio.ensure_future(self._recv_loop()),
-                       asyncio.ensure_future(self._timer_loop()),
-                       asyncio.ensure_future(self._monitor_loop())]
+        # ZeroMQ's FD is edge-triggered: readable means "look at ZMQ_EVENTS", so every wake-up
+        # (and every send, see _send_now) drains until EVENTS says nothing is left.
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._sock.getsockopt(zmq.FD), self._drain)
+        loop.add_reader(self._mon.getsockopt(zmq.FD), self._on_monitor)
+        self._tasks = [asyncio.ensure_future(self._timer_loop())]
         self._hello()
 
     async def stop(self) -> None:
@@ -103,7 +103,11 @@ class NodeLink:
         self._closed = True
         for t in self._tasks:
             t.cancel()
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._sock.getsockopt(zmq.FD))
+        loop.remove_reader(self._mon.getsockopt(zmq.FD))
         await asyncio.sleep(0)
+        self._mon.close(linger=0)
         self._sock.close(linger=100)
 
     def _hello(self) -> None:
@@ -170,7 +174,7 @@ class NodeLink:
     def _send_now(self, batch: list[list]) -> bool:
         """Send one batch now; False when it could not be queued (node full or down)."""
         try:
-            self._sync.send(wire.encode_batch(batch), zmq.NOBLOCK, copy=False)
+            self._sock.send(wire.encode_batch(batch), zmq.NOBLOCK, copy=False)
             self._last_send = time.monotonic()
             return True
         except zmq.Again:
@@ -182,24 +186,23 @@ class NodeLink:
         finally:
             # The FD is edge-triggered: a send (even a failed one) may consume the edge that
             # announced input, so look for input now rather than wait for one that won't come.
-            if not self._closed and self._sync.get(zmq.EVENTS) & zmq.POLLIN \
+            if not self._closed and self._sock.get(zmq.EVENTS) & zmq.POLLIN \
                     and not self._drain_scheduled:
                 self._drain_scheduled = True
                 asyncio.get_running_loop().call_soon(self._drain)
 
     # ---- receiving ---------------------------------------------------------------------------
-    async def _recv_loop(self) -> None:
-        while True:
-            self._handle_frame(await self._sock.recv())
-            self._drain()
-
     def _drain(self) -> None:
         """Handle every frame already waiting (one wake-up, many batches)."""
         self._drain_scheduled = False
-        sync = self._sync
+        if self._closed:
+            return
+        sock = self._sock
         for _ in range(1024):
             try:
-                data = sync.recv(zmq.NOBLOCK)
+                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    return
+                data = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
             except zmq.ZMQError:  # socket closed during shutdown
@@ -273,18 +276,20 @@ class NodeLink:
                 fut.set_exception(NodeDown(self.node_id))
         self._on_down(self)
 
-    async def _monitor_loop(self) -> None:
+    def _on_monitor(self) -> None:
         """A closed connection (the node process died, a pod went away) is noticed at once
         from ZeroMQ's socket monitor; the silence timeout only catches hung nodes."""
-        mon = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        try:
-            while True:
-                await mon.recv_multipart()
-                if self.up:
-                    log.warning("node %s disconnected", self.node_id)
-                    self._go_down()
-        finally:
-            mon.close(linger=0)
+        mon = self._mon
+        while not self._closed:
+            try:
+                if not mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    return
+                mon.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                return
+            if self.up:
+                log.warning("node %s disconnected", self.node_id)
+                self._go_down()
 
     async def _timer_loop(self) -> None:
         while True:

@@ -8,6 +8,7 @@ launcher reads it to learn the port chosen for ``--port 0``).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -83,6 +84,9 @@ async def _write_stats(broker: Broker, path: str) -> None:
 
 def run_router(settings: Settings) -> int:
     """Run the router until SIGINT/SIGTERM; returns the process exit code."""
+    # Most router objects live as long as a connection or a delivery; fewer young-generation
+    # collections cost less CPU per message without growing memory noticeably.
+    gc.set_threshold(20_000, 50, 100)
     try:
         import uvloop
         uvloop.install()

@@ -111,6 +111,13 @@ class T(IntEnum):
                           #   publish like a basic.publish without confirm (dead-lettering:
                           #   the node has no exchange cache). Sent to any one router.
 
+    # --- flow control (N->R) ---
+    NODE_BLOCKED = 50     # N->R [T, blocked, reason]: the node's journal cannot write (disk
+                          #   full, I/O error): persistent publishes to its durable queues are
+                          #   not confirmed until it can; the router sends connection.blocked
+                          #   (reason) to clients that support it, connection.unblocked when
+                          #   blocked=False. Sent again to a router that says HELLO meanwhile.
+
 
 # Topology events.
 EV_EXCHANGE_ADDED = 1

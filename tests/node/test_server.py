@@ -47,7 +47,7 @@ def recv_until(sock: zmq.Socket, tag: T) -> list:
 
 def test_node_in_thread_batches_and_stops(tmp_path):
     endpoint = f"ipc://{tmp_path}/node.sock"
-    settings = Settings(node_id="node-0", node_bind=endpoint)
+    settings = Settings(node_id="node-0", node_bind=endpoint, data_dir=str(tmp_path / "data"))
     server = NodeServer(settings)
     codes: list[int] = []
     t = threading.Thread(target=lambda: codes.append(run_node(settings, server)))
