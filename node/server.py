@@ -246,6 +246,22 @@ class NodeServer:
         self._waiter: asyncio.Future | None = None
 
         loop.add_reader(fd, self._poke)
+        # A router's connection closing (kill -9, pod gone) is seen here at once; the routers
+        # still alive keep heartbeating, so after two intervals the silent ones are the dead.
+        mon = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        mon_fd = mon.getsockopt(zmq.FD)
+        hb_ms = self.settings.link_heartbeat_ms
+
+        def on_disconnect() -> None:
+            while mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                mon.recv_multipart(zmq.NOBLOCK)
+                loop.call_later(2.5 * hb_ms / 1000.0, expire_silent)
+
+        def expire_silent() -> None:
+            if self.shard.forget_silent(_now_ms(), 2 * hb_ms):
+                self._flush()
+        loop.add_reader(mon_fd, on_disconnect)
+        on_disconnect()  # reading ZMQ_EVENTS once arms the edge-triggered FD
         tick_s = self.settings.link_heartbeat_ms / 1000.0 / 2
         stats_path = os.environ.get("SHOAL_NODE_STATS_FILE")
         stats = asyncio.ensure_future(self._write_stats(stats_path.replace(
@@ -278,6 +294,9 @@ class NodeServer:
             self._flush()
         finally:
             loop.remove_reader(fd)
+            loop.remove_reader(mon_fd)
+            self.sock.disable_monitor()
+            mon.close(linger=0)
             if stats is not None:
                 stats.cancel()
             if self._retry is not None:

@@ -330,6 +330,17 @@ class Shard:
         log.info("router %r said goodbye", state.router_id)
         self._forget(state)
 
+    def forget_silent(self, now_ms: float, silence_ms: float) -> int:
+        """Forget every router not heard from for ``silence_ms`` (a connection to this node
+        closed; ZeroMQ does not say whose, and live routers heartbeat every
+        ``link_heartbeat_ms``). Their deliveries are released at once instead of after
+        ``link_timeout_ms``. Returns how many routers were forgotten."""
+        gone = [p for p in self.peers.values() if now_ms - p.last_seen > silence_ms]
+        for state in gone:
+            log.warning("router %r disconnected: forgetting it", state.router_id)
+            self._forget(state)
+        return len(gone)
+
     def tick(self, now_ms: float) -> None:
         """Queue HEARTBEAT to every router each ``link_heartbeat_ms``; forget routers silent
         for more than ``link_timeout_ms`` (settings)."""

@@ -193,7 +193,12 @@ class Broker:
             if link.up:
                 if msg[3]:
                     self.stats["drains"] += 1
-                link.send(msg, urgent=True)
+                # Credit for a consumer that still holds some can wait a moment for company;
+                # a starved one (or a pull) gets it at once.
+                if c.granted > msg[2] and not msg[3]:
+                    link.send_lazy(msg)
+                else:
+                    link.send(msg, urgent=True)
 
     def replenish_channel(self, ch: "Channel") -> None:
         for t in list(ch.pool.targets.values()):
@@ -223,7 +228,7 @@ class Broker:
         for node_id, ids in by_node.items():
             link = self.links[node_id]
             if link.up:
-                link.send([T.SETTLE, outcome, ids], urgent=True)
+                link.send_lazy([T.SETTLE, outcome, ids])
         if ch.pool.global_prefetch:
             self.replenish_channel(ch)
         else:

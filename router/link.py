@@ -24,6 +24,8 @@ log = logging.getLogger("shoal.router.link")
 #: Batches queued towards one node (each side) before publishers are paused. Small, so that
 #: what waits in the pipes (up to LINK_HWM * MAX_BATCH messages) stays a fraction of a second.
 LINK_HWM = 16
+#: Seconds that settlements and non-urgent credit may wait to share a batch (see send_lazy).
+LAZY_FLUSH_S = 0.001
 #: Wire messages in one batch at most, so a node never swallows a huge backlog in one go
 #: (it ticks and heartbeats between batches).
 MAX_BATCH = 128
@@ -74,6 +76,7 @@ class NodeLink:
         self._outbox: list[list] = []
         self._urgent: list[list] = []   # SETTLE / CREDIT: leave before queued publishes
         self._flush_scheduled = False
+        self._lazy_scheduled = False
         self._drain_scheduled = False
         self._req_seq = 0
         self._pending: dict[int, asyncio.Future] = {}
@@ -90,6 +93,8 @@ class NodeLink:
         loop = asyncio.get_running_loop()
         loop.add_reader(self._sock.getsockopt(zmq.FD), self._drain)
         loop.add_reader(self._mon.getsockopt(zmq.FD), self._on_monitor)
+        self._on_monitor()  # reading ZMQ_EVENTS once arms each edge-triggered FD
+        self._drain()
         self._tasks = [asyncio.ensure_future(self._timer_loop())]
         self._hello()
 
@@ -125,6 +130,20 @@ class NodeLink:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
+
+    def send_lazy(self, msg: list) -> None:
+        """Queue a message that may wait up to LAZY_FLUSH_S for company: settlements, and
+        credit for consumers that still hold some. It still goes ahead of queued publishes,
+        and leaves at once with any other batch. Saves a send and a node wake-up per ack."""
+        self._urgent.append(msg)
+        if not self._flush_scheduled and not self._lazy_scheduled:
+            self._lazy_scheduled = True
+            asyncio.get_running_loop().call_later(LAZY_FLUSH_S, self._lazy_flush)
+
+    def _lazy_flush(self) -> None:
+        self._lazy_scheduled = False
+        if not self._flush_scheduled:
+            self._flush()
 
     def request(self, msg_without_req_id: list) -> asyncio.Future:
         """Send ``[tag, req_id, *fields]`` and return a future for the REPLY payload.
