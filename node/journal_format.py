@@ -24,7 +24,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import msgpack
 
@@ -361,10 +361,3 @@ def scan(data: bytes, path: str, last: bool) -> Scan:
     return Scan([r for r in records if r[0] < cut], cut, reason or "incomplete last commit")
 
 
-def freeze(value: Any) -> Any:
-    """A hashable, order-independent form of an AMQP table value (binding identity)."""
-    if isinstance(value, dict):
-        return tuple(sorted((str(k), freeze(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(freeze(v) for v in value)
-    return value

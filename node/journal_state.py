@@ -19,7 +19,8 @@ from typing import Callable
 
 from .journal_format import (BindingAdded, BindingRemoved, DeliveryState, Enqueue,
                              ExchangeDeclared, ExchangeDeleted, QueueDeclared, QueueDeleted,
-                             Record, Settle, TopologySnapshot, freeze)
+                             Record, Settle, TopologySnapshot)
+from shoal.shared.topology import freeze
 
 log = logging.getLogger("shoal.node.journal")
 

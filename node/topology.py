@@ -14,8 +14,7 @@ from shoal.shared.errors import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, 
 from shoal.shared.wire import (DEST_EXCHANGE, EV_BINDING_ADDED, EV_BINDING_REMOVED,
                                EV_EXCHANGE_ADDED, EV_EXCHANGE_REMOVED)
 
-BUILTIN_EXCHANGES = frozenset({"", "amq.direct", "amq.fanout", "amq.topic", "amq.headers",
-                               "amq.match"})
+from shoal.shared.topology import BUILTIN_EXCHANGES, freeze  # noqa: F401 (re-exported)
 
 Emit = Callable[[int, list], None]
 
@@ -29,15 +28,6 @@ def amqp_bool(value: Any) -> str:
     if value is None:
         return "none"
     return str(value)
-
-
-def freeze(value: Any) -> Any:
-    """A hashable, order-independent form of an AMQP table value (binding identity)."""
-    if isinstance(value, dict):
-        return tuple(sorted((str(k), freeze(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(freeze(v) for v in value)
-    return value
 
 
 class Exchange:

@@ -23,17 +23,8 @@ from shoal.shared import wire
 from shoal.shared.errors import AMQPError
 from shoal.shared.selector import Selector, check_arguments, selector_fields
 
-EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers"})
-
-#: Exchanges every virtual host has (spec 3.1.3.*, RabbitMQ's amq.match alias of headers).
-BUILTIN_EXCHANGES: dict[str, str] = {
-    "": "direct",
-    "amq.direct": "direct",
-    "amq.fanout": "fanout",
-    "amq.topic": "topic",
-    "amq.headers": "headers",
-    "amq.match": "headers",
-}
+from shoal.shared.topology import BUILTIN_EXCHANGES, EXCHANGE_TYPES  # noqa: F401 (re-exported)
+from shoal.shared.topology import freeze as _freeze
 
 
 @dataclass(slots=True)
@@ -65,14 +56,6 @@ class Exchange:
     # direct exchanges: routing key -> bindings, for O(1) routing
     by_key: dict[str, list[Binding]] = field(default_factory=dict)
     selectors: int = 0      # bindings with a selector (properties are decoded when > 0)
-
-
-def _freeze(value: Any) -> Any:
-    if isinstance(value, dict):
-        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
-    return value
 
 
 def compile_topic(pattern: str) -> Callable[[str], bool]:
