@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 
 from shoal.shared.settings import Settings
-from shoal.shared.wire import decode_batch, encode_batch
+from shoal.shared.wire import T, decode_batch, encode_batch
 
 from .journal import Journal, JournalUnavailable, fsync_dir
 from .shard import Shard
@@ -51,24 +51,42 @@ def _wake_up(waiter: asyncio.Future) -> None:
         waiter.set_result(None)
 
 
+#: Settlements and credit: handled before the publishes read in the same turn, so consumers
+#: keep flowing while publishers flood (safe: a router sends CREDIT only after CONSUME's reply
+#: and SETTLE only for deliveries already made).
+_URGENT = frozenset({T.SETTLE, T.CREDIT})
+
+
 def feed_frame(shard: Shard, peer: bytes, frame: bytes, now_ms: float) -> int:
-    """Decode one ZeroMQ frame from ``peer`` and hand each wire message to ``shard``.
+    """Decode one ZeroMQ frame from ``peer`` and hand each wire message to ``shard``."""
+    return feed_frames(shard, [(peer, frame)], now_ms)
+
+
+def feed_frames(shard: Shard, frames: list[tuple[bytes, bytes]], now_ms: float) -> int:
+    """Decode the frames read in one turn and hand their wire messages to ``shard``:
+    settlements and credit first, then everything else in arrival order.
 
     This is the node's one broad catch: an undecodable frame or a message that makes a handler
     fail is logged and dropped; the node never crashes on input. Returns messages handled.
     """
-    try:
-        batch = decode_batch(frame)
-    except ValueError as exc:
-        log.warning("dropping frame from %r: %s", peer, exc)
-        return 0
-    n = 0
-    for msg in batch:
+    batches = []
+    for peer, frame in frames:
         try:
-            shard.handle(peer, msg, now_ms)
-            n += 1
-        except Exception:  # noqa: BLE001 - the one place that keeps the node alive
-            log.exception("dropping wire message from %r that failed", peer)
+            batches.append((peer, decode_batch(frame)))
+        except ValueError as exc:
+            log.warning("dropping frame from %r: %s", peer, exc)
+    n = 0
+    urgent = len(batches) > 1
+    for first_pass in ((True, False) if urgent else (None,)):
+        for peer, batch in batches:
+            for msg in batch:
+                if first_pass is not None and (msg[0] in _URGENT) != first_pass:
+                    continue
+                try:
+                    shard.handle(peer, msg, now_ms)
+                    n += 1
+                except Exception:  # noqa: BLE001 - the one place that keeps the node alive
+                    log.exception("dropping wire message from %r that failed", peer)
     return n
 
 
@@ -213,6 +231,7 @@ class NodeServer:
         sock = self.sock
         shard = self.shard
         n = 0
+        frames = []
         # Ask ZMQ_EVENTS first: ending every drain with a zmq.Again exception costs more.
         while n < MAX_READ_PER_TURN and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
@@ -223,7 +242,9 @@ class NodeServer:
             if len(parts) != 2:
                 log.warning("dropping ZeroMQ message with %d parts", len(parts))
                 continue
-            feed_frame(shard, parts[0], parts[1], _now_ms())
+            frames.append((parts[0], parts[1]))
+        if frames:
+            feed_frames(shard, frames, _now_ms())
         return n
 
     def _flush(self) -> None:

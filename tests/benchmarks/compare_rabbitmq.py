@@ -265,25 +265,33 @@ def bisect_rate(start: int, max_steps: int, precision: float = 0.1):
 
 LOAD1 = ["--producers", "1", "--consumers", "1", "--queues", "1", "--size", "100",
          "--qos", "200"]
+#: Load 2: load 1 with publisher confirms (1000 in flight) and persistent messages on a
+#: durable queue, so every confirm waits for the broker's disk (Shoal: group commit).
+LOAD2 = LOAD1 + ["--confirm", "1000", "--persistent", "--durable"]
 LOAD5 = ["--producers", "4", "--consumers", "4", "--queues", "8", "--size", "100",
          "--qos", "200", "--confirm", "500"]
 
 
-def load1(bench: Bench, brokers: list) -> dict:
+def load1(bench: Bench, brokers: list, load: list[str] = LOAD1, name: str = "load1") -> dict:
     """Interleaved searches: one step on each broker in turn."""
     steps = 5 if bench.quick else 7
     gens = {b.label: bisect_rate(5000, steps) for b in brokers}
     rates = {label: next(g) for label, g in gens.items()}
+    achieved: dict[str, dict[int, float]] = {b.label: {} for b in brokers}
     best = {}
     while rates:
         for b in brokers:
             if b.label not in rates:
                 continue
-            res = bench.run(b, "load1", LOAD1 + ["--rate", str(rates[b.label])])
+            res = bench.run(b, name, load + ["--rate", str(rates[b.label])])
+            achieved[b.label][rates[b.label]] = res.get("send_rate") or 0
             try:
                 rates[b.label] = gens[b.label].send(res["ok"])
             except StopIteration as stop:
-                best[b.label] = stop.value
+                # Report what was achieved at the best passing step: a confirm window can hold
+                # a producer below the rate it asked for (load 2).
+                got = achieved[b.label].get(stop.value)
+                best[b.label] = min(stop.value, round(got)) if got else stop.value
                 del rates[b.label]
     return best
 
@@ -315,7 +323,8 @@ def main(argv=None) -> int:
                    help="Shoal node processes for loads 1, 3, 4 (default: CPU count)")
     p.add_argument("--shoal-port", type=int, default=5673)
     p.add_argument("--out", default="", help="results folder (default: a new temp folder)")
-    p.add_argument("--loads", default="1,3,4,5", help="which loads to run (default 1,3,4,5)")
+    p.add_argument("--loads", default="1,2,3,4,5",
+                   help="which loads to run (default 1,2,3,4,5)")
     p.add_argument("--repeat", type=int, default=2,
                    help="runs per broker for loads 3/4, alternating; the best is kept")
     p.add_argument("--shoal-src", default="",
@@ -344,6 +353,8 @@ def main(argv=None) -> int:
         results["rabbitmq_version"] = rabbitmq_version()
         if "1" in loads:
             results["load1"] = load1(bench, [shoal, rabbit])
+        if "2" in loads:
+            results["load2"] = load1(bench, [shoal, rabbit], LOAD2, "load2")
         if loads & {"3", "4"}:
             fixed = LOAD1 + ["--rate", str(FIXED_RATE)]
             tries: dict[str, list[dict]] = {}
@@ -408,8 +419,10 @@ def render(res: dict, shoal_label: str) -> str:
         s, r = res["load1"].get(shoal_label), res["load1"].get(rl)
         rows.append(("1. sustainable rate, 1q 1p 1c 100 B qos 200 (msg/s)", s, r, ratio(s, r),
                      ">= 1.0"))
-    rows.append(("2. same with --confirm 1000 --persistent", "n/a", "n/a",
-                 "n/a (durability pending)", ">= 1.0"))
+    if "load2" in res:
+        s, r = res["load2"].get(shoal_label), res["load2"].get(rl)
+        rows.append(("2. same with --confirm 1000 --persistent, durable queue (msg/s)", s, r,
+                     ratio(s, r), ">= 1.0"))
     if "load34" in res:
         s, r = res["load34"].get(shoal_label, {}), res["load34"].get(rl, {})
         rows.append(("3. broker CPU per message at 5,000 msg/s (µs)", s.get("cpu_us_per_msg"),
