@@ -97,6 +97,17 @@ class StandardQueueEntryList(QueueEntryList):
         """The last linked entry (the head sentinel when empty)."""
         return self._tail
 
+    def _link_after(self, prev: QueueEntry, entry: QueueEntry) -> None:
+        """Insert ``entry`` right after ``prev`` (out-of-order variants: priority, sorted)."""
+        nx = prev.next
+        entry.prev = prev
+        entry.next = nx
+        prev.next = entry
+        if nx is None:
+            self._tail = entry
+        else:
+            nx.prev = entry
+
     def add(self, entry: QueueEntry) -> QueueEntry:
         """Append ``entry`` at the tail. Returns it."""
         tail = self._tail
@@ -177,14 +188,7 @@ class PriorityQueueEntryList(StandardQueueEntryList):
                 break
         if prev is None:
             prev = self._head
-        nx = prev.next
-        entry.prev = prev
-        entry.next = nx
-        prev.next = entry
-        if nx is None:
-            self._tail = entry
-        else:
-            nx.prev = entry
+        self._link_after(prev, entry)
         tails[level] = entry
         self.linked += 1
         return entry
@@ -237,14 +241,7 @@ class SortedQueueEntryList(StandardQueueEntryList):
     def add(self, entry: QueueEntry) -> QueueEntry:
         i = bisect.bisect_right(self._orders, entry.order)
         prev = self._nodes[i - 1] if i else self._head
-        nx = prev.next
-        entry.prev = prev
-        entry.next = nx
-        prev.next = entry
-        if nx is None:
-            self._tail = entry
-        else:
-            nx.prev = entry
+        self._link_after(prev, entry)
         self._orders.insert(i, entry.order)
         self._nodes.insert(i, entry)
         self.linked += 1
