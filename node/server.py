@@ -109,6 +109,7 @@ class NodeServer:
         self.sock.setsockopt(zmq.RCVHWM, 16)
         self._stopping = False
         self._wake: asyncio.Event | None = None
+        self._waiter: asyncio.Future | None = None  # what serve() awaits between turns
         self._loop: asyncio.AbstractEventLoop | None = None
         self.endpoint = settings.node_bind
         self.journal: Journal | None = None
@@ -223,9 +224,8 @@ class NodeServer:
         """Wake the serve loop (the socket may be readable, or it should stop)."""
         if self._wake is not None:
             self._wake.set()
-        waiter = getattr(self, "_waiter", None)
-        if waiter is not None:
-            _wake_up(waiter)
+        if self._waiter is not None:
+            _wake_up(self._waiter)
 
     def _drain(self) -> int:
         sock = self.sock
@@ -264,7 +264,6 @@ class NodeServer:
         self._loop = loop = asyncio.get_running_loop()
         self._wake = wake = asyncio.Event()
         fd = self.sock.getsockopt(zmq.FD)
-        self._waiter: asyncio.Future | None = None
 
         loop.add_reader(fd, self._poke)
         # A router's connection closing (kill -9, pod gone) is seen here at once; the routers

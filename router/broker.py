@@ -68,6 +68,7 @@ class Broker:
         self._dirty: set["ClientConnection"] = set()
         self._flush_scheduled = False
         self._congested_links = 0
+        self._snapshots: dict[str, asyncio.Future] = {}  # TOPOLOGY_SNAPSHOT per node (start)
         #: nodes whose journal cannot write (NODE_BLOCKED): node_id -> reason
         self.blocked_nodes: dict[str, str] = {}
         self._ctx = zmq.Context()
@@ -83,7 +84,6 @@ class Broker:
                             self._on_node_down, self._on_congestion)
             self.links[node_id] = link
             link.start()
-        self._snapshots: dict[str, asyncio.Future] = {}
         try:
             await asyncio.wait_for(asyncio.gather(*(l.ready.wait() for l in self.links.values())),
                                    timeout)
@@ -372,8 +372,7 @@ class Broker:
                 exchanges, bindings = f.result()
                 self.topology.load_snapshot(exchanges, bindings)
         fut.add_done_callback(loaded)
-        if hasattr(self, "_snapshots"):
-            self._snapshots[link.node_id] = fut
+        self._snapshots[link.node_id] = fut
 
     def _on_node_down(self, link: NodeLink) -> None:
         """A node is lost: cancel its consumers, nack its pending confirms, and make its

@@ -14,7 +14,6 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
-from pamqp.header import ContentHeader
 
 from shoal.shared import wire
 from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_ALLOWED, NOT_FOUND,
@@ -320,7 +319,7 @@ class Channel:
             raise soft_error(ACCESS_REFUSED,
                              f"cannot publish to internal exchange '{ev.exchange}'")
         queues = b.topology.route(self.vhost, ev.exchange, ev.routing_key,
-                                  lambda: _headers_of(ev.header), ev.header)
+                                  None, ev.header)  # headers decoded once, only if needed
         if self.tx:
             self._tx_publishes.append((ev, queues))
             return
@@ -499,9 +498,6 @@ class Channel:
     def on_basic_recover_async(self, m: Any) -> None:
         self.settle(self._take(0, True), wire.OUTCOME_REQUEUE)
 
-    def on_channel_flow(self, m: Any) -> None:  # handled by the connection; kept for safety
-        self.send(C.Channel.FlowOk(m.active))
-
     # ---- teardown ----------------------------------------------------------------------------
     def close(self) -> None:
         """The channel is gone: cancel its consumers, requeue its unacked deliveries."""
@@ -537,13 +533,3 @@ def _queue_list(value: Any) -> list[str]:
             return list(dict.fromkeys(names))
     raise soft_error(PRECONDITION_FAILED,
                      "x-multiqueue must be a non-empty array of queue names")
-
-
-def _headers_of(header: bytes) -> dict | None:
-    """The ``headers`` table of a content-header payload (for headers exchanges)."""
-    h = ContentHeader()
-    try:
-        h.unmarshal(header)
-    except Exception:  # a header we cannot parse routes as if it had no headers
-        return None
-    return h.properties.headers
