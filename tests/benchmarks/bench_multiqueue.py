@@ -19,28 +19,14 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 
 import aio_pika
 
-
-def start_cluster(data_dir: str, stats: str) -> tuple[subprocess.Popen, int]:
-    env = dict(os.environ, SHOAL_STATS_FILE=stats)
-    proc = subprocess.Popen([sys.executable, "-m", "shoal.shared.cli", "serve", "--port", "0",
-                             "--nodes", "3", "--data-dir", data_dir, "--log-level", "warning"],
-                            stdout=subprocess.PIPE, text=True, env=env)
-    line = proc.stdout.readline()
-    m = re.search(r":(\d+) \(", line)
-    if not m:
-        proc.kill()
-        raise SystemExit(f"cluster did not start: {line!r}")
-    return proc, int(m.group(1))
+from _cluster import start_cluster
 
 
 def read_stats(path: str) -> dict:
@@ -107,7 +93,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         stats_path = os.path.join(tmp, "stats.json")
-        proc, port = start_cluster(os.path.join(tmp, "data"), stats_path)
+        proc, port = start_cluster(os.path.join(tmp, "data"), 3, {"SHOAL_STATS_FILE": stats_path})
         try:
             print(f"{'queues':>6} {'load':>7} {'delivered':>9} {'msg/s':>8} "
                   f"{'wake-ups/msg':>12} {'empty pulls/msg':>15}")

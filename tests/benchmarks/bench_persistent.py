@@ -16,28 +16,14 @@ import asyncio
 import json
 import os
 import platform
-import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 
 import aio_pika
 
-
-def start_cluster(data_dir: str, stats: str) -> tuple[subprocess.Popen, int]:
-    env = dict(os.environ, SHOAL_NODE_STATS_FILE=stats)
-    proc = subprocess.Popen([sys.executable, "-m", "shoal.shared.cli", "serve", "--port", "0",
-                             "--nodes", "1", "--data-dir", data_dir, "--log-level", "warning"],
-                            stdout=subprocess.PIPE, text=True, env=env)
-    line = proc.stdout.readline()
-    m = re.search(r":(\d+) \(", line)
-    if not m:
-        proc.kill()
-        raise SystemExit(f"cluster did not start: {line!r}")
-    return proc, int(m.group(1))
+from _cluster import start_cluster
 
 
 def read_stats(path: str) -> dict:
@@ -92,7 +78,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="shoal-bench-") as d:
         stats = os.path.join(d, "stats-{node}.json")
-        proc, port = start_cluster(d, stats)
+        proc, port = start_cluster(d, 1, {"SHOAL_NODE_STATS_FILE": stats})
         try:
             stats = stats.replace("{node}", "node-0")
             print(f"# {platform.python_version()} {platform.platform()}; 100-byte persistent "

@@ -1,0 +1,24 @@
+"""What the benchmark scripts share: start a local Shoal cluster on a free port."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+
+def start_cluster(data_dir: str, nodes: int, env: dict[str, str] | None = None
+                  ) -> tuple[subprocess.Popen, int]:
+    """``shoal serve --port 0 --nodes N`` with extra environment ``env`` (e.g. a stats file);
+    returns the launcher process and the AMQP port from its ready line. Exits the script
+    with a message when the cluster does not start."""
+    proc = subprocess.Popen([sys.executable, "-m", "shoal.shared.cli", "serve", "--port", "0",
+                             "--nodes", str(nodes), "--data-dir", data_dir,
+                             "--log-level", "warning"],
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    line = proc.stdout.readline()
+    m = re.search(r":(\d+) \(", line)
+    if not m:
+        proc.kill()
+        raise SystemExit(f"cluster did not start: {line!r}")
+    return proc, int(m.group(1))
