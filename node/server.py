@@ -46,9 +46,9 @@ COMMIT_RETRY_S = 1.0
 STATS_EVERY_S = 1.0
 
 
-def _wake_up(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 #: Settlements and credit: handled before the publishes read in the same turn, so consumers
@@ -108,8 +108,11 @@ class NodeServer:
         # publishers instead of growing this queue without limit.
         self.sock.setsockopt(zmq.RCVHWM, 16)
         self._stopping = False
-        self._wake: asyncio.Event | None = None
-        self._waiter: asyncio.Future | None = None  # what serve() awaits between turns
+        self._done: asyncio.Future | None = None    # serve() returns when it is set
+        self._turn_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0                        # when self._timer fires (ms, _now_ms)
+        self._tick_ms = settings.link_heartbeat_ms / 2
         self._loop: asyncio.AbstractEventLoop | None = None
         self.endpoint = settings.node_bind
         self.journal: Journal | None = None
@@ -214,7 +217,7 @@ class NodeServer:
         """Ask the loop to say GOODBYE, flush and return (safe from signal handlers and threads)."""
         self._stopping = True
         loop = self._loop
-        if loop is not None and self._wake is not None and not loop.is_closed():
+        if loop is not None and self._done is not None and not loop.is_closed():
             try:
                 loop.call_soon_threadsafe(self._poke)
             except RuntimeError:       # loop closed meanwhile: nothing to wake
@@ -222,20 +225,23 @@ class NodeServer:
 
     def _poke(self) -> None:
         """Wake the serve loop (the socket may be readable, or it should stop)."""
-        if self._wake is not None:
-            self._wake.set()
-        if self._waiter is not None:
-            _wake_up(self._waiter)
+        if self._stopping:
+            if self._done is not None and not self._done.done():
+                self._done.set_result(None)
+            return
+        if not self._turn_scheduled and self._loop is not None:
+            self._turn_scheduled = True
+            self._loop.call_soon(self._turn)
 
     def _drain(self) -> int:
         sock = self.sock
-        shard = self.shard
         n = 0
         frames = []
-        # Ask ZMQ_EVENTS first: ending every drain with a zmq.Again exception costs more.
-        while n < MAX_READ_PER_TURN and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        # Ask ZMQ_EVENTS first (a plain int: no enum): ending every drain with a zmq.Again
+        # exception costs more.
+        while n < MAX_READ_PER_TURN and sock.get(_EVENTS) & _POLLIN:
             try:
-                parts = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+                parts = sock.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 break
             n += 1
@@ -244,28 +250,69 @@ class NodeServer:
                 continue
             frames.append((parts[0], parts[1]))
         if frames:
-            feed_frames(shard, frames, _now_ms())
+            feed_frames(self.shard, frames, _now_ms())
         return n
 
     def _flush(self) -> None:
         out = self.shard.take_outbox()
         for peer, msgs in out.items():
             try:
-                self.sock.send_multipart([peer, encode_batch(msgs)], zmq.NOBLOCK, copy=False)
+                # Copying a batch this small is cheaper than tracking a zero-copy frame.
+                self.sock.send_multipart([peer, encode_batch(msgs)], _NOBLOCK)
             except zmq.ZMQError as exc:
                 log.warning("cannot send %d messages to %r: %s", len(msgs), peer, exc)
             except TypeError as exc:
                 log.error("cannot encode batch for %r: %s", peer, exc)
 
     def _readable(self) -> bool:
-        return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        return bool(self.sock.get(_EVENTS) & _POLLIN)
+
+    def _turn(self) -> None:
+        """One loop turn: read what waits (bounded), run due timers, commit, send. Runs from
+        the socket's reader callback, so an idle-to-busy wake-up costs no task switch."""
+        self._turn_scheduled = False
+        if self._stopping:
+            self._poke()
+            return
+        try:
+            self._drain()
+            now = _now_ms()
+            self.shard.tick(now)
+            self._commit()
+            self._flush()
+            if self._readable():        # more than a turn's worth, or the send ate the edge
+                self._poke()
+            else:
+                self._arm_timer(now)
+        except Exception as exc:        # a bug here must stop serve(), not leave it hanging
+            if self._done is not None and not self._done.done():
+                self._done.set_exception(exc)
+
+    def _arm_timer(self, now_ms: float) -> None:
+        """Keep ONE timer for the next heartbeat tick or TTL / schedule / timeout; re-armed
+        only when something is due earlier than the armed one (not once per turn)."""
+        at = now_ms + self._tick_ms
+        due = self.shard.timers.next_due()
+        if due is not None and due < at:
+            at = due
+        t = self._timer
+        if t is not None:
+            if self._timer_at <= at:
+                return
+            t.cancel()
+        loop = self._loop
+        self._timer_at = at
+        self._timer = loop.call_at(loop.time() + max(0.0, at - now_ms) / 1000.0, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._turn()
 
     async def serve(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
-        self._wake = wake = asyncio.Event()
+        self._done = loop.create_future()
         fd = self.sock.getsockopt(zmq.FD)
-
-        loop.add_reader(fd, self._poke)
+        loop.add_reader(fd, self._turn)
         # A router's connection closing (kill -9, pod gone) is seen here at once; the routers
         # still alive keep heartbeating, so after two intervals the silent ones are the dead.
         mon = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -273,48 +320,35 @@ class NodeServer:
         hb_ms = self.settings.link_heartbeat_ms
 
         def on_disconnect() -> None:
-            while mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                mon.recv_multipart(zmq.NOBLOCK)
+            while mon.get(_EVENTS) & _POLLIN:
+                mon.recv_multipart(_NOBLOCK)
                 loop.call_later(2.5 * hb_ms / 1000.0, expire_silent)
 
         def expire_silent() -> None:
             if self.shard.forget_silent(_now_ms(), 2 * hb_ms):
                 self._flush()
+                self._poke()
         loop.add_reader(mon_fd, on_disconnect)
         on_disconnect()  # reading ZMQ_EVENTS once arms the edge-triggered FD
-        tick_s = self.settings.link_heartbeat_ms / 1000.0 / 2
+        self._tick_ms = self.settings.link_heartbeat_ms / 2
         stats_path = os.environ.get("SHOAL_NODE_STATS_FILE")
         stats = asyncio.ensure_future(self._write_stats(stats_path.replace(
             "{node}", self.shard.node_id))) if stats_path else None
         try:
-            while not self._stopping:
-                self._drain()
-                self.shard.tick(_now_ms())
-                self._commit()
-                self._flush()
-                if self._readable():
-                    await asyncio.sleep(0)     # let other callbacks run, then drain again
-                    continue
-                wake.clear()
-                if self._readable() or self._stopping:
-                    continue
-                timeout = tick_s
-                due = self.shard.timers.next_due()
-                if due is not None:          # wake for the next TTL / schedule / timeout
-                    timeout = min(tick_s, max(0.0, (due - _now_ms()) / 1000.0))
-                # A bare future and a timer: cheaper than wait_for, which makes a Task per wake.
-                waiter = loop.create_future()
-                self._waiter = waiter
-                timer = loop.call_later(timeout, _wake_up, waiter)
-                await waiter
-                timer.cancel()
-                self._waiter = None
+            if self._stopping:
+                self._poke()
+            else:
+                self._turn()            # also arms the FD (reads ZMQ_EVENTS) and the timer
+            await self._done
             await self._finish_journal()
             self.shard.goodbye_all()
             self._flush()
         finally:
             loop.remove_reader(fd)
             loop.remove_reader(mon_fd)
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             self.sock.disable_monitor()
             mon.close(linger=0)
             if stats is not None:

@@ -26,6 +26,11 @@ log = logging.getLogger("shoal.router.link")
 LINK_HWM = 16
 #: Seconds that settlements and non-urgent credit may wait to share a batch (see send_lazy).
 LAZY_FLUSH_S = 0.001
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+_SETTLE = int(T.SETTLE)
+_CREDIT = int(T.CREDIT)
 #: Wire messages in one batch at most, so a node never swallows a huge backlog in one go
 #: (it ticks and heartbeats between batches).
 MAX_BATCH = 128
@@ -75,6 +80,10 @@ class NodeLink:
         self._mon = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._outbox: list[list] = []
         self._urgent: list[list] = []   # SETTLE / CREDIT: leave before queued publishes
+        # Lazy SETTLE / CREDIT still in _urgent, to merge into: outcome -> SETTLE message,
+        # consumer id -> CREDIT message (one wire message per batch instead of one per ack).
+        self._lazy_settle: dict[int, list] = {}
+        self._lazy_credit: dict[int, list] = {}
         self._flush_scheduled = False
         self._lazy_scheduled = False
         self._drain_scheduled = False
@@ -126,7 +135,14 @@ class NodeLink:
         ``urgent`` messages (settlements, credit) go ahead of everything queued, so that
         consumers keep flowing while a node works through a backlog of publishes.
         """
-        (self._urgent if urgent else self._outbox).append(msg)
+        if urgent:
+            if msg[0] == _CREDIT:
+                # Later lazy credit for this consumer must not be merged ahead of this one
+                # (a drain, or a grant to a starved consumer).
+                self._lazy_credit.pop(msg[1], None)
+            self._urgent.append(msg)
+        else:
+            self._outbox.append(msg)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -134,7 +150,26 @@ class NodeLink:
     def send_lazy(self, msg: list) -> None:
         """Queue a message that may wait up to LAZY_FLUSH_S for company: settlements, and
         credit for consumers that still hold some. It still goes ahead of queued publishes,
-        and leaves at once with any other batch. Saves a send and a node wake-up per ack."""
+        and leaves at once with any other batch. Saves a send and a node wake-up per ack.
+
+        Successive lazy SETTLEs with one outcome merge into one message, and successive lazy
+        CREDITs (never drains) for one consumer into one grant: moving a settlement or a
+        standing grant earlier never changes what the node may deliver."""
+        tag = msg[0]
+        if tag == _SETTLE:
+            prev = self._lazy_settle.get(msg[1])
+            if prev is not None:
+                prev[2].extend(msg[2])
+                return
+            msg = [tag, msg[1], list(msg[2])]
+            self._lazy_settle[msg[1]] = msg
+        elif tag == _CREDIT and not msg[3]:
+            prev = self._lazy_credit.get(msg[1])
+            if prev is not None:
+                prev[2] += msg[2]
+                return
+            msg = list(msg)
+            self._lazy_credit[msg[1]] = msg
         self._urgent.append(msg)
         if not self._flush_scheduled and not self._lazy_scheduled:
             self._lazy_scheduled = True
@@ -165,6 +200,8 @@ class NodeLink:
         if self._urgent:
             self._outbox[:0] = self._urgent
             self._urgent = []
+            self._lazy_settle.clear()
+            self._lazy_credit.clear()
         if not self._outbox or self._closed:
             return
         outbox = self._outbox
@@ -193,7 +230,8 @@ class NodeLink:
     def _send_now(self, batch: list[list]) -> bool:
         """Send one batch now; False when it could not be queued (node full or down)."""
         try:
-            self._sock.send(wire.encode_batch(batch), zmq.NOBLOCK, copy=False)
+            # Copying a batch this small is cheaper than tracking a zero-copy frame.
+            self._sock.send(wire.encode_batch(batch), _NOBLOCK)
             self._last_send = time.monotonic()
             return True
         except zmq.Again:
@@ -205,7 +243,7 @@ class NodeLink:
         finally:
             # The FD is edge-triggered: a send (even a failed one) may consume the edge that
             # announced input, so look for input now rather than wait for one that won't come.
-            if not self._closed and self._sock.get(zmq.EVENTS) & zmq.POLLIN \
+            if not self._closed and self._sock.get(_EVENTS) & _POLLIN \
                     and not self._drain_scheduled:
                 self._drain_scheduled = True
                 asyncio.get_running_loop().call_soon(self._drain)
@@ -219,9 +257,9 @@ class NodeLink:
         sock = self._sock
         for _ in range(1024):
             try:
-                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if not sock.get(_EVENTS) & _POLLIN:
                     return
-                data = sock.recv(zmq.NOBLOCK)
+                data = sock.recv(_NOBLOCK)
             except zmq.Again:
                 return
             except zmq.ZMQError:  # socket closed during shutdown
@@ -286,6 +324,8 @@ class NodeLink:
         self.ready.clear()
         self._outbox.clear()
         self._urgent.clear()
+        self._lazy_settle.clear()
+        self._lazy_credit.clear()
         if self.congested:
             self.congested = False
             self._on_congestion(self, False)
@@ -301,7 +341,7 @@ class NodeLink:
         mon = self._mon
         while not self._closed:
             try:
-                if not mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if not mon.get(_EVENTS) & _POLLIN:
                     return
                 mon.recv_multipart(zmq.NOBLOCK)
             except zmq.ZMQError:

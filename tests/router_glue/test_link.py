@@ -1,0 +1,71 @@
+"""NodeLink batching (router/link.py): what a node receives when acks and credit are lazy.
+
+A real DEALER link talks to a bound ROUTER socket standing in for the node, so the assertions
+are on the wire messages the node would decode.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import zmq
+
+from shoal.router.link import NodeLink
+from shoal.shared import wire
+from shoal.shared.wire import T
+
+
+async def _node_messages(node: zmq.Socket, settle_s: float = 0.05) -> list[list]:
+    """Every wire message the stand-in node received within ``settle_s``."""
+    await asyncio.sleep(settle_s)
+    out = []
+    while node.poll(0):
+        _, frame = node.recv_multipart()
+        out.extend(wire.decode_batch(frame))
+    return out
+
+
+@pytest.fixture
+def node_and_link():
+    ctx = zmq.Context()
+    node = ctx.socket(zmq.ROUTER)
+    port = node.bind_to_random_port("tcp://127.0.0.1")
+    link = NodeLink(ctx, "node-0", f"tcp://127.0.0.1:{port}", "r1", 1000, 10000,
+                    on_message=lambda l, m: None, on_up=lambda l, r: None,
+                    on_down=lambda l: None)
+    yield node, link
+    node.close(linger=0)
+    ctx.destroy(linger=0)
+
+
+def test_lazy_settles_and_credit_reach_the_node_merged(node_and_link):
+    node, link = node_and_link
+
+    async def go():
+        link.up = True
+        for i in range(1, 6):
+            link.send_lazy([T.SETTLE, wire.OUTCOME_ACK, [i]])
+            link.send_lazy([T.CREDIT, 7, 1, False])
+        link.send_lazy([T.SETTLE, wire.OUTCOME_REQUEUE, [9]])
+        return await _node_messages(node)
+
+    msgs = asyncio.run(go())
+    assert [T.SETTLE, wire.OUTCOME_ACK, [1, 2, 3, 4, 5]] in msgs
+    assert [T.SETTLE, wire.OUTCOME_REQUEUE, [9]] in msgs
+    assert [m for m in msgs if m[0] == T.CREDIT] == [[T.CREDIT, 7, 5, False]]
+
+
+def test_lazy_credit_is_not_merged_ahead_of_an_urgent_grant(node_and_link):
+    node, link = node_and_link
+
+    async def go():
+        link.up = True
+        link.send_lazy([T.CREDIT, 7, 1, False])
+        link.send([T.CREDIT, 7, 4, True], urgent=True)       # a drain
+        link.send_lazy([T.CREDIT, 7, 2, False])               # after the drain, stays after
+        link.send_lazy([T.CREDIT, 8, 3, False])
+        return await _node_messages(node)
+
+    msgs = [m for m in asyncio.run(go()) if m[0] == T.CREDIT]
+    assert msgs == [[T.CREDIT, 7, 1, False], [T.CREDIT, 7, 4, True], [T.CREDIT, 7, 2, False],
+                    [T.CREDIT, 8, 3, False]]
