@@ -6,7 +6,8 @@
 
 Each run starts ``shoal serve --nodes 2`` (from ``--base`` or the installed Shoal), runs
 ``shoal loadtest`` (1 producer, 1 consumer, 1 queue, 100 B, qos 200) at ``--rate`` and reads
-utime+stime of the router and node processes from /proc around it. Runs alternate (ABBA...) so
+utime+stime of the router and node processes from /proc around it (the base tree gets a
+``shoal/`` folder of symlinks so that ``shoal.*`` imports resolve to it). Runs alternate (ABBA...) so
 both sides see the same machine; it prints every run, the medians and their ratio. Extra
 ``shoal loadtest`` flags can follow ``--``. ``--threads`` prints, per thread, user and system
 µs per message and voluntary sleeps per message (/proc/PID/task/TID).
