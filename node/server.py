@@ -330,7 +330,6 @@ class NodeServer:
                 self._poke()
         loop.add_reader(mon_fd, on_disconnect)
         on_disconnect()  # reading ZMQ_EVENTS once arms the edge-triggered FD
-        self._tick_ms = self.settings.link_heartbeat_ms / 2
         stats_path = os.environ.get("SHOAL_NODE_STATS_FILE")
         stats = asyncio.ensure_future(self._write_stats(stats_path.replace(
             "{node}", self.shard.node_id))) if stats_path else None

@@ -26,14 +26,15 @@ log = logging.getLogger("shoal.router.link")
 LINK_HWM = 16
 #: Seconds that settlements and non-urgent credit may wait to share a batch (see send_lazy).
 LAZY_FLUSH_S = 0.001
-_EVENTS = int(zmq.EVENTS)
+#: Wire messages in one batch at most, so a node never swallows a huge backlog in one go
+#: (it ticks and heartbeats between batches).
+MAX_BATCH = 128
+
+_EVENTS = int(zmq.EVENTS)      # plain ints: no enum arithmetic on every check
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
 _SETTLE = int(T.SETTLE)
 _CREDIT = int(T.CREDIT)
-#: Wire messages in one batch at most, so a node never swallows a huge backlog in one go
-#: (it ticks and heartbeats between batches).
-MAX_BATCH = 128
 
 
 class NodeDown(AMQPError):
