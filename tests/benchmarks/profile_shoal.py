@@ -66,6 +66,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=int, default=4000)
     p.add_argument("--duration", type=int, default=15)
+    p.add_argument("--sample-rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--port", type=int, default=5673)
     p.add_argument("--out", default="")
@@ -105,13 +106,14 @@ def main(argv=None) -> int:
         spies = {name: subprocess.Popen(
             ["py-spy", "record", "--pid", str(pid), "--duration", str(args.duration),
              "--format", "raw", "--output", str(out / f"{name}.txt"),
+             "--rate", str(args.sample_rate),
              "--native" if args.native else "--nonblocking"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, pid in pids.items()}
         for s in spies.values():
             s.wait()
         load.wait(args.duration + 120)
         print((out / "loadtest.log").read_text().strip().splitlines()[-2])
-        print("CPU of the sampled processes: see /proc; sampling at 100 Hz")
+        print(f"CPU of the sampled processes: see /proc; sampling at {args.sample_rate} Hz")
         for name in spies:
             print(f"== {name} (pid {pids[name]})")
             print(top(out / f"{name}.txt"))
