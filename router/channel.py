@@ -481,6 +481,26 @@ class Channel:
     def on_basic_ack(self, m: C.Basic.Ack) -> None:
         self.settle(self._take(m.delivery_tag, m.multiple), wire.OUTCOME_ACK)
 
+    def handle_acks(self, acks: list[C.Basic.Ack]) -> None:
+        """A run of ``basic.ack`` (spec 1.8.3.13) read in one go, settled as ONE batch: one
+        SETTLE per node and one credit top-up instead of one per ack (the hot path; design.md
+        section 4). The same as :meth:`on_basic_ack` for each in turn: an unknown delivery tag
+        settles the acks before it and closes the channel with 406 PRECONDITION_FAILED; the
+        acks after it are dropped, as the channel is closing (spec 2.2.3)."""
+        if self._busy:
+            self._backlog.extend(acks)
+            return
+        taken: list[tuple[int, Delivery]] = []
+        try:
+            for m in acks:
+                taken += self._take(m.delivery_tag, m.multiple)
+        except AMQPError as err:
+            if taken:
+                self.settle(taken, wire.OUTCOME_ACK)
+            self.client.fail(self.number, err)
+            return
+        self.settle(taken, wire.OUTCOME_ACK)
+
     def on_basic_nack(self, m: C.Basic.Nack) -> None:
         self.settle(self._take(m.delivery_tag, m.multiple),
                     wire.OUTCOME_REQUEUE if m.requeue else wire.OUTCOME_REJECT)

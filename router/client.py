@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .broker import Broker
 
 log = logging.getLogger("shoal.router.client")
+_BASIC_ACK = C.Basic.Ack
 
 #: Bytes read from a client socket at a time. A read that fills it ends the client's reading
 #: for this event-loop turn (a quiet client's reads are far smaller and never pay for that):
@@ -130,8 +131,24 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     # ---- events ------------------------------------------------------------------------------
     def _handle(self, events: list) -> None:
+        acks: list = []         # a run of basic.ack on one channel, settled as one batch
+        ack_channel = None
         for ev in events:
             t = type(ev)
+            if t is E.MethodReceived and type(ev.method) is _BASIC_ACK:
+                ch = self.channels.get(ev.channel)
+                if ch is not ack_channel:
+                    if acks:
+                        ack_channel.handle_acks(acks)
+                        acks = []
+                    ack_channel = ch
+                if ch is not None:
+                    acks.append(ev.method)
+                continue
+            if acks:
+                ack_channel.handle_acks(acks)
+                acks = []
+            ack_channel = None
             if t is E.MessagePublished:
                 ch = self.channels.get(ev.channel)
                 if ch is not None:
@@ -158,6 +175,8 @@ class ClientConnection(asyncio.BufferedProtocol):
                     self.send_blocked(self.broker.blocked_reason)
             elif t is E.ConnectionClosed:
                 self._teardown()
+        if acks:
+            ack_channel.handle_acks(acks)
 
     def send_blocked(self, reason: str | None) -> None:
         """``connection.blocked`` (reason) / ``connection.unblocked`` (None) on channel 0, to

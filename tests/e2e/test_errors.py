@@ -144,6 +144,34 @@ def test_406_unknown_delivery_tag(client, names):
     assert (again.body, again.redelivered) == (b"x", True)
 
 
+def test_406_unknown_tag_inside_a_run_of_acks(make_client, names, cluster):
+    """Acks that arrive together are settled together; one with an unknown delivery tag in
+    the middle settles the acks before it, closes the channel with 406, and the deliveries
+    acked after it (on a closing channel) come back redelivered with the rest."""
+    q = names("ackrun")
+    c = make_client()
+    c.declare_queue(q)
+    for body in (b"m1", b"m2", b"m3"):
+        c.publish("", q, body)
+    with RawAMQP(cluster.host, cluster.port).open() as raw:
+        raw.open_channel(1)
+        for tag in (1, 2, 3):
+            raw.send_frame(commands.Basic.Get(queue=q), 1)
+            ok = raw.expect(commands.Basic.GetOk, 1)
+            assert ok.delivery_tag == tag
+            raw.read_frame()                    # content header
+            raw.read_frame()                    # body
+        raw.send(b"".join(frame.marshal(commands.Basic.Ack(delivery_tag=t), 1)
+                          for t in (1, 99, 2)))            # one write: one run of acks
+        close = raw.expect(commands.Channel.Close, 1)
+        assert (close.reply_code, close.reply_text) == (
+            406, "PRECONDITION_FAILED - unknown delivery tag 99")
+        raw.send_frame(commands.Channel.CloseOk(), 1)
+    got = [c.get(q) for _ in range(3)]
+    assert [(d.body, d.redelivered) for d in got if d is not None] == [
+        (b"m2", True), (b"m3", True)], "m1 was acked before the bad tag: it must be gone"
+
+
 # ---- 403 ACCESS_REFUSED ----------------------------------------------------------------------
 @pytest.mark.parametrize("what", ["exchange", "queue"])
 def test_403_reserved_amq_names(client, names, what):

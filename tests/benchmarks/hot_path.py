@@ -1,0 +1,186 @@
+"""Python cost of Shoal's hot path in one process: router and node code, no sockets, no ZeroMQ.
+
+    python tests/benchmarks/hot_path.py [--messages 50000] [--burst 5] [--profile]
+
+A real router (Broker, ClientConnection, Channel, the AMQP codec) and a real node (Shard) are
+wired back to back in one process: the router's link messages are encoded as wire batches
+(shared/wire.py) and fed to the shard (node/server.py ``feed_frames``), the shard's outbox is
+decoded and handed to the Broker as the link would. One publishing and one consuming client
+connection (fake transports) run load 1's shape: bursts of ``--burst`` 100-byte publishes to
+the default exchange, qos 200, every delivery acked one by one. Prints µs of CPU per message
+for the whole cycle (publish in, PUBLISH to the node, DELIVER back, basic.deliver out, ack in,
+SETTLE and CREDIT to the node), best of 5 rounds. Deterministic enough to compare code
+changes that the noise of a whole-cluster run hides; ``--profile`` prints cProfile's top
+functions. Not collected by pytest: a benchmark asserts no speed.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import os
+import pstats
+import sys
+import struct
+import time
+
+import zmq
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "router"))
+
+from pamqp import commands  # noqa: E402
+
+from amqp_testkit import PROTOCOL_HEADER, m, publish, start_ok_plain  # noqa: E402
+
+from shoal.node.server import feed_frames  # noqa: E402
+from shoal.node.shard import Shard  # noqa: E402
+from shoal.router.broker import Broker  # noqa: E402
+from shoal.router.link import NodeLink  # noqa: E402
+from shoal.router.client import ClientConnection  # noqa: E402
+from shoal.shared import wire  # noqa: E402
+from shoal.shared.settings import Settings  # noqa: E402
+from shoal.shared.wire import T  # noqa: E402
+
+PEER = b"router-1"
+#: basic.ack frame on channel 1: frame header, class/method 60/80, delivery tag, bits, end
+ACK = struct.Struct(">BHIHHQBB")
+
+
+class Transport:
+    """Enough of an asyncio transport for ClientConnection: keeps what is written."""
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.chunks: list[bytes] = []
+
+    def get_extra_info(self, name: str, default=None):
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        pass
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+        self.chunks.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Link(NodeLink):
+    """The router's real NodeLink (batching, lazy SETTLE/CREDIT merging, REPLY handling) whose
+    batches go straight into the shard instead of a ZeroMQ socket; the shard's answers come
+    back on the next loop callback, as from the socket."""
+
+    def __init__(self, ctx: zmq.Context, shard: Shard, broker: Broker) -> None:
+        super().__init__(ctx, "node-0", "inproc://hot-path-unused", broker.router_id, 500,
+                         10000, broker._on_node_message, lambda *a: None, lambda *a: None)
+        self.shard = shard
+        self.up = True
+        self.moved = 0
+
+    def _send_now(self, batch: list[list]) -> bool:
+        self.moved += len(batch)
+        feed_frames(self.shard, [(PEER, wire.encode_batch(batch))], time.monotonic() * 1000)
+        asyncio.get_running_loop().call_soon(self._from_node)
+        return True
+
+    def _from_node(self) -> None:
+        for _peer, msgs in self.shard.take_outbox().items():
+            self.moved += len(msgs)
+            self._handle_frame(wire.encode_batch(msgs))
+
+
+def client(broker: Broker) -> tuple[ClientConnection, Transport]:
+    c = ClientConnection(broker)
+    t = Transport()
+    c.connection_made(t)
+    for frame in (PROTOCOL_HEADER, m(start_ok_plain()),
+                  m(commands.Connection.TuneOk(2047, 131072, 0)),
+                  m(commands.Connection.Open("/")), m(commands.Channel.Open(), 1)):
+        c.data_received(frame)
+    return c, t
+
+
+async def settle(link: Link) -> None:
+    """Run loop callbacks until nothing moves between router and node."""
+    for _ in range(100):
+        before = link.moved
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if link.moved == before:
+            return
+
+
+async def run(messages: int, burst: int, profile: bool) -> None:
+    settings = Settings(node_id="node-0", node_endpoints=["node-0=inproc://none"])
+    broker = Broker(settings)
+    shard = Shard("node-0", "inc-1", settings)
+    shard.handle(PEER, [T.HELLO, wire.WIRE_VERSION, broker.router_id, "node-0"], 0.0)
+    shard.take_outbox()
+    ctx = zmq.Context()
+    link = Link(ctx, shard, broker)
+    broker.links["node-0"] = link
+    prod, _ = client(broker)
+    cons, out = client(broker)
+    prod.data_received(m(commands.Queue.Declare(queue="hot"), 1))
+    await settle(link)
+    cons.data_received(m(commands.Basic.Qos(prefetch_count=200), 1)
+                       + m(commands.Basic.Consume(queue="hot", consumer_tag="ctag"), 1))
+    await settle(link)
+    pub = publish(1, b"x" * 100, exchange="", routing_key="hot") * burst
+    acks = iter([ACK.pack(1, 1, 13, 60, 80, tag, 0, 0xCE)
+                 for tag in range(1, 2000 + 5 * messages + burst + 1)])
+
+    async def cycle(n: int) -> None:
+        # One burst: publishes in, the node delivers, the consumer acks them. The acks'
+        # SETTLE and CREDIT wait (lazily) to ride with the next burst's PUBLISH batch.
+        for _ in range(n // burst):
+            prod.data_received(pub)
+            await settle(link)
+            out.chunks.clear()
+            cons.data_received(b"".join(next(acks) for _ in range(burst)))
+
+    await cycle(2000)                  # warm up
+    best = float("inf")
+    prof = cProfile.Profile() if profile else None
+    for _ in range(5):
+        t = time.process_time()
+        if prof:
+            prof.enable()
+        await cycle(messages)
+        if prof:
+            prof.disable()
+        best = min(best, time.process_time() - t)
+    delivered = broker.stats["delivered"]
+    print(f"{best / messages * 1e6:.2f} µs of CPU per message (publish, deliver, ack; "
+          f"bursts of {burst}; {delivered} delivered in all)")
+    if prof:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--messages", type=int, default=50000)
+    p.add_argument("--burst", type=int, default=5)
+    p.add_argument("--profile", action="store_true")
+    a = p.parse_args()
+    try:
+        import uvloop
+        loop = uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover
+        loop = asyncio.new_event_loop()
+    loop.run_until_complete(run(a.messages, a.burst, a.profile))
+
+
+if __name__ == "__main__":
+    main()
