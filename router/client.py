@@ -26,11 +26,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("shoal.router.client")
 _BASIC_ACK = C.Basic.Ack
 
-#: Bytes read from a client socket at a time. A read that fills it ends the client's reading
-#: for this event-loop turn (a quiet client's reads are far smaller and never pay for that):
-#: a flooding publisher then gets one read per turn, and deliveries, acks and other clients
-#: are served in between (uvloop would otherwise read up to 32 x 256 KB in a row).
-READ_SIZE = 16 * 1024
+#: Bytes read from a client socket at a time: sized to about READ_MESSAGES of the client's
+#: publishes (between READ_MIN and READ_MAX), READ_START until it has published. A read that
+#: fills the buffer ends the client's reading for this event-loop turn (a quiet client's reads
+#: are far smaller and never pay for that): a flooding publisher then gets one read per turn,
+#: and deliveries, acks and other clients are served in between (uvloop would otherwise read
+#: up to 32 x 256 KB in a row). Counting messages rather than bytes keeps the loop's turns
+#: short under many small publishes (so consumers' credit comes back in time and queues do not
+#: grow under overload) without slowing large messages down.
+READ_MESSAGES = 16
+READ_MIN = 4 * 1024
+READ_MAX = 64 * 1024
+READ_START = 16 * 1024
 
 
 def _is_loopback(peer) -> bool:
@@ -58,7 +65,10 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.publisher = False  #: has published: paused while a node link is congested
         self._congestion_paused = False  #: reading paused by set_reading(False)
         self._turn_paused = False        #: reading paused until the next loop turn
-        self._rbuf = memoryview(bytearray(READ_SIZE))
+        self._rbuf = memoryview(bytearray(READ_MAX))
+        self._rview = self._rbuf[:READ_START]   # what get_buffer hands out: the read size
+        self._published = 0     #: publishes completed (counted in _handle)
+        self._unmeasured = 0    #: bytes read since the last read that completed a publish
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -83,13 +93,23 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.fail(0, AMQPError(INTERNAL_ERROR, "internal error", soft=False))
         self.flush()
 
-    # asyncio.BufferedProtocol: the socket is read into our buffer, READ_SIZE at most.
+    # asyncio.BufferedProtocol: the socket is read into our buffer, len(_rview) at most.
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._rbuf
+        return self._rview
 
     def buffer_updated(self, nbytes: int) -> None:
+        full = nbytes >= len(self._rview)
+        before = self._published
         self.data_received(self._rbuf[:nbytes].tobytes())
-        if nbytes == READ_SIZE and not self._turn_paused and self.transport is not None \
+        self._unmeasured += nbytes
+        published = self._published - before
+        if published:
+            size = self._unmeasured * READ_MESSAGES // published
+            self._unmeasured = 0
+            size = READ_MIN if size < READ_MIN else READ_MAX if size > READ_MAX else size
+            if size != len(self._rview):
+                self._rview = self._rbuf[:size]
+        if full and not self._turn_paused and self.transport is not None \
                 and not self.transport.is_closing():
             self._turn_paused = True
             self.transport.pause_reading()
@@ -150,6 +170,7 @@ class ClientConnection(asyncio.BufferedProtocol):
                 acks = []
             ack_channel = None
             if t is E.MessagePublished:
+                self._published += 1
                 ch = self.channels.get(ev.channel)
                 if ch is not None:
                     ch.handle_publish(ev)

@@ -195,6 +195,21 @@ def test_body_sizes_intact(client, names, size):
     assert got[1].body == b"after"
 
 
+def test_small_then_large_then_small_pipelined(client, names):
+    """A publisher that sends 200 small messages, then 1 MiB ones, then small ones again,
+    without waiting: the router sizes its socket reads to the message size as it goes, and
+    every body still arrives whole and in order."""
+    q = client.declare_queue(names("mixed"))[0]
+    bodies = [b"s%03d" % i for i in range(200)]
+    bodies += [bytes([i]) * (1024 * KIB) for i in range(3)]
+    bodies += [b"t%03d" % i for i in range(200)]
+    for body in bodies:
+        client.publish("", q, body)
+    got = consume_all(client, q, len(bodies), timeout=60)
+    assert [len(d.body) for d in got] == [len(b) for b in bodies]
+    assert [d.body for d in got] == bodies
+
+
 def test_basic_get_and_get_empty(client, names):
     q = client.declare_queue(names("get"))[0]
     assert client.get(q) is None, "basic.get on an empty queue must answer get-empty"
