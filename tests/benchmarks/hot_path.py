@@ -2,10 +2,10 @@
 
     python tests/benchmarks/hot_path.py [--messages 50000] [--burst 5] [--profile]
 
-A real router (Broker, ClientConnection, Channel, the AMQP codec) and a real node (Shard) are
-wired back to back in one process: the router's link messages are encoded as wire batches
-(shared/wire.py) and fed to the shard (node/server.py ``feed_frames``), the shard's outbox is
-decoded and handed to the Broker as the link would. One publishing and one consuming client
+A real router (Broker, ClientConnection, Channel, the AMQP codec, NodeLink's batching) and a
+real node (Shard) are wired back to back in one process: each batch the link would send over
+ZeroMQ is encoded (shared/wire.py) and fed to the shard (node/server.py ``feed_frames``); the
+shard's outbox comes back encoded, on the next loop callback, into ``NodeLink._handle_frame``. One publishing and one consuming client
 connection (fake transports) run load 1's shape: bursts of ``--burst`` 100-byte publishes to
 the default exchange, qos 200, every delivery acked one by one. Prints µs of CPU per message
 for the whole cycle (publish in, PUBLISH to the node, DELIVER back, basic.deliver out, ack in,
