@@ -628,6 +628,16 @@ class Queue:
             return
         qcm = self.qcm
         tries = qcm.interested_count
+        if tries == 1 and self.groups is None:
+            # One consumer to notify, the common case: Interested -> Notified -> back of
+            # Interested would leave it where it stands, so only leaving for NotInterested
+            # (credit used up) is a move. (Groups are excluded: freeing one may notify again
+            # from inside the pull.)
+            c = qcm.first_interested()
+            self._pull(c)
+            if c.credit <= 0:
+                qcm.set_interest(c, False)
+            tries = 0
         while tries and self.available:
             c = qcm.first_interested()
             qcm.set_notified(c)
