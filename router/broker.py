@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shoal.router.broker")
 
+_PUBLISH = int(T.PUBLISH)   # plain ints on the hot path: no enum lookup per message
+_SETTLE = int(T.SETTLE)
+_DELIVER = int(T.DELIVER)
+
 
 class PendingPublish:
     """A publish waiting for PUBLISH_RESULT from ``waiting`` nodes (confirms, mandatory,
@@ -152,7 +156,7 @@ class Broker:
             for node_id, qs in by_node.items():
                 link = self.links[node_id]
                 if link.up:
-                    link.send([T.PUBLISH, 0, ch.vhost, qs, ev.exchange, ev.routing_key,
+                    link.send([_PUBLISH, 0, ch.vhost, qs, ev.exchange, ev.routing_key,
                                ev.header, ev.body, ch.client.owner])
             return
         pending = PendingPublish(ch, seq, ev, set(), future)
@@ -164,7 +168,7 @@ class Broker:
                 pending.failed = True
                 continue
             pending.waiting.add(node_id)
-            link.send([T.PUBLISH, pid, ch.vhost, qs, ev.exchange, ev.routing_key, ev.header,
+            link.send([_PUBLISH, pid, ch.vhost, qs, ev.exchange, ev.routing_key, ev.header,
                        ev.body, ch.client.owner])
         if pending.waiting:
             self.publishes[pid] = pending
@@ -228,7 +232,7 @@ class Broker:
         for node_id, ids in by_node.items():
             link = self.links[node_id]
             if link.up:
-                link.send_lazy([T.SETTLE, outcome, ids])
+                link.send_lazy([_SETTLE, outcome, ids])
         if ch.pool.global_prefetch:
             self.replenish_channel(ch)
         else:
@@ -238,7 +242,7 @@ class Broker:
     # ---- node messages -----------------------------------------------------------------------
     def _on_node_message(self, link: NodeLink, msg: list) -> None:
         tag = msg[0]
-        if tag == T.DELIVER:
+        if tag == _DELIVER:
             _, cid, delivery_id, redelivered, exchange, routing_key, header, body = msg
             entry = self.consumers.get(cid)
             if entry is None or entry[0].closed:

@@ -35,6 +35,10 @@ _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
 _SETTLE = int(T.SETTLE)
 _CREDIT = int(T.CREDIT)
+_REPLY = int(T.REPLY)
+_HEARTBEAT = int(T.HEARTBEAT)
+_HELLO_OK = int(T.HELLO_OK)
+_GOODBYE = int(T.GOODBYE)
 
 
 class NodeDown(AMQPError):
@@ -279,7 +283,7 @@ class NodeLink:
         self._last_recv = time.monotonic()
         for msg in batch:
             tag = msg[0]
-            if tag == T.REPLY:
+            if tag == _REPLY:
                 fut = self._pending.pop(msg[1], None)
                 if fut is not None and not fut.done():
                     code, text, payload = msg[2], msg[3], msg[4]
@@ -287,11 +291,11 @@ class NodeLink:
                         fut.set_result(payload)
                     else:
                         fut.set_exception(AMQPError(code, text))
-            elif tag == T.HEARTBEAT:
+            elif tag == _HEARTBEAT:
                 pass
-            elif tag == T.HELLO_OK:
+            elif tag == _HELLO_OK:
                 self._hello_ok(msg)
-            elif tag == T.GOODBYE:
+            elif tag == _GOODBYE:
                 if self.up:
                     log.warning("node %s said goodbye", self.node_id)
                     self._go_down()
