@@ -65,8 +65,10 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.publisher = False  #: has published: paused while a node link is congested
         self._congestion_paused = False  #: reading paused by set_reading(False)
         self._turn_paused = False        #: reading paused until the next loop turn
-        self._rbuf = memoryview(bytearray(READ_MAX))
-        self._rview = self._rbuf[:READ_START]   # what get_buffer hands out: the read size
+        # READ_START bytes per connection; READ_MAX only for publishers of large messages
+        # (thousands of idle or small-message connections must stay cheap).
+        self._rbuf = memoryview(bytearray(READ_START))
+        self._rview = self._rbuf    # what get_buffer hands out: its length is the read size
         self._published = 0     #: publishes completed (counted in _handle)
         self._unmeasured = 0    #: bytes read since the last read that completed a publish
 
@@ -108,6 +110,8 @@ class ClientConnection(asyncio.BufferedProtocol):
             self._unmeasured = 0
             size = READ_MIN if size < READ_MIN else READ_MAX if size > READ_MAX else size
             if size != len(self._rview):
+                if size > len(self._rbuf):
+                    self._rbuf = memoryview(bytearray(READ_MAX))
                 self._rview = self._rbuf[:size]
         if full and not self._turn_paused and self.transport is not None \
                 and not self.transport.is_closing():
