@@ -25,7 +25,9 @@ from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND,
                                  SYNTAX_ERROR, AMQPError, hard_error, soft_error)
 from shoal.shared.settings import Settings
 from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_REMOVED, OUTCOME_ACK, OUTCOME_REJECT,
-                               OUTCOME_REQUEUE, WIRE_VERSION, T)
+                               OUTCOME_REQUEUE, TAG_DELIVER, TAG_GOODBYE, TAG_HEARTBEAT,
+                               TAG_HELLO, TAG_NODE_BLOCKED, TAG_PUBLISH_RESULT, TAG_REPLY,
+                               TAG_REPUBLISH, TAG_TOPOLOGY_EVENT, TAG_WORK, WIRE_VERSION, T)
 
 from .consumer import QueueConsumer
 from .deadletter import dead_letter_header, delivery_count_header
@@ -40,16 +42,6 @@ from .topology import Topology, amqp_bool
 
 log = logging.getLogger("shoal.node")
 
-_REPLY = int(T.REPLY)
-_DELIVER = int(T.DELIVER)
-_WORK = int(T.WORK)
-_GOODBYE = int(T.GOODBYE)
-_HEARTBEAT = int(T.HEARTBEAT)
-_HELLO = int(T.HELLO)
-_EVENT = int(T.TOPOLOGY_EVENT)
-_PUBLISH_RESULT = int(T.PUBLISH_RESULT)
-_REPUBLISH = int(T.REPUBLISH)
-_NODE_BLOCKED = int(T.NODE_BLOCKED)
 #: Requests whose REPLY waits for the journal when records are pending (a declare-ok means
 #: the object survives a crash).
 _TOPOLOGY_REQUESTS = frozenset(int(t) for t in (
@@ -147,7 +139,7 @@ class Shard:
         if self.durable is not None:
             self.durable.topology_event(event, data, self.topology.exchanges)
         for identity in self.peers:
-            self._send(identity, [_EVENT, event, data])
+            self._send(identity, [TAG_TOPOLOGY_EVENT, event, data])
 
     def take_outbox(self) -> dict[bytes, list[list]]:
         """Messages to send since the last call: router identity -> wire messages, in order."""
@@ -209,7 +201,7 @@ class Shard:
             return
         self.blocked_reason = reason
         for identity in self.peers:
-            self._send(identity, [_NODE_BLOCKED, reason is not None, reason or ""])
+            self._send(identity, [TAG_NODE_BLOCKED, reason is not None, reason or ""])
 
     # DeliverySink (called by Queue)
     def deliver(self, consumer: QueueConsumer, entry: QueueEntry) -> None:
@@ -217,7 +209,7 @@ class Shard:
         header = entry.header
         if entry.delivery_count > 1 and entry.queue.cfg.max_returns is not None:
             header = delivery_count_header(header, body_size(header), entry.delivery_count - 1)
-        self._send(peer.identity, [_DELIVER, consumer.consumer_id, entry.entry_id,
+        self._send(peer.identity, [TAG_DELIVER, consumer.consumer_id, entry.entry_id,
                                    entry.redelivered, entry.exchange, entry.routing_key,
                                    header, entry.body])
         if not consumer.no_ack and consumer.acquires:
@@ -226,7 +218,7 @@ class Shard:
                 self.durable.delivered.append((entry.entry_id, True, entry.delivery_count))
 
     def work(self, consumer: QueueConsumer) -> None:
-        self._send(consumer.peer.identity, [_WORK, consumer.consumer_id])
+        self._send(consumer.peer.identity, [TAG_WORK, consumer.consumer_id])
 
     def dead_letter(self, q: Queue, entry: QueueEntry, reason: str) -> None:
         """Send ``entry`` to ``q``'s x-dead-letter-exchange with an x-death header (REPUBLISH
@@ -241,7 +233,7 @@ class Shard:
             log.info("dropping dead letter cycling through queue '%s'", q.name)
             return
         rk = q.cfg.dlrk if q.cfg.dlrk is not None else entry.routing_key
-        self._send(next(iter(self.peers)), [_REPUBLISH, q.vhost, q.cfg.dlx, rk, header,
+        self._send(next(iter(self.peers)), [TAG_REPUBLISH, q.vhost, q.cfg.dlx, rk, header,
                                             entry.body])
 
     def browse_done(self, consumer: QueueConsumer) -> None:
@@ -275,13 +267,13 @@ class Shard:
         if len(msg) != arity or (types and not all(map(isinstance, msg[1:], types))):
             self._malformed(peer, msg, is_request)
             return
-        if tag == _HELLO:
+        if tag == TAG_HELLO:
             self._on_hello(peer, msg, now_ms)
             return
         state = self.peers.get(peer)
         if state is None:
-            if tag != _GOODBYE:
-                self._send(peer, [_GOODBYE])
+            if tag != TAG_GOODBYE:
+                self._send(peer, [TAG_GOODBYE])
             return
         state.last_seen = now_ms
         self.timers.now = now_ms
@@ -289,7 +281,7 @@ class Shard:
             payload = handler(state, msg)
         except AMQPError as err:
             if is_request:
-                self._send(peer, [_REPLY, msg[1], err.reply_code, err.text, None])
+                self._send(peer, [TAG_REPLY, msg[1], err.reply_code, err.text, None])
             else:
                 log.debug("%s from %r failed: %s", T(tag).name, peer, err.text)
             return
@@ -297,15 +289,15 @@ class Shard:
             dl = self.durable
             if dl is not None and tag in _TOPOLOGY_REQUESTS and \
                     dl.last_lsn > dl.journal.durable_lsn:
-                dl.defer(dl.last_lsn, peer, [_REPLY, msg[1], 0, "", payload])
+                dl.defer(dl.last_lsn, peer, [TAG_REPLY, msg[1], 0, "", payload])
             else:
-                self._send(peer, [_REPLY, msg[1], 0, "", payload])
+                self._send(peer, [TAG_REPLY, msg[1], 0, "", payload])
 
     def _malformed(self, peer: bytes, msg: list, is_request: bool) -> None:
         name = T(msg[0]).name
         log.warning("dropping malformed %s message (%d fields) from %r", name, len(msg), peer)
         if is_request and len(msg) > 1 and isinstance(msg[1], int) and peer in self.peers:
-            self._send(peer, [_REPLY, msg[1], SYNTAX_ERROR, f"malformed {name} message", None])
+            self._send(peer, [TAG_REPLY, msg[1], SYNTAX_ERROR, f"malformed {name} message", None])
 
     # ------------------------------------------------------------------ link
     def _on_hello(self, peer: bytes, msg: list, now_ms: float) -> None:
@@ -321,7 +313,7 @@ class Shard:
         self.peers[peer] = RouterPeer(peer, router_id, now_ms)
         log.info("router %r connected", router_id)
         if self.blocked_reason is not None:
-            self._send(peer, [_NODE_BLOCKED, True, self.blocked_reason])
+            self._send(peer, [TAG_NODE_BLOCKED, True, self.blocked_reason])
 
     def _on_heartbeat(self, state: RouterPeer, msg: list) -> None:
         pass
@@ -349,7 +341,7 @@ class Shard:
         if self._last_heartbeat is None or now_ms - self._last_heartbeat >= st.link_heartbeat_ms:
             self._last_heartbeat = now_ms
             for identity in self.peers:
-                self._send(identity, [_HEARTBEAT])
+                self._send(identity, [TAG_HEARTBEAT])
         for state in [p for p in self.peers.values()
                       if now_ms - p.last_seen > st.link_timeout_ms]:
             log.warning("router %r silent for %d ms: forgetting it", state.router_id,
@@ -359,7 +351,7 @@ class Shard:
     def goodbye_all(self) -> None:
         """Queue GOODBYE to every known router (the node is stopping)."""
         for identity in self.peers:
-            self._send(identity, [_GOODBYE])
+            self._send(identity, [TAG_GOODBYE])
 
     def _forget(self, state: RouterPeer) -> None:
         """The router is gone: drop its consumers, release its unsettled deliveries (original
@@ -532,7 +524,7 @@ class Shard:
                 else:
                     routed += 1
         if seq:
-            res = [_PUBLISH_RESULT, seq, RESOURCE_ERROR if refused else 0, routed]
+            res = [TAG_PUBLISH_RESULT, seq, RESOURCE_ERROR if refused else 0, routed]
             if lsn:
                 self.durable.defer(lsn, state.identity, res)   # answered once on disk
             else:

@@ -17,7 +17,7 @@ from pamqp import commands as C
 from shoal.shared import placement, wire
 from shoal.shared.errors import NO_ROUTE
 from shoal.shared.settings import Settings
-from shoal.shared.wire import T
+from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH, TAG_SETTLE
 
 from . import consumers as credit
 from .consumers import Consumer, ConsumerTarget
@@ -29,10 +29,6 @@ if TYPE_CHECKING:
     from .client import ClientConnection
 
 log = logging.getLogger("shoal.router.broker")
-
-_PUBLISH = int(T.PUBLISH)   # plain ints on the hot path: no enum lookup per message
-_SETTLE = int(T.SETTLE)
-_DELIVER = int(T.DELIVER)
 
 
 class PendingPublish:
@@ -156,7 +152,7 @@ class Broker:
             for node_id, qs in by_node.items():
                 link = self.links[node_id]
                 if link.up:
-                    link.send([_PUBLISH, 0, ch.vhost, qs, ev.exchange, ev.routing_key,
+                    link.send([TAG_PUBLISH, 0, ch.vhost, qs, ev.exchange, ev.routing_key,
                                ev.header, ev.body, ch.client.owner])
             return
         pending = PendingPublish(ch, seq, ev, set(), future)
@@ -168,7 +164,7 @@ class Broker:
                 pending.failed = True
                 continue
             pending.waiting.add(node_id)
-            link.send([_PUBLISH, pid, ch.vhost, qs, ev.exchange, ev.routing_key, ev.header,
+            link.send([TAG_PUBLISH, pid, ch.vhost, qs, ev.exchange, ev.routing_key, ev.header,
                        ev.body, ch.client.owner])
         if pending.waiting:
             self.publishes[pid] = pending
@@ -232,7 +228,7 @@ class Broker:
         for node_id, ids in by_node.items():
             link = self.links[node_id]
             if link.up:
-                link.send_lazy([_SETTLE, outcome, ids])
+                link.send_lazy([TAG_SETTLE, outcome, ids])
         if ch.pool.global_prefetch:
             self.replenish_channel(ch)
         else:
@@ -242,7 +238,7 @@ class Broker:
     # ---- node messages -----------------------------------------------------------------------
     def _on_node_message(self, link: NodeLink, msg: list) -> None:
         tag = msg[0]
-        if tag == _DELIVER:
+        if tag == TAG_DELIVER:
             _, cid, delivery_id, redelivered, exchange, routing_key, header, body = msg
             entry = self.consumers.get(cid)
             if entry is None or entry[0].closed:

@@ -32,9 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shoal.shared.wire import T
+from shoal.shared.wire import T, TAG_CREDIT
 
-_CREDIT = int(T.CREDIT)   # a plain int on the hot path (one CREDIT per top-up)
 CHUNK = 512       #: credit granted at a time when no prefetch limit applies (messages)
 LOW_WATER = 128   #: top up unlimited credit when less than this is left
 
@@ -113,7 +112,7 @@ def credit_messages(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
         room = pool.prefetch_count - t.unacked - c.granted
         if room > 0:
             c.granted += room
-            return [(c, [_CREDIT, c.consumer_id, room, False])]
+            return [(c, [TAG_CREDIT, c.consumer_id, room, False])]
         return []
     return _pull(pool, t)
 

@@ -17,7 +17,8 @@ import zmq
 
 from shoal.shared import wire
 from shoal.shared.errors import AMQPError, NOT_FOUND
-from shoal.shared.wire import T
+from shoal.shared.wire import (T, TAG_CREDIT, TAG_GOODBYE, TAG_HEARTBEAT, TAG_HELLO_OK,
+                               TAG_REPLY, TAG_SETTLE)
 
 log = logging.getLogger("shoal.router.link")
 
@@ -33,12 +34,6 @@ MAX_BATCH = 128
 _EVENTS = int(zmq.EVENTS)      # plain ints: no enum arithmetic on every check
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
-_SETTLE = int(T.SETTLE)
-_CREDIT = int(T.CREDIT)
-_REPLY = int(T.REPLY)
-_HEARTBEAT = int(T.HEARTBEAT)
-_HELLO_OK = int(T.HELLO_OK)
-_GOODBYE = int(T.GOODBYE)
 
 
 class NodeDown(AMQPError):
@@ -141,7 +136,7 @@ class NodeLink:
         consumers keep flowing while a node works through a backlog of publishes.
         """
         if urgent:
-            if msg[0] == _CREDIT:
+            if msg[0] == TAG_CREDIT:
                 # Later lazy credit for this consumer must not be merged ahead of this one
                 # (a drain, or a grant to a starved consumer).
                 self._lazy_credit.pop(msg[1], None)
@@ -161,14 +156,14 @@ class NodeLink:
         CREDITs (never drains) for one consumer into one grant: moving a settlement or a
         standing grant earlier never changes what the node may deliver."""
         tag = msg[0]
-        if tag == _SETTLE:
+        if tag == TAG_SETTLE:
             prev = self._lazy_settle.get(msg[1])
             if prev is not None:
                 prev[2].extend(msg[2])
                 return
             msg = [tag, msg[1], list(msg[2])]
             self._lazy_settle[msg[1]] = msg
-        elif tag == _CREDIT and not msg[3]:
+        elif tag == TAG_CREDIT and not msg[3]:
             prev = self._lazy_credit.get(msg[1])
             if prev is not None:
                 prev[2] += msg[2]
@@ -283,7 +278,7 @@ class NodeLink:
         self._last_recv = time.monotonic()
         for msg in batch:
             tag = msg[0]
-            if tag == _REPLY:
+            if tag == TAG_REPLY:
                 fut = self._pending.pop(msg[1], None)
                 if fut is not None and not fut.done():
                     code, text, payload = msg[2], msg[3], msg[4]
@@ -291,11 +286,11 @@ class NodeLink:
                         fut.set_result(payload)
                     else:
                         fut.set_exception(AMQPError(code, text))
-            elif tag == _HEARTBEAT:
+            elif tag == TAG_HEARTBEAT:
                 pass
-            elif tag == _HELLO_OK:
+            elif tag == TAG_HELLO_OK:
                 self._hello_ok(msg)
-            elif tag == _GOODBYE:
+            elif tag == TAG_GOODBYE:
                 if self.up:
                     log.warning("node %s said goodbye", self.node_id)
                     self._go_down()
