@@ -637,13 +637,13 @@ class Queue:
             self._pull(c)
             if c.credit <= 0:
                 qcm.set_interest(c, False)
-            tries = 0
-        while tries and self.available:
-            c = qcm.first_interested()
-            qcm.set_notified(c)
-            self._pull(c)
-            qcm.no_more_work(c)
-            tries -= 1
+        else:
+            while tries and self.available:
+                c = qcm.first_interested()
+                qcm.set_notified(c)
+                self._pull(c)
+                qcm.no_more_work(c)
+                tries -= 1
         if qcm.browser_count:
             for c in [c for c in qcm.all if not c.acquires and c.credit > 0]:
                 if not self.deleted:
