@@ -388,7 +388,7 @@ class Channel:
         tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
         if tag in self.pool.targets:
             raise hard_error(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
-        t = ConsumerTarget(tag, self.number, self.vhost, m.no_ack)
+        t = ConsumerTarget(tag, self.number, self.vhost, m.no_ack, registered=False)
         for q in queues:
             link = b.queue_link(self.vhost, q)
             t.consumers.append(Consumer(b.new_consumer_id(), q, link.node_id, t))
@@ -408,6 +408,7 @@ class Channel:
             raise errors[0]
         if self.closed or t.cancelled:
             return
+        t.registered = True
         if not m.nowait:
             self.send(C.Basic.ConsumeOk(tag))
         b.replenish(self, t)

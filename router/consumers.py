@@ -62,6 +62,10 @@ class ConsumerTarget:
     consumers: list[Consumer] = field(default_factory=list)
     unacked: int = 0          #: deliveries not yet acknowledged by the client
     cancelled: bool = False
+    #: Every node answered CONSUME. Until then no CREDIT may leave for the target: the link
+    #: sends CREDIT ahead of queued requests, so it could reach a node before the CONSUME it
+    #: belongs to, be dropped there (unknown consumer) and leave the consumer stalled.
+    registered: bool = True
     rr: int = 0               #: round-robin start for pull grants (fairness)
 
     @property
@@ -96,7 +100,7 @@ def credit_messages(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
     Call after anything that may free credit: an ack, a delivery to a no_ack consumer, a qos
     change, WORK, CREDIT_DRAINED, the socket draining. Never raises.
     """
-    if t.cancelled or pool.paused:
+    if t.cancelled or pool.paused or not t.registered:
         return []
     limited = not t.no_ack and (pool.prefetch_count > 0 or pool.global_prefetch > 0)
     if not limited:

@@ -176,3 +176,18 @@ def test_multiqueue_pull_takes_from_every_queue_with_work():
         credit.on_drained(c, 0)               # ... and may have more
         credit.on_settled(pool, t)            # the client acked
     assert set(granted_to) == {"q0", "q1", "q2"}
+
+
+def test_no_credit_before_every_node_answered_consume():
+    """A consumer whose CONSUME is still in flight gets no CREDIT, not even the interest
+    registration: the link sends CREDIT ahead of queued requests, so it could reach the node
+    before the CONSUME, be dropped there as unknown and leave the consumer stalled (seen as a
+    global-qos consumer that stopped at 40 of 60 messages)."""
+    pool = CreditPool(global_prefetch=4)
+    t = ConsumerTarget("t", 1, "/", False, registered=False)
+    t.consumers = [Consumer(1, "q", "node-0", t)]
+    pool.targets["t"] = t
+    assert credit.credit_messages(pool, t) == []
+    assert not t.consumers[0].interest_sent
+    t.registered = True                       # every CONSUME answered (channel.py)
+    assert [m for _, m in credit.credit_messages(pool, t)] == [[T.CREDIT, 1, 0, False]]
