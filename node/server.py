@@ -26,10 +26,11 @@ import json
 import os
 from pathlib import Path
 
+from shoal.shared.errors import StartupError
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T, decode_batch, encode_batch
 
-from .journal import Journal, JournalUnavailable, fsync_dir
+from .journal import Journal, JournalCorrupt, JournalUnavailable, fsync_dir
 from .shard import Shard
 
 log = logging.getLogger("shoal.node")
@@ -95,12 +96,19 @@ def _now_ms() -> float:
 
 
 class NodeServer:
-    """Runs a Shard behind a bound ROUTER socket until :meth:`stop` is called."""
+    """Runs a Shard behind a bound ROUTER socket until :meth:`stop` is called.
 
-    def __init__(self, settings: Settings, shard: Shard | None = None) -> None:
+    ``ctx``: a ZeroMQ context to share (a node hosted in a router process binds ``inproc://``
+    in the router's context, see :func:`hosted_node`); by default the server makes its own and
+    terminates it in :meth:`close`.
+    """
+
+    def __init__(self, settings: Settings, shard: Shard | None = None,
+                 ctx: zmq.Context | None = None) -> None:
         self.settings = settings
         self.shard = shard or Shard(settings.node_id, None, settings)
-        self.ctx = zmq.Context()
+        self._own_ctx = ctx is None
+        self.ctx = zmq.Context() if ctx is None else ctx
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.setsockopt(zmq.SNDHWM, 0)
@@ -374,7 +382,8 @@ class NodeServer:
 
     def close(self) -> None:
         self.sock.close(linger=1000)
-        self.ctx.term()
+        if self._own_ctx:
+            self.ctx.term()
         if self.journal is not None:
             if self._clean and self.journal.available and \
                     self.journal.stats().buffered_records == 0:
@@ -400,6 +409,35 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
+
+
+def hosted_node(settings: Settings, node_id: str, endpoint: str,
+                ctx: zmq.Context) -> NodeServer:
+    """A node to run inside another process's event loop (the router's, for an ``inproc://``
+    endpoint): its journal in ``<settings.data_dir>/<node_id>/journal`` is opened and the shard
+    rebuilt, and its ROUTER socket is bound to ``endpoint`` in ``ctx``. The caller awaits
+    :meth:`NodeServer.serve` and later calls :meth:`NodeServer.stop` and
+    :meth:`NodeServer.close` (which leaves ``ctx`` to its owner).
+
+    Raises StartupError: exit code 3 when the journal is corrupt or cannot be written, 1 when
+    the endpoint cannot be bound (the node CLI's codes).
+    """
+    import dataclasses
+    node_settings = dataclasses.replace(
+        settings, node_id=node_id, node_bind=endpoint,
+        data_dir=str(Path(settings.data_dir).expanduser() / node_id))
+    server = NodeServer(node_settings, ctx=ctx)
+    try:
+        server.open_journal()
+    except (JournalCorrupt, JournalUnavailable) as exc:
+        server.sock.close(linger=0)
+        raise StartupError(f"cannot open the journal of {node_id}: {exc}", 3) from None
+    try:
+        server.bind()
+    except zmq.ZMQError as exc:
+        server.close()
+        raise StartupError(f"cannot bind {endpoint} for {node_id}: {exc}", 1) from None
+    return server
 
 
 def run_node(settings: Settings, server: NodeServer | None = None) -> int:

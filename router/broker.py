@@ -48,7 +48,10 @@ class PendingPublish:
 class Broker:
     """Owns the node links and routes work between client channels and nodes."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, ctx: zmq.Context | None = None) -> None:
+        """``ctx``: the ZeroMQ context for the node links; one shared with nodes hosted in
+        this process (``inproc://`` endpoints). By default the broker makes its own and
+        terminates it in :meth:`stop`."""
         self.settings = settings
         self.router_id = uuid.uuid4().hex[:12]
         self.node_map = settings.node_map()
@@ -71,7 +74,8 @@ class Broker:
         self._snapshots: dict[str, asyncio.Future] = {}  # TOPOLOGY_SNAPSHOT per node (start)
         #: nodes whose journal cannot write (NODE_BLOCKED): node_id -> reason
         self.blocked_nodes: dict[str, str] = {}
-        self._ctx = zmq.Context()
+        self._own_ctx = ctx is None
+        self._ctx = zmq.Context() if ctx is None else ctx
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self, timeout: float = 30.0) -> None:
@@ -96,7 +100,8 @@ class Broker:
     async def stop(self) -> None:
         for link in self.links.values():
             await link.stop()
-        self._ctx.term()
+        if self._own_ctx:
+            self._ctx.term()
 
     def new_connection_id(self) -> str:
         self._next_conn += 1

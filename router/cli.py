@@ -9,20 +9,26 @@ from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse flags, load settings, run the router. Exit 2 with one line on a bad setting."""
+def main(argv: list[str] | None = None, host_node=None) -> int:
+    """Parse flags, load settings, run the router. Exit 2 with one line on a bad setting.
+
+    ``host_node`` runs the nodes given as ``inproc://`` endpoints inside this process (see
+    ``shoal.router.server``); the ``shoal`` command passes it, ``python -m shoal.router``
+    cannot (the router never imports the node package) and exits 2 for such endpoints."""
     p = argparse.ArgumentParser(prog="shoal router", description="Run one Shoal router.")
     p.add_argument("--config", help="YAML settings file")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="AMQP port (default 5672; 0 picks a free one)")
     p.add_argument("--node", action="append", dest="node_endpoints", metavar="[ID=]ENDPOINT",
                    help="a node's ZeroMQ endpoint, repeatable, in node-id order")
+    p.add_argument("--data-dir", help="hosted nodes (inproc:// endpoints) keep their journals "
+                                      "in DATA_DIR/NODE_ID (default ~/.local/share/shoal)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     try:
         settings = load_settings(args.config, overrides={
             "host": args.host, "port": args.port, "node_endpoints": args.node_endpoints,
-            "log_level": args.log_level})
+            "data_dir": args.data_dir, "log_level": args.log_level})
         if not settings.node_endpoints:
             raise ConfigError("invalid setting 'node_endpoints': the router needs at least one "
                               "node endpoint (--node or SHOAL_NODE_ENDPOINTS)")
@@ -32,4 +38,4 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s router %(levelname)s %(name)s: %(message)s")
     from .server import run_router
-    return run_router(settings)
+    return run_router(settings, host_node)

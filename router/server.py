@@ -4,6 +4,13 @@
 ``connection.close`` 320 CONNECTION_FORCED, the nodes get GOODBYE, and it returns 0.
 When it accepts connections it prints ``shoal router ready on HOST:PORT`` to stdout (the local
 launcher reads it to learn the port chosen for ``--port 0``).
+
+Hosted nodes: a node endpoint ``inproc://NAME`` means the node runs inside this process, in
+this event loop, bound to that ZeroMQ ``inproc://`` endpoint of the router's own context (the
+``embed_node`` setting of ``shoal serve``). The link, the wire messages and the node code are
+the same as for a node process; what goes is the socket hop and the ZeroMQ I/O threads, which
+cost about as much CPU per message as RabbitMQ's whole broker (docs/performance.md). The
+router never imports ``shoal.node``: the entry point passes ``host_node`` in (design.md 1).
 """
 from __future__ import annotations
 
@@ -14,8 +21,12 @@ import logging
 import os
 import signal
 import socket
+import sys
+from typing import Any, Callable
 
-from shoal.shared.errors import CONNECTION_FORCED
+import zmq
+
+from shoal.shared.errors import CONNECTION_FORCED, StartupError
 from shoal.shared.settings import Settings
 
 from .broker import Broker
@@ -24,17 +35,60 @@ from .client import ClientConnection, heartbeat_loop
 log = logging.getLogger("shoal.router")
 
 
-async def serve(settings: Settings) -> int:
+#: ``host_node(settings, node_id, endpoint, ctx)``: opens and binds a node to run in this
+#: process (``shoal.node.server.hosted_node``); it has ``serve()``, ``stop()``, ``close()``.
+HostNode = Callable[[Settings, str, str, zmq.Context], Any]
+
+
+def hosted_endpoints(settings: Settings) -> list[tuple[str, str]]:
+    """The ``(node_id, endpoint)`` pairs this router runs itself (``inproc://``)."""
+    return [(n, ep) for n, ep in settings.node_map() if ep.startswith("inproc://")]
+
+
+async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
+    """Run the router (and the nodes it hosts) until SIGINT/SIGTERM. Returns the exit code:
+    0 clean stop, 1 nodes unreachable or a hosted node failed, or a hosted node's
+    StartupError code (3: its journal cannot be opened)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    broker = Broker(settings)
+    ctx = zmq.Context()
+    hosted: list[tuple[Any, asyncio.Task]] = []
+    failed: list[str] = []
+
+    def watch(node_id: str):
+        def done(task: asyncio.Task) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("hosted node %s failed: %r; stopping the router", node_id,
+                          task.exception())
+                failed.append(node_id)
+                stop.set()
+        return done
+
+    try:
+        for node_id, endpoint in hosted_endpoints(settings):
+            if host_node is None:
+                raise StartupError(f"node {node_id} at {endpoint}: inproc:// endpoints are "
+                                   "nodes run inside the router; start it with 'shoal router'",
+                                   2)
+            node = host_node(settings, node_id, endpoint, ctx)
+            task = asyncio.ensure_future(node.serve())
+            task.add_done_callback(watch(node_id))
+            hosted.append((node, task))
+    except StartupError as exc:
+        print(f"shoal router: {exc}", flush=True, file=sys.stderr)
+        await _stop_hosted(hosted)
+        ctx.term()
+        return exc.exit_code
+    broker = Broker(settings, ctx)
     try:
         await broker.start()
     except TimeoutError as exc:
         log.error("%s", exc)
         await broker.stop()
+        await _stop_hosted(hosted)
+        ctx.term()
         return 1
     server = await loop.create_server(
         lambda: ClientConnection(broker), settings.host, settings.port,
@@ -63,7 +117,21 @@ async def serve(settings: Settings) -> int:
         if client.transport is not None:
             client.transport.close()
     await broker.stop()
-    return 0
+    await _stop_hosted(hosted)
+    ctx.term()
+    return 1 if failed else 0
+
+
+async def _stop_hosted(hosted: list[tuple[Any, asyncio.Task]]) -> None:
+    """Stop hosted nodes after the links said GOODBYE: each commits its journal (bounded),
+    then closes its socket and journal."""
+    for node, task in hosted:
+        node.stop()
+        _, pending = await asyncio.wait([task], timeout=15)   # a failure was logged already
+        if pending:
+            log.error("a hosted node did not stop within 15 s")
+            task.cancel()
+        node.close()
 
 
 async def _write_stats(broker: Broker, path: str) -> None:
@@ -82,8 +150,8 @@ async def _write_stats(broker: Broker, path: str) -> None:
             log.warning("cannot write stats file %s: %s", path, exc.strerror)
 
 
-def run_router(settings: Settings) -> int:
-    """Run the router until SIGINT/SIGTERM; returns the process exit code."""
+def run_router(settings: Settings, host_node: HostNode | None = None) -> int:
+    """Run the router until SIGINT/SIGTERM; returns the process exit code (see serve)."""
     # Most router objects live as long as a connection or a delivery; fewer young-generation
     # collections cost less CPU per message without growing memory noticeably.
     gc.set_threshold(20_000, 50, 100)
@@ -92,4 +160,4 @@ def run_router(settings: Settings) -> int:
         uvloop.install()
     except ImportError:  # uvloop is optional (Windows)
         pass
-    return asyncio.run(serve(settings))
+    return asyncio.run(serve(settings, host_node))

@@ -16,7 +16,8 @@ from .settings import load_settings
 USAGE = """usage: shoal {serve,node,router,cluster,loadtest,report} [options]
 
 commands:
-  serve    run a local cluster: N node processes and one router
+  serve    run a local cluster: N nodes and one router (node-0 in the router with
+           --embed-node)
   node     run one node process (owns a shard of queues)
   router   run one router process (speaks AMQP 0-9-1 to clients)
   loadtest load any AMQP 0-9-1 broker and write Parquet results (PerfTest-like)
@@ -35,12 +36,16 @@ def serve_main(argv: list[str]) -> int:
     p.add_argument("--nodes", type=int, help="node processes (default: CPU count)")
     p.add_argument("--data-dir", help="where nodes keep their data (default "
                                       "~/.local/share/shoal)")
+    p.add_argument("--embed-node", action=argparse.BooleanOptionalAction, default=None,
+                   help="run node-0 inside the router process, linked over ZeroMQ inproc:// "
+                        "(lower CPU per message and latency for its queues; default off)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     try:
         settings = load_settings(args.config, overrides={
             "host": args.host, "port": args.port, "nodes": args.nodes,
-            "data_dir": args.data_dir, "log_level": args.log_level})
+            "data_dir": args.data_dir, "embed_node": args.embed_node,
+            "log_level": args.log_level})
     except ConfigError as exc:
         print(f"shoal serve: {exc}", file=sys.stderr)
         return 2
@@ -48,6 +53,13 @@ def serve_main(argv: list[str]) -> int:
                         format="%(asctime)s serve %(levelname)s: %(message)s")
     from .launcher import serve
     return serve(settings, args.config)
+
+
+def _host_node(*args):
+    """The router's ``host_node``: run a node inside the router process (``inproc://``
+    endpoints; ``shoal serve --embed-node``). Wired here, in the entry point, so that neither
+    package imports the other (design.md section 1)."""
+    return importlib.import_module("shoal.node.server").hosted_node(*args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return serve_main(rest)
-    if command in ("node", "router"):
-        return importlib.import_module(f"shoal.{command}.cli").main(rest)
+    if command == "node":
+        return importlib.import_module("shoal.node.cli").main(rest)
+    if command == "router":
+        return importlib.import_module("shoal.router.cli").main(rest, host_node=_host_node)
     if command == "loadtest":
         from .loadtest.cli import main as loadtest_main
         return loadtest_main(rest)

@@ -52,6 +52,15 @@ class ConfigError(ShoalError):
     """An invalid setting. ``str(err)`` is a one-line message naming the setting."""
 
 
+class StartupError(ShoalError):
+    """A process cannot start: a node it should host cannot bind its endpoint or open its
+    journal. The command line prints the text on one line and exits with ``exit_code``."""
+
+    def __init__(self, text: str, exit_code: int = 1) -> None:
+        super().__init__(text)
+        self.exit_code = exit_code
+
+
 class AMQPError(ShoalError):
     """A protocol error with an AMQP reply code.
 

@@ -6,6 +6,11 @@ ready line, writes ``DATA_DIR/cluster.json`` (pids, ports, endpoints), restarts 
 dies, and on SIGINT/SIGTERM stops the router first (clients get ``connection.close`` 320) and
 then the nodes. Children get SIGTERM if the launcher itself dies (``PR_SET_PDEATHSIG``), so
 nothing is orphaned.
+
+With ``embed_node`` node-0 is not a process of its own: the router runs it in its event loop
+on the ZeroMQ endpoint ``inproc://node-0`` (docs/performance.md says why). cluster.json then
+gives node-0 the router's pid and ``"embedded": true``; restarting the router restarts it,
+and it recovers from its journal in ``DATA_DIR/node-0`` like a node process.
 """
 from __future__ import annotations
 
@@ -74,14 +79,18 @@ class Cluster:
     def _spawn_router(self) -> subprocess.Popen:
         s = self.settings
         port = self.router_addr[1] if self.router_addr else s.port
-        cmd = [sys.executable, "-m", "shoal.router", "--host", s.host, "--port", str(port),
-               *self._common()]
+        # Through the shoal command, which can host nodes in the router (inproc:// endpoints).
+        cmd = [sys.executable, "-m", "shoal.shared.cli", "router", "--host", s.host, "--port",
+               str(port), "--data-dir", str(self.data_dir), *self._common()]
         for node in self.nodes:
             cmd += ["--node", f"{node['id']}={node['endpoint']}"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
                                 preexec_fn=_die_with_parent)
         self.router = proc
         self.procs["router"] = proc
+        for node in self.nodes:
+            if node.get("embedded"):
+                node["pid"] = proc.pid
         return proc
 
     def _await_ready(self, proc: subprocess.Popen) -> tuple[str, int]:
@@ -109,8 +118,11 @@ class Cluster:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for i in range(self.settings.nodes):
             node = {"id": f"node-{i}"}
-            node["endpoint"] = _endpoint(self.run_dir, node["id"])
             self.nodes.append(node)
+            if i == 0 and self.settings.embed_node:
+                node.update(endpoint=f"inproc://{node['id']}", embedded=True)
+                continue
+            node["endpoint"] = _endpoint(self.run_dir, node["id"])
             self._spawn_node(node)
         self.router_addr = self._await_ready(self._spawn_router())
         self._write_state()
@@ -127,8 +139,8 @@ class Cluster:
         """Restart children that die until ``stop`` is set."""
         while not stop.wait(0.5):
             for node in self.nodes:
-                proc = self.procs[node["id"]]
-                if proc.poll() is not None and not stop.is_set():
+                proc = self.procs.get(node["id"])   # None: embedded in the router
+                if proc is not None and proc.poll() is not None and not stop.is_set():
                     log.warning("%s exited with code %s; restarting it", node["id"],
                                 proc.returncode)
                     self._spawn_node(node)

@@ -7,6 +7,9 @@ one line ``shoal ready: accepting AMQP 0-9-1 connections on HOST:PORT (N nodes)`
 router accepts connections and writes ``DIR/cluster.json``. SIGTERM stops it: exit status 0 and
 every child process gone.
 
+``SHOAL_E2E_EMBED=1`` starts every cluster with ``--embed-node`` (node-0 inside the router
+process); tests that need node-0 to be a process of its own are then skipped.
+
 ``SHOAL_E2E_URL=amqp://guest:guest@127.0.0.1:5672/`` runs the client scenarios against an
 already running broker (e.g. RabbitMQ, to debug the tests themselves); tests that need the
 cluster's processes (kill a node, SIGTERM) are then skipped.
@@ -36,6 +39,7 @@ READY_RE = re.compile(
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 20.0
 EXTERNAL_URL = os.environ.get("SHOAL_E2E_URL", "").strip()
+EMBED = os.environ.get("SHOAL_E2E_EMBED", "").strip().lower() in ("1", "true", "yes")
 
 
 def _proc_start_time(pid: int) -> str | None:
@@ -62,6 +66,7 @@ class NodeInfo:
     pid: int | None
     endpoint: str = ""
     start_time: str | None = None
+    embedded: bool = False    #: runs inside the router process (``--embed-node``)
 
 
 @dataclass
@@ -125,6 +130,9 @@ class Cluster:
     def kill_node(self, node_id: str, sig: int = signal.SIGKILL) -> None:
         node = self.node(node_id)
         assert node.pid is not None
+        if node.embedded:
+            pytest.skip(f"{node_id} runs inside the router process (--embed-node): killing it "
+                        "would kill the router too, which this test does not mean")
         os.kill(node.pid, sig)
 
 
@@ -146,8 +154,9 @@ def _reader(stream, lines: "queue.Queue[str | None]", keep: list[str]) -> None:
     lines.put(None)
 
 
-def start_cluster(data_dir: Path, nodes: int) -> Cluster:
-    """Start ``shoal serve`` and wait (bounded) until it is ready and cluster.json is written."""
+def start_cluster(data_dir: Path, nodes: int, embed: bool = EMBED) -> Cluster:
+    """Start ``shoal serve`` (``--embed-node`` when ``embed``) and wait (bounded) until it is
+    ready and cluster.json is written."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "launcher.stderr.log"
     log = open(log_path, "wb")
@@ -155,7 +164,7 @@ def start_cluster(data_dir: Path, nodes: int) -> Cluster:
     prefix = os.environ.get("SHOAL_E2E_SERVE_CMD", "").split() or [
         sys.executable, "-m", "shoal.shared.cli"]
     cmd = prefix + ["serve", "--host", "127.0.0.1", "--port", "0", "--nodes", str(nodes),
-                    "--data-dir", str(data_dir)]
+                    "--data-dir", str(data_dir), *(["--embed-node"] if embed else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                             text=True, bufsize=1, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -202,7 +211,8 @@ def start_cluster(data_dir: Path, nodes: int) -> Cluster:
                 fail(f"{info_path} missing or not valid JSON after the ready line")
             time.sleep(0.05)
     node_infos = [NodeInfo(n["id"], int(n["pid"]), n.get("endpoint", ""),
-                           _proc_start_time(int(n["pid"]))) for n in info["nodes"]]
+                           _proc_start_time(int(n["pid"])), bool(n.get("embedded")))
+                  for n in info["nodes"]]
     if [n.id for n in node_infos] != [f"node-{i}" for i in range(nodes)]:
         fail(f"cluster.json node ids {[n.id for n in node_infos]} are not node-0..node-{nodes-1}")
     if info["router"]["port"] != port:

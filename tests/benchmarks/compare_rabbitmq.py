@@ -110,9 +110,13 @@ class RabbitMQ:
 class Shoal:
     """A fresh ``shoal serve`` per run (a run that overloads it does not spoil the next)."""
 
-    def __init__(self, port: int, nodes: int, work: Path, env: dict | None = None) -> None:
+    def __init__(self, port: int, nodes: int, work: Path, env: dict | None = None,
+                 embed: bool = False, queue_node: str = "") -> None:
         self.port, self.nodes_n, self.work = port, nodes, work
         self.env = env
+        self.embed = embed
+        #: single-queue loads put their queue on this node ("" = wherever its name hashes)
+        self.queue_node = queue_node
         self.label = f"Shoal ({nodes} nodes)"
         self.url = f"amqp://guest:guest@127.0.0.1:{port}/"
         self.nodes = nodes
@@ -123,7 +127,8 @@ class Shoal:
         self.data = data
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shoal.shared.cli", "serve", "--port", str(self.port),
-             "--nodes", str(self.nodes_n), "--data-dir", str(data), "--log-level", "warning"],
+             "--nodes", str(self.nodes_n), "--data-dir", str(data), "--log-level", "warning",
+             *(["--embed-node"] if self.embed else [])],
             stdout=subprocess.PIPE, stderr=open(data / "serve.log", "wb"), text=True,
             start_new_session=True, env=self.env)
         deadline = time.monotonic() + 60
@@ -135,7 +140,9 @@ class Shoal:
         else:
             raise RuntimeError(f"shoal serve exited: see {data / 'serve.log'}")
         info = json.loads((data / "cluster.json").read_text())
-        self.child_pids = [info["router"]["pid"]] + [n["pid"] for n in info["nodes"]]
+        # An embedded node-0 shares the router's pid: count each process once.
+        self.child_pids = list(dict.fromkeys([info["router"]["pid"]]
+                                             + [n["pid"] for n in info["nodes"]]))
 
     def pids(self) -> list[int]:
         return [self.proc.pid, *self.child_pids]
@@ -205,7 +212,7 @@ class Bench:
         run_dir = self.out / "runs" / f"{self.n:02d}-{name}-{tag}"
         cmd = [sys.executable, "-m", "shoal.shared.cli", "loadtest", "--url", broker.url,
                "--out", str(run_dir), "--label", broker.label, "--time", str(time_s),
-               "--queue-pattern", f"bench-{uuid.uuid4().hex[:8]}-%d", *args]
+               "--queue-pattern", queue_pattern(broker, args), *args]
         if broker.nodes:
             cmd += ["--nodes", str(broker.nodes)]
         broker.start()
@@ -241,6 +248,21 @@ class Bench:
                else f"FAILED: {result['error']}") + (" [sustainable]" if result["ok"] else ""))
         self.runs.append(result)
         return result
+
+
+def queue_pattern(broker, args: list[str]) -> str:
+    """A fresh queue name pattern; for a single-queue load on a Shoal with ``queue_node``,
+    one that the placement puts on that node (the same name goes to RabbitMQ alike)."""
+    one_queue = args[args.index("--queues") + 1] == "1" if "--queues" in args else True
+    node = getattr(broker, "queue_node", "")
+    while True:
+        pattern = f"bench-{uuid.uuid4().hex[:8]}-%d"
+        if not (node and one_queue):
+            return pattern
+        from shoal.shared.placement import owner
+        ids = [f"node-{i}" for i in range(broker.nodes_n)]
+        if owner("/", pattern.replace("%d", "1"), ids) == node:
+            return pattern
 
 
 def bisect_rate(start: int, max_steps: int, precision: float = 0.1):
@@ -330,6 +352,12 @@ def main(argv=None) -> int:
                         "how CPU per message falls with the rate)")
     p.add_argument("--repeat", type=int, default=2,
                    help="runs per broker for loads 3/4, alternating; the best is kept")
+    p.add_argument("--embed-node", action="store_true",
+                   help="run Shoal with 'shoal serve --embed-node' (node-0 in the router "
+                        "process, over ZeroMQ inproc://)")
+    p.add_argument("--queue-node", default=None,
+                   help="put the queue of loads 1-4 on this Shoal node (default: node-0 with "
+                        "--embed-node, else wherever a random name hashes)")
     p.add_argument("--shoal-src", default="",
                    help="run Shoal from this source tree (with node/, router/, shared/; e.g. "
                         "'git archive HEAD | tar -x -C DIR') instead of the installed one")
@@ -348,10 +376,13 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, _exit)
     bench = Bench(out, args.quick)
     rabbit = RabbitMQ()
-    shoal = Shoal(args.shoal_port, args.nodes, out, env)
+    queue_node = args.queue_node if args.queue_node is not None else \
+        ("node-0" if args.embed_node else "")
+    shoal = Shoal(args.shoal_port, args.nodes, out, env, args.embed_node, queue_node)
     t0 = time.monotonic()
     results: dict = {"machine": machine(), "quick": args.quick, "nodes": args.nodes,
-                     "fixed_rate": args.fixed_rate}
+                     "fixed_rate": args.fixed_rate, "embed_node": args.embed_node,
+                     "queue_node": queue_node}
     try:
         rabbit.ensure()
         results["rabbitmq_version"] = rabbitmq_version()
@@ -369,7 +400,7 @@ def main(argv=None) -> int:
         if "5" in loads:
             results["load5"] = {}
             for n in (1, 2, 4):
-                s = Shoal(args.shoal_port, n, out, env)
+                s = Shoal(args.shoal_port, n, out, env, args.embed_node)
                 for b in (s, rabbit) if n == 1 else (s,):
                     r = bench.run(b, "load5", LOAD5)
                     results["load5"][b.label] = {"receive_rate": r.get("receive_rate"),
@@ -417,7 +448,11 @@ def rabbitmq_version() -> str:
 
 
 def render(res: dict, shoal_label: str) -> str:
-    rows = [("load", "Shoal", "RabbitMQ", "Shoal/RabbitMQ", "target")]
+    layout = ["node-0 in the router"] if res.get("embed_node") else []
+    if res.get("queue_node"):
+        layout.append(f"loads 1-4 on {res['queue_node']}")
+    head = f"Shoal ({', '.join(layout)})" if layout else "Shoal"
+    rows = [("load", head, "RabbitMQ", "Shoal/RabbitMQ", "target")]
     rl = "RabbitMQ"
     if "load1" in res:
         s, r = res["load1"].get(shoal_label), res["load1"].get(rl)

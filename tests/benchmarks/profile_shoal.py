@@ -69,6 +69,8 @@ def main(argv=None) -> int:
     p.add_argument("--sample-rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--port", type=int, default=5673)
+    p.add_argument("--embed-node", action="store_true",
+                   help="serve --embed-node, queue on node-0: one profile of router+node-0")
     p.add_argument("--out", default="")
     p.add_argument("--native", action="store_true",
                    help="include C frames (uvloop, pyzmq, libzmq); pauses the process to sample")
@@ -83,7 +85,8 @@ def main(argv=None) -> int:
     data = out / "cluster"
     serve = subprocess.Popen([sys.executable, "-m", "shoal.shared.cli", "serve", "--port",
                               str(args.port), "--nodes", str(args.nodes), "--data-dir",
-                              str(data), "--log-level", "warning"],
+                              str(data), "--log-level", "warning",
+                              *(["--embed-node"] if args.embed_node else [])],
                              stdout=subprocess.PIPE, text=True, start_new_session=True,
                              env=env)
     try:
@@ -92,10 +95,19 @@ def main(argv=None) -> int:
                 break
         info = json.loads((data / "cluster.json").read_text())
         from shoal.shared.placement import owner
+        ids = [n["id"] for n in info["nodes"]]
         queue = f"profile-{int(time.time())}"
-        node_id = owner("/", queue, [n["id"] for n in info["nodes"]])
-        pids = {"router": info["router"]["pid"],
-                node_id: next(n["pid"] for n in info["nodes"] if n["id"] == node_id)}
+        for i in range(1000):     # --embed-node: a queue on node-0, in the router process
+            if not args.embed_node or owner("/", queue, ids) == "node-0":
+                break
+            queue = f"profile-{int(time.time())}-{i}"
+        node_id = owner("/", queue, ids)
+        node_pid = next(n["pid"] for n in info["nodes"] if n["id"] == node_id)
+        pids = {"router": info["router"]["pid"]}
+        if node_pid == pids["router"]:
+            pids = {f"router+{node_id}": node_pid}
+        else:
+            pids[node_id] = node_pid
         load = subprocess.Popen(
             [sys.executable, "-m", "shoal.shared.cli", "loadtest", "--url",
              f"amqp://guest:guest@127.0.0.1:{args.port}/", "--queue-pattern", queue,

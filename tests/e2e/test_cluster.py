@@ -25,7 +25,9 @@ def test_cluster_processes_match_cluster_json(cluster):
     if cluster.external:
         pytest.skip("external broker: no cluster processes to inspect")
     assert cluster.node_ids == ["node-0", "node-1"]
-    pids = [cluster.router_pid] + [n.pid for n in cluster.nodes]
+    for n in cluster.nodes:     # --embed-node: node-0 is the router process itself
+        assert (n.pid == cluster.router_pid) == n.embedded, n
+    pids = [cluster.router_pid] + [n.pid for n in cluster.nodes if not n.embedded]
     assert len(set(pids)) == len(pids), f"processes share a pid: {pids}"
     for pid in pids:
         os.kill(pid, 0)          # every process named in cluster.json is alive

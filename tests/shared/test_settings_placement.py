@@ -35,11 +35,22 @@ def test_env_lists_and_users():
     ({"SHOAL_FRAME_MAX": "100"}, "'frame_max'"),
     ({"SHOAL_LOG_LEVEL": "loud"}, "'log_level'"),
     ({"SHOAL_NODE_ENDPOINTS": "nowhere"}, "'node_endpoints'"),
+    ({"SHOAL_EMBED_NODE": "ture"}, "'embed_node'"),
 ])
 def test_invalid_setting_names_the_setting(env, needle):
     with pytest.raises(ConfigError) as exc:
         load_settings(env=env)
     assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_embed_node_from_file_env_and_flag(tmp_path):
+    assert load_settings(env={}).embed_node is False          # node-0 is a process
+    cfg = tmp_path / "shoal.yaml"
+    cfg.write_text("embed_node: true\n")
+    assert load_settings(cfg, env={}).embed_node is True
+    assert load_settings(cfg, env={"SHOAL_EMBED_NODE": "off"}).embed_node is False
+    assert load_settings(cfg, env={"SHOAL_EMBED_NODE": "0"},
+                         overrides={"embed_node": True}).embed_node is True
 
 
 def test_bad_config_files(tmp_path):
