@@ -48,14 +48,26 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
-def run_once(base: str | None, rate: int, time_s: int, extra: list[str]) -> dict:
-    """One cluster + load run; returns cpu_us (per message), p50/p99 (ms), per-thread rows."""
+def _queue_on_node0() -> str:
+    """A queue name that the placement over node-0, node-1 puts on node-0."""
+    from shoal.shared.placement import owner
+    i = 0
+    while owner("/", f"ab-{i}", ["node-0", "node-1"]) != "node-0":
+        i += 1
+    return f"ab-{i}"
+
+
+def run_once(base: str | None, rate: int, time_s: int, extra: list[str],
+             embed: bool = False) -> dict:
+    """One cluster + load run; returns cpu_us (per message), p50/p99 (ms), per-thread rows.
+    ``embed``: ``serve --embed-node`` with the queue on node-0 (in the router process)."""
     code = "import sys; from shoal.shared.cli import main; sys.exit(main())"
     if base:
         code = f"import sys; sys.path.insert(0, {base!r}); " + code
     d = tempfile.mkdtemp(prefix="shoal-ab-")
     proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", "0", "--nodes", "2",
-                             "--data-dir", d, "--log-level", "warning"],
+                             "--data-dir", d, "--log-level", "warning",
+                             *(["--embed-node"] if embed else [])],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             cwd=base or d)
     try:
@@ -70,7 +82,8 @@ def run_once(base: str | None, rate: int, time_s: int, extra: list[str]) -> dict
             [sys.executable, "-m", "shoal.shared.cli", "loadtest",
              "--url", f"amqp://guest:guest@127.0.0.1:{m.group(1)}/", "--producers", "1",
              "--consumers", "1", "--queues", "1", "--size", "100", "--rate", str(rate),
-             "--time", str(time_s), "--qos", "200", "--out", d + "/lt", *extra],
+             "--time", str(time_s), "--qos", "200", "--out", d + "/lt",
+             *(["--queue-pattern", _queue_on_node0()] if embed else []), *extra],
             capture_output=True, text=True, cwd=d).stdout
         after = {k: _threads(k) for k in kids}
     finally:
@@ -96,10 +109,12 @@ def main() -> None:
     p.add_argument("--time", type=int, default=6)
     p.add_argument("--runs", type=int, default=6, help="runs per side")
     p.add_argument("--threads", action="store_true", help="one run, CPU per thread")
+    p.add_argument("--embed-node", action="store_true",
+                   help="serve --embed-node, the queue on node-0 (inside the router)")
     p.add_argument("extra", nargs="*", help="more shoal loadtest flags (after --)")
     a = p.parse_args()
     if a.threads:
-        r = run_once(None, a.rate, a.time, a.extra)
+        r = run_once(None, a.rate, a.time, a.extra, a.embed_node)
         for proc, thread, u, s, z in r["threads"]:
             if u + s >= 0.5:
                 print(f"{proc[:40]:40} {thread:14} user {u:6.1f} sys {s:6.1f} µs/msg, "
@@ -118,7 +133,7 @@ def main() -> None:
     for i in range(a.runs):
         order = (("base", base), ("installed", None))
         for label, src in order if i % 2 == 0 else order[::-1]:
-            r = run_once(src, a.rate, a.time, a.extra)
+            r = run_once(src, a.rate, a.time, a.extra, a.embed_node)
             res[label].append(r)
             print(f"{label:9} {r['cpu_us']:6.1f} µs/msg  p50 {r['p50']} ms  p99 {r['p99']} ms",
                   flush=True)
