@@ -19,6 +19,7 @@ import logging
 import signal
 import threading
 import time
+from typing import Callable
 
 import zmq
 
@@ -50,6 +51,9 @@ STATS_EVERY_S = 1.0
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
+#: Frames from an in-process router (attach_local) that may wait for a turn, as the ROUTER
+#: socket's RCVHWM bounds a remote router's.
+LOCAL_HWM = 16
 
 
 #: Settlements and credit: handled before the publishes read in the same turn, so consumers
@@ -128,6 +132,10 @@ class NodeServer:
         self._retry: asyncio.TimerHandle | None = None
         self._last_commit: asyncio.Future | None = None
         self._clean = False             # the last commit at stop succeeded
+        #: Routers in this process (attach_local): identity -> where their frames go, and
+        #: the frames they sent that wait for the next turn.
+        self._local: dict[bytes, Callable[[bytes], None]] = {}
+        self._local_in: list[tuple[bytes, bytes]] = []
 
     def open_journal(self, directory: str | os.PathLike | None = None) -> int:
         """Open the journal (default ``<settings.data_dir>/journal``) and rebuild the shard
@@ -215,6 +223,30 @@ class NodeServer:
                 log.warning("cannot write stats file %s: %s", path, exc.strerror)
             await asyncio.sleep(STATS_EVERY_S)
 
+    def attach_local(self, identity: bytes, deliver: Callable[[bytes], None]
+                     ) -> Callable[[bytes], bool]:
+        """Connect a router that runs in this process and event loop, without ZeroMQ.
+
+        Frames are the same bytes as on the ZeroMQ link (``shared.wire.encode_batch``), only
+        handed over in memory. The returned ``send(frame) -> bool`` queues a frame from the
+        router (read at the next turn, which it schedules); it returns False, taking nothing,
+        while :data:`LOCAL_HWM` frames wait (the router then pauses its publishers, as on a
+        full ZeroMQ pipe). Frames for ``identity`` go to ``deliver(frame)``, called at the end
+        of a turn, never from inside ``send``.
+        """
+        self._local[identity] = deliver
+        inbox = self._local_in
+
+        def send(frame: bytes) -> bool:
+            if len(inbox) >= LOCAL_HWM:
+                return False
+            inbox.append((identity, frame))
+            if not self._turn_scheduled and self._loop is not None and not self._stopping:
+                self._turn_scheduled = True
+                self._loop.call_soon(self._turn, False)
+            return True
+        return send
+
     def bind(self) -> str:
         self.sock.bind(self.settings.node_bind)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT) or self.settings.node_bind
@@ -241,13 +273,18 @@ class NodeServer:
             self._turn_scheduled = True
             self._loop.call_soon(self._turn)
 
-    def _drain(self) -> int:
+    def _drain(self, socket: bool = True) -> int:
+        """Feed the shard what waits: frames of in-process routers, then (``socket``) up to
+        MAX_READ_PER_TURN from the ROUTER socket. Returns the socket messages read."""
         sock = self.sock
         n = 0
         frames = []
+        if self._local_in:
+            frames = self._local_in[:]
+            self._local_in.clear()
         # Ask ZMQ_EVENTS first (a plain int: no enum): ending every drain with a zmq.Again
         # exception costs more.
-        while n < MAX_READ_PER_TURN and sock.get(_EVENTS) & _POLLIN:
+        while socket and n < MAX_READ_PER_TURN and sock.get(_EVENTS) & _POLLIN:
             try:
                 parts = sock.recv_multipart(_NOBLOCK)
             except zmq.Again:
@@ -261,9 +298,16 @@ class NodeServer:
             feed_frames(self.shard, frames, _now_ms())
         return n
 
-    def _flush(self) -> None:
+    def _flush(self) -> bool:
+        """Send the shard's outbox: one batch per router. True when any went to the socket."""
         out = self.shard.take_outbox()
+        sent = False
         for peer, msgs in out.items():
+            local = self._local.get(peer)
+            if local is not None:
+                local(encode_batch(msgs))
+                continue
+            sent = True
             try:
                 # Copying a batch this small is cheaper than tracking a zero-copy frame.
                 self.sock.send_multipart([peer, encode_batch(msgs)], _NOBLOCK)
@@ -271,24 +315,30 @@ class NodeServer:
                 log.warning("cannot send %d messages to %r: %s", len(msgs), peer, exc)
             except TypeError as exc:
                 log.error("cannot encode batch for %r: %s", peer, exc)
+        return sent
 
     def _readable(self) -> bool:
         return bool(self.sock.get(_EVENTS) & _POLLIN)
 
-    def _turn(self) -> None:
+    def _turn(self, socket: bool = True) -> None:
         """One loop turn: read what waits (bounded), run due timers, commit, send. Runs from
-        the socket's reader callback, so an idle-to-busy wake-up costs no task switch."""
+        the socket's reader callback, so an idle-to-busy wake-up costs no task switch.
+
+        ``socket=False`` (frames of an in-process router, attach_local): leave the ROUTER
+        socket alone unless this turn sent on it. Its FD's edge is then untouched, so its
+        reader still fires for whatever waits there, and two ZMQ_EVENTS calls are saved."""
         self._turn_scheduled = False
         if self._stopping:
             self._poke()
             return
         try:
-            self._drain()
+            self._drain(socket)
             now = _now_ms()
             self.shard.tick(now)
             self._commit()
-            self._flush()
-            if self._readable():        # more than a turn's worth, or the send ate the edge
+            sent = self._flush()
+            # More than a turn's worth waits, or a send ate the FD's edge: look again.
+            if (socket or sent) and self._readable():
                 self._poke()
             else:
                 self._arm_timer(now)

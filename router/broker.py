@@ -21,7 +21,7 @@ from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH, TAG_SETTLE
 
 from . import consumers as credit
 from .consumers import Consumer, ConsumerTarget
-from .link import NodeLink
+from .link import Attach, LocalLink, NodeLink
 from .routing import Topology
 
 if TYPE_CHECKING:
@@ -48,11 +48,14 @@ class PendingPublish:
 class Broker:
     """Owns the node links and routes work between client channels and nodes."""
 
-    def __init__(self, settings: Settings, ctx: zmq.Context | None = None) -> None:
-        """``ctx``: the ZeroMQ context for the node links; one shared with nodes hosted in
-        this process (``inproc://`` endpoints). By default the broker makes its own and
-        terminates it in :meth:`stop`."""
+    def __init__(self, settings: Settings, ctx: zmq.Context | None = None,
+                 local_nodes: dict[str, Attach] | None = None) -> None:
+        """``ctx``: the ZeroMQ context for the node links (by default the broker makes its
+        own and terminates it in :meth:`stop`). ``local_nodes``: node id -> ``attach`` of a
+        node hosted in this process, linked by a LocalLink instead of ZeroMQ."""
         self.settings = settings
+        self.local_nodes = local_nodes or {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.router_id = uuid.uuid4().hex[:12]
         self.node_map = settings.node_map()
         self.node_ids = [n for n, _ in self.node_map]
@@ -83,9 +86,16 @@ class Broker:
         their topology is loaded. Raises TimeoutError naming the nodes that did not answer."""
         s = self.settings
         for node_id, endpoint in self.node_map:
-            link = NodeLink(self._ctx, node_id, endpoint, self.router_id, s.link_heartbeat_ms,
-                            s.link_timeout_ms, self._on_node_message, self._on_node_up,
-                            self._on_node_down, self._on_congestion)
+            attach = self.local_nodes.get(node_id)
+            if attach is not None:
+                link: NodeLink = LocalLink(
+                    attach, node_id, endpoint, self.router_id, s.link_heartbeat_ms,
+                    s.link_timeout_ms, self._on_node_message, self._on_node_up,
+                    self._on_node_down, self._on_congestion)
+            else:
+                link = NodeLink(self._ctx, node_id, endpoint, self.router_id,
+                                s.link_heartbeat_ms, s.link_timeout_ms, self._on_node_message,
+                                self._on_node_up, self._on_node_down, self._on_congestion)
             self.links[node_id] = link
             link.start()
         try:
@@ -133,7 +143,10 @@ class Broker:
         self._dirty.add(client)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop = self._loop
+            if loop is None:   # looked up once: on Python 3.11 each lookup is a getpid call
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

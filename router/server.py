@@ -6,11 +6,13 @@ When it accepts connections it prints ``shoal router ready on HOST:PORT`` to std
 launcher reads it to learn the port chosen for ``--port 0``).
 
 Hosted nodes: a node endpoint ``inproc://NAME`` means the node runs inside this process, in
-this event loop, bound to that ZeroMQ ``inproc://`` endpoint of the router's own context (the
-``embed_node`` setting of ``shoal serve``). The link, the wire messages and the node code are
-the same as for a node process; what goes is the socket hop and the ZeroMQ I/O threads, which
-cost about as much CPU per message as RabbitMQ's whole broker (docs/performance.md). The
-router never imports ``shoal.node``: the entry point passes ``host_node`` in (design.md 1).
+this event loop (the ``embed_node`` setting of ``shoal serve``). It binds that ZeroMQ
+``inproc://`` endpoint of the router's context, but the router's own link to it
+(``LocalLink``) hands the link's frames over in memory. The link protocol, the frames and the
+node code are the same as for a node process; what goes is the socket hop, the ZeroMQ I/O
+threads and ZeroMQ's own per-call cost, which together cost about as much CPU per message as
+RabbitMQ's whole broker (docs/performance.md). The router never imports ``shoal.node``: the
+entry point passes ``host_node`` in (design.md section 1).
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ log = logging.getLogger("shoal.router")
 
 
 #: ``host_node(settings, node_id, endpoint, ctx)``: opens and binds a node to run in this
-#: process (``shoal.node.server.hosted_node``); it has ``serve()``, ``stop()``, ``close()``.
+#: process (``shoal.node.server.hosted_node``); it has ``serve()``, ``stop()``, ``close()``
+#: and ``attach_local`` (the broker's LocalLink hands it frames in memory, not via ZeroMQ).
 HostNode = Callable[[Settings, str, str, zmq.Context], Any]
 
 
@@ -81,7 +84,9 @@ async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
         await _stop_hosted(hosted)
         ctx.term()
         return exc.exit_code
-    broker = Broker(settings, ctx)
+    broker = Broker(settings, ctx, {node_id: node.attach_local
+                                    for (node_id, _), (node, _task)
+                                    in zip(hosted_endpoints(settings), hosted)})
     try:
         await broker.start()
     except TimeoutError as exc:
