@@ -434,6 +434,12 @@ class LocalLink(NodeLink):
         return True
 
     def _receive(self, frame: bytes) -> None:
+        # Called at the end of the node's turn: handle the frame in a callback of its own, so
+        # that a router bug surfaces as it would from a socket read (logged by the loop) and
+        # never ends the node's turn.
+        self._running_loop().call_soon(self._receive_now, frame)
+
+    def _receive_now(self, frame: bytes) -> None:
         if not self._closed:
             self._handle_frame(frame)
 

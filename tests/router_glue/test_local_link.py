@@ -1,0 +1,92 @@
+"""LocalLink (router/link.py) to a NodeServer hosted in the same event loop (``--embed-node``).
+
+The router's link and a real node share one loop, as in the router process: the handshake,
+a request and its REPLY travel in memory, and a node that has not yet read LOCAL_HWM frames
+refuses more, so the link pauses the publishers and resumes them once the node caught up.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import zmq
+
+from shoal.node.server import LOCAL_HWM, NodeServer
+from shoal.router.link import MAX_BATCH, LocalLink
+from shoal.shared.settings import Settings
+from shoal.shared.wire import T
+
+
+def _hosted(ctx: zmq.Context) -> NodeServer:
+    settings = dataclasses.replace(Settings(), node_id="node-0", node_bind="inproc://node-0")
+    server = NodeServer(settings, ctx=ctx)
+    server.bind()
+    return server
+
+
+async def _up(server: NodeServer, events: list) -> LocalLink:
+    link = LocalLink(server.attach_local, "node-0", "inproc://node-0", "r1", 500, 10000,
+                     on_message=lambda l, m: None, on_up=lambda l, r: events.append("up"),
+                     on_down=lambda l: events.append("down"),
+                     on_congestion=lambda l, on: events.append(("congested", on)))
+    link.start()
+    await asyncio.wait_for(link.ready.wait(), 5)
+    return link
+
+
+def test_handshake_and_a_request_travel_in_memory():
+    ctx = zmq.Context()
+    server = _hosted(ctx)
+    events: list = []
+
+    async def go():
+        serving = asyncio.ensure_future(server.serve())
+        link = await _up(server, events)
+        reply = await asyncio.wait_for(link.request(
+            [T.QUEUE_DECLARE, "/", "q1", False, False, False, False, {}, None]), 5)
+        await link.stop()
+        server.stop()
+        await serving
+        return reply
+
+    try:
+        assert asyncio.run(go()) == ["q1", 0, 0]
+        assert events == ["up"]
+    finally:
+        server.close()
+        ctx.term()
+
+
+def test_a_node_that_falls_behind_pauses_publishers_and_loses_nothing():
+    ctx = zmq.Context()
+    server = _hosted(ctx)
+    events: list = []
+    n = (LOCAL_HWM + 4) * MAX_BATCH      # more than the node may hold unread
+
+    async def go():
+        serving = asyncio.ensure_future(server.serve())
+        link = await _up(server, events)
+        await link.request([T.QUEUE_DECLARE, "/", "q1", False, False, False, False, {}, None])
+        for i in range(n):               # one loop turn: the node cannot read in between
+            link.send([T.PUBLISH, 0, "/", ["q1"], "", "q1", b"", b"m%d" % i, None])
+        link._flush()
+        paused = link.congested
+        for _ in range(200):
+            if not link.congested and not link._outbox:
+                break
+            await asyncio.sleep(0.01)
+        reply = await link.request([T.QUEUE_DECLARE, "/", "q1", True, False, False, False,
+                                    {}, None])
+        await link.stop()
+        server.stop()
+        await serving
+        return paused, reply
+
+    try:
+        paused, reply = asyncio.run(go())
+        assert paused, "the link did not notice the node falling behind"
+        assert ("congested", True) in events and events[-1] == ("congested", False)
+        assert reply[1] == n             # every publish was enqueued, none dropped
+    finally:
+        server.close()
+        ctx.term()
