@@ -37,8 +37,9 @@ def serve_main(argv: list[str]) -> int:
     p.add_argument("--data-dir", help="where nodes keep their data (default "
                                       "~/.local/share/shoal)")
     p.add_argument("--embed-node", action=argparse.BooleanOptionalAction, default=None,
-                   help="run node-0 inside the router process, linked over ZeroMQ inproc:// "
-                        "(lower CPU per message and latency for its queues; default off)")
+                   help="run node-0 inside the router process, its link's frames handed over "
+                        "in memory (lower CPU per message and latency for its queues; default "
+                        "off)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     try:

@@ -8,7 +8,8 @@ then the nodes. Children get SIGTERM if the launcher itself dies (``PR_SET_PDEAT
 nothing is orphaned.
 
 With ``embed_node`` node-0 is not a process of its own: the router runs it in its event loop
-on the ZeroMQ endpoint ``inproc://node-0`` (docs/performance.md says why). cluster.json then
+(endpoint ``inproc://node-0``; the router's link hands it frames in memory; docs/performance.md
+says why). cluster.json then
 gives node-0 the router's pid and ``"embedded": true``; restarting the router restarts it,
 and it recovers from its journal in ``DATA_DIR/node-0`` like a node process.
 """

@@ -34,8 +34,8 @@ class Settings:
     nodes: int = field(default_factory=lambda: os.cpu_count() or 1)  #: ``serve``: node count
     data_dir: str = field(default_factory=_default_data_dir)  #: node journals, runtime files
     embed_node: bool = False                 #: ``serve``: run node-0 inside the router
-    #: process over ZeroMQ ``inproc://`` (no socket hop: about half the CPU per message and
-    #: latency like RabbitMQ's for node-0's queues; the other nodes stay processes)
+    #: process, link frames handed over in memory (no socket hop: about half the CPU per
+    #: message and latency like RabbitMQ's for node-0's queues; the other nodes stay processes)
     node_endpoints: list[str] = field(default_factory=list)  #: router: ZeroMQ node endpoints,
     #: in node-id order; ``ID=ENDPOINT`` names the node, a bare endpoint is ``node-<index>``
     node_id: str = "node-0"                  #: node: its id (placement hashes over ids)
