@@ -109,15 +109,28 @@ class NodeLink:
         self._mon = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
     def start(self) -> None:
-        # ZeroMQ's FD is edge-triggered: readable means "look at ZMQ_EVENTS", so every wake-up
-        # (and every send, see _send_now) drains until EVENTS says nothing is left.
-        loop = asyncio.get_running_loop()
-        loop.add_reader(self._sock.getsockopt(zmq.FD), self._drain)
-        loop.add_reader(self._mon.getsockopt(zmq.FD), self._on_monitor)
-        self._on_monitor()  # reading ZMQ_EVENTS once arms each edge-triggered FD
-        self._drain()
+        self._watch(True)
         self._tasks = [asyncio.ensure_future(self._timer_loop())]
         self._hello()
+
+    def _watch(self, on: bool) -> None:
+        """Start (``on``) or stop reading the socket and its monitor."""
+        loop = asyncio.get_running_loop()
+        fds = self._sock.getsockopt(zmq.FD), self._mon.getsockopt(zmq.FD)
+        if not on:
+            for fd in fds:
+                loop.remove_reader(fd)
+            return
+        # ZeroMQ's FD is edge-triggered: readable means "look at ZMQ_EVENTS", so every wake-up
+        # (and every send, see _send_now) drains until EVENTS says nothing is left.
+        loop.add_reader(fds[0], self._drain)
+        loop.add_reader(fds[1], self._on_monitor)
+        self._on_monitor()  # reading ZMQ_EVENTS once arms each edge-triggered FD
+        self._drain()
+
+    def _close_transport(self) -> None:
+        self._mon.close(linger=0)
+        self._sock.close(linger=100)
 
     async def stop(self) -> None:
         """Say GOODBYE (the node drops our consumers at once) and close."""
@@ -129,12 +142,9 @@ class NodeLink:
         self._closed = True
         for t in self._tasks:
             t.cancel()
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(self._sock.getsockopt(zmq.FD))
-        loop.remove_reader(self._mon.getsockopt(zmq.FD))
+        self._watch(False)
         await asyncio.sleep(0)
-        self._mon.close(linger=0)
-        self._sock.close(linger=100)
+        self._close_transport()
 
     def _hello(self) -> None:
         # Straight to the socket: a HELLO must not wait behind a batch for a dead node.
@@ -397,35 +407,19 @@ class LocalLink(NodeLink):
     frames refuses more, and the link pauses publishers as for a full ZeroMQ pipe.
     """
 
-    def __init__(self, attach: Attach, node_id: str, endpoint: str, router_id: str,
-                 heartbeat_ms: int, timeout_ms: int,
-                 on_message: Callable[["NodeLink", list], None],
-                 on_up: Callable[["NodeLink", bool], None],
-                 on_down: Callable[["NodeLink"], None],
-                 on_congestion: Callable[["NodeLink", bool], None] = lambda link, on: None
-                 ) -> None:
+    def __init__(self, attach: Attach, *args, **kwargs) -> None:
+        """``attach`` first, then NodeLink's arguments without ``ctx``."""
         self._attach = attach
-        super().__init__(None, node_id, endpoint, router_id, heartbeat_ms, timeout_ms,
-                         on_message, on_up, on_down, on_congestion)
+        super().__init__(None, *args, **kwargs)
 
     def _open(self, ctx: zmq.Context | None, endpoint: str) -> None:
         self._node_send = self._attach(f"local-{self.router_id}".encode(), self._receive)
 
-    def start(self) -> None:
-        self._tasks = [asyncio.ensure_future(self._timer_loop())]
-        self._hello()
+    def _watch(self, on: bool) -> None:
+        """No socket to watch: frames arrive through ``_receive``."""
 
-    async def stop(self) -> None:
-        """Say GOODBYE (the node drops our consumers at once) and stop receiving."""
-        if self._closed:
-            return
-        if self.up:
-            self._outbox.append([T.GOODBYE])
-            self._flush()
-        self._closed = True
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.sleep(0)
+    def _close_transport(self) -> None:
+        """Nothing to close: after stop, ``_receive`` drops what the node still sends."""
 
     def _send_now(self, batch: list[list]) -> bool:
         if not self._node_send(wire.encode_batch(batch)):
