@@ -19,6 +19,9 @@ broker, alternating, the best kept); 5. 8 queues, 4 producers,
 4 consumers, no rate limit, ``--confirm 500`` (the confirm window is the flow control), with
 Shoal on 1, 2 and 4 node processes.
 
+``--embed-node`` runs every Shoal with ``shoal serve --embed-node`` and puts the queue of loads
+1-4 on node-0, the node inside the router (``--queue-node`` picks another node).
+
 Not collected by pytest (no ``test_`` prefix): a benchmark asserts no speed.
 """
 from __future__ import annotations
