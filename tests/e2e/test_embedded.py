@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
 
 from .clients import connect
-from .test_durability import drain, kill9, passive_count, session, wait_serving
+from .test_durability import drain, kill9, session, wait_serving
 
 pytestmark = pytest.mark.e2e
 
@@ -183,3 +183,30 @@ def test_hosted_node_with_unusable_journal_stops_the_router_with_exit_3(tmp_path
     assert r.returncode == 3, r.stderr
     assert "node-0" in r.stderr and "journal" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_turning_the_flag_on_and_off_keeps_node0s_data(tmp_path, uid):
+    """node-0 keeps its journal in DATA_DIR/node-0 in both layouts: durable messages
+    published with node-0 as a process are there when it runs inside the router, and back."""
+    if EXTERNAL_URL:
+        pytest.skip("needs the cluster's own processes; SHOAL_E2E_URL points at an external "
+                    "broker")
+    data = tmp_path / "cluster"
+    layouts = [False, True, False]
+    q = None
+    for i, embed in enumerate(layouts):
+        cl = start_cluster(data, 2, embed=embed)
+        try:
+            q = q or cl.queue_on("node-0", f"emb-flip-{uid}")
+            s = session(cl)
+            s.ch.queue_declare(q, durable=True)
+            assert s.ch.queue_declare(q, passive=True).method.message_count == i
+            s.ch.basic_publish("", q, f"layout-{i}".encode(), PERSISTENT)
+            s.close()
+        finally:
+            stop_cluster(cl)
+    cl = start_cluster(data, 2, embed=True)
+    try:
+        assert [b for b, _ in drain(cl, q, 3)] == [b"layout-0", b"layout-1", b"layout-2"]
+    finally:
+        stop_cluster(cl)
