@@ -90,3 +90,27 @@ def test_a_node_that_falls_behind_pauses_publishers_and_loses_nothing():
     finally:
         server.close()
         ctx.term()
+
+
+def test_a_hosted_node_that_fails_stops_the_router_with_exit_1(tmp_path):
+    """A bug that ends node-0's loop must not leave a router serving a dead queue shard: the
+    router stops (exit 1) and the launcher restarts both."""
+    from shoal.node.server import hosted_node
+    from shoal.router.server import serve
+
+    settings = dataclasses.replace(Settings(), port=0, data_dir=str(tmp_path),
+                                   node_endpoints=["node-0=inproc://node-0"])
+    made = []
+
+    def host_node(s, node_id, endpoint, ctx):
+        node = hosted_node(s, node_id, endpoint, ctx)
+        made.append(node)
+
+        def broken_tick(now_ms):
+            raise RuntimeError("injected bug")
+        asyncio.get_running_loop().call_later(0.5, setattr, node.shard, "tick", broken_tick)
+        return node
+
+    code = asyncio.run(asyncio.wait_for(serve(settings, host_node), 20))
+    assert code == 1
+    assert made and made[0].journal is None      # closed on the way out
