@@ -303,18 +303,21 @@ class NodeServer:
         out = self.shard.take_outbox()
         sent = False
         for peer, msgs in out.items():
+            try:
+                frame = encode_batch(msgs)
+            except TypeError as exc:
+                log.error("cannot encode batch for %r: %s", peer, exc)
+                continue
             local = self._local.get(peer)
             if local is not None:
-                local(encode_batch(msgs))
+                local(frame)
                 continue
             sent = True
             try:
                 # Copying a batch this small is cheaper than tracking a zero-copy frame.
-                self.sock.send_multipart([peer, encode_batch(msgs)], _NOBLOCK)
+                self.sock.send_multipart([peer, frame], _NOBLOCK)
             except zmq.ZMQError as exc:
                 log.warning("cannot send %d messages to %r: %s", len(msgs), peer, exc)
-            except TypeError as exc:
-                log.error("cannot encode batch for %r: %s", peer, exc)
         return sent
 
     def _readable(self) -> bool:

@@ -86,16 +86,12 @@ class Broker:
         their topology is loaded. Raises TimeoutError naming the nodes that did not answer."""
         s = self.settings
         for node_id, endpoint in self.node_map:
+            args = (node_id, endpoint, self.router_id, s.link_heartbeat_ms, s.link_timeout_ms,
+                    self._on_node_message, self._on_node_up, self._on_node_down,
+                    self._on_congestion)
             attach = self.local_nodes.get(node_id)
-            if attach is not None:
-                link: NodeLink = LocalLink(
-                    attach, node_id, endpoint, self.router_id, s.link_heartbeat_ms,
-                    s.link_timeout_ms, self._on_node_message, self._on_node_up,
-                    self._on_node_down, self._on_congestion)
-            else:
-                link = NodeLink(self._ctx, node_id, endpoint, self.router_id,
-                                s.link_heartbeat_ms, s.link_timeout_ms, self._on_node_message,
-                                self._on_node_up, self._on_node_down, self._on_congestion)
+            link = LocalLink(attach, *args) if attach is not None else \
+                NodeLink(self._ctx, *args)
             self.links[node_id] = link
             link.start()
         try:

@@ -57,7 +57,7 @@ async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     ctx = zmq.Context()
-    hosted: list[tuple[Any, asyncio.Task]] = []
+    hosted: list[tuple[str, Any, asyncio.Task]] = []
     failed: list[str] = []
 
     def watch(node_id: str):
@@ -78,15 +78,13 @@ async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
             node = host_node(settings, node_id, endpoint, ctx)
             task = asyncio.ensure_future(node.serve())
             task.add_done_callback(watch(node_id))
-            hosted.append((node, task))
+            hosted.append((node_id, node, task))
     except StartupError as exc:
         print(f"shoal router: {exc}", flush=True, file=sys.stderr)
         await _stop_hosted(hosted)
         ctx.term()
         return exc.exit_code
-    broker = Broker(settings, ctx, {node_id: node.attach_local
-                                    for (node_id, _), (node, _task)
-                                    in zip(hosted_endpoints(settings), hosted)})
+    broker = Broker(settings, ctx, {node_id: node.attach_local for node_id, node, _ in hosted})
     try:
         await broker.start()
     except TimeoutError as exc:
@@ -127,10 +125,10 @@ async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
     return 1 if failed else 0
 
 
-async def _stop_hosted(hosted: list[tuple[Any, asyncio.Task]]) -> None:
+async def _stop_hosted(hosted: list[tuple[str, Any, asyncio.Task]]) -> None:
     """Stop hosted nodes after the links said GOODBYE: each commits its journal (bounded),
     then closes its socket and journal."""
-    for node, task in hosted:
+    for _node_id, node, task in hosted:
         node.stop()
         _, pending = await asyncio.wait([task], timeout=15)   # a failure was logged already
         if pending:
