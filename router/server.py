@@ -81,8 +81,7 @@ async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
             hosted.append((node_id, node, task))
     except StartupError as exc:
         print(f"shoal router: {exc}", flush=True, file=sys.stderr)
-        await _stop_hosted(hosted)
-        ctx.term()
+        await _stop_hosted(hosted, ctx)
         return exc.exit_code
     broker = Broker(settings, ctx, {node_id: node.attach_local for node_id, node, _ in hosted})
     try:
@@ -90,8 +89,7 @@ async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
     except TimeoutError as exc:
         log.error("%s", exc)
         await broker.stop()
-        await _stop_hosted(hosted)
-        ctx.term()
+        await _stop_hosted(hosted, ctx)
         return 1
     server = await loop.create_server(
         lambda: ClientConnection(broker), settings.host, settings.port,
@@ -120,14 +118,13 @@ async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
         if client.transport is not None:
             client.transport.close()
     await broker.stop()
-    await _stop_hosted(hosted)
-    ctx.term()
+    await _stop_hosted(hosted, ctx)
     return 1 if failed else 0
 
 
-async def _stop_hosted(hosted: list[tuple[str, Any, asyncio.Task]]) -> None:
+async def _stop_hosted(hosted: list[tuple[str, Any, asyncio.Task]], ctx: zmq.Context) -> None:
     """Stop hosted nodes after the links said GOODBYE: each commits its journal (bounded),
-    then closes its socket and journal."""
+    then closes its socket and journal; then terminate the shared ZeroMQ context."""
     for _node_id, node, task in hosted:
         node.stop()
         _, pending = await asyncio.wait([task], timeout=15)   # a failure was logged already
@@ -135,6 +132,7 @@ async def _stop_hosted(hosted: list[tuple[str, Any, asyncio.Task]]) -> None:
             log.error("a hosted node did not stop within 15 s")
             task.cancel()
         node.close()
+    ctx.term()
 
 
 async def _write_stats(broker: Broker, path: str) -> None:

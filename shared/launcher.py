@@ -9,9 +9,9 @@ nothing is orphaned.
 
 With ``embed_node`` node-0 is not a process of its own: the router runs it in its event loop
 (endpoint ``inproc://node-0``; the router's link hands it frames in memory; docs/performance.md
-says why). cluster.json then
-gives node-0 the router's pid and ``"embedded": true``; restarting the router restarts it,
-and it recovers from its journal in ``DATA_DIR/node-0`` like a node process.
+says why). cluster.json then gives node-0 the router's pid and ``"embedded": true``;
+restarting the router restarts it, and it recovers from its journal in ``DATA_DIR/node-0``
+like a node process.
 """
 from __future__ import annotations
 

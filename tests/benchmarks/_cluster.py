@@ -22,3 +22,15 @@ def start_cluster(data_dir: str, nodes: int, env: dict[str, str] | None = None
         proc.kill()
         raise SystemExit(f"cluster did not start: {line!r}")
     return proc, int(m.group(1))
+
+
+def name_on(node_id: str, node_count: int, template: str) -> str:
+    """The first ``template.format(k)`` (k = 0, 1, ...) that placement over node-0 ..
+    node-<node_count - 1> puts on ``node_id`` (vhost "/"). A name holding ``%d`` (a load-test
+    queue pattern) is checked as its queue 1."""
+    from shoal.shared.placement import owner
+    ids = [f"node-{i}" for i in range(node_count)]
+    k = 0
+    while owner("/", template.format(k).replace("%d", "1"), ids) != node_id:
+        k += 1
+    return template.format(k)

@@ -258,14 +258,11 @@ def queue_pattern(broker, args: list[str]) -> str:
     one that the placement puts on that node (the same name goes to RabbitMQ alike)."""
     one_queue = args[args.index("--queues") + 1] == "1" if "--queues" in args else True
     node = getattr(broker, "queue_node", "")
-    while True:
-        pattern = f"bench-{uuid.uuid4().hex[:8]}-%d"
-        if not (node and one_queue):
-            return pattern
-        from shoal.shared.placement import owner
-        ids = [f"node-{i}" for i in range(broker.nodes_n)]
-        if owner("/", pattern.replace("%d", "1"), ids) == node:
-            return pattern
+    pattern = f"bench-{uuid.uuid4().hex[:8]}"
+    if not (node and one_queue):
+        return pattern + "-%d"
+    from _cluster import name_on
+    return name_on(node, broker.nodes_n, pattern + "-{}-%d")
 
 
 def bisect_rate(start: int, max_steps: int, precision: float = 0.1):

@@ -25,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _cluster import name_on
+
 TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -46,15 +48,6 @@ def _threads(pid: int) -> dict[tuple[str, str], tuple[int, int, int]]:
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
-
-
-def _queue_on_node0() -> str:
-    """A queue name that the placement over node-0, node-1 puts on node-0."""
-    from shoal.shared.placement import owner
-    i = 0
-    while owner("/", f"ab-{i}", ["node-0", "node-1"]) != "node-0":
-        i += 1
-    return f"ab-{i}"
 
 
 def run_once(base: str | None, rate: int, time_s: int, extra: list[str],
@@ -83,7 +76,7 @@ def run_once(base: str | None, rate: int, time_s: int, extra: list[str],
              "--url", f"amqp://guest:guest@127.0.0.1:{m.group(1)}/", "--producers", "1",
              "--consumers", "1", "--queues", "1", "--size", "100", "--rate", str(rate),
              "--time", str(time_s), "--qos", "200", "--out", d + "/lt",
-             *(["--queue-pattern", _queue_on_node0()] if embed else []), *extra],
+             *(["--queue-pattern", name_on("node-0", 2, "ab-{}")] if embed else []), *extra],
             capture_output=True, text=True, cwd=d).stdout
         after = {k: _threads(k) for k in kids}
     finally:

@@ -97,10 +97,9 @@ def main(argv=None) -> int:
         from shoal.shared.placement import owner
         ids = [n["id"] for n in info["nodes"]]
         queue = f"profile-{int(time.time())}"
-        for i in range(1000):     # --embed-node: a queue on node-0, in the router process
-            if not args.embed_node or owner("/", queue, ids) == "node-0":
-                break
-            queue = f"profile-{int(time.time())}-{i}"
+        if args.embed_node:       # a queue on node-0, in the router process
+            from _cluster import name_on
+            queue = name_on("node-0", len(ids), queue + "-{}")
         node_id = owner("/", queue, ids)
         node_pid = next(n["pid"] for n in info["nodes"] if n["id"] == node_id)
         pids = {"router": info["router"]["pid"]}
