@@ -13,8 +13,9 @@ queues with features also call ``dead_letter(queue, entry, reason)`` (when
 
 Features (node/queue_args.py, docs/queues.md): queue types, TTL, scheduled delivery (HELD
 entries), overflow, dead-lettering, delivery limit, message groups, single active consumer,
-selectors, no_local, consumer timeout. A queue without any (``cfg.plain``) keeps the plain
-FIFO path: per message it reads two bytes of the content header and nothing else.
+selectors, no_local, consumer timeout; what a message's properties make of its entry is in
+node/entry_features.py. A queue without any (``cfg.plain``) keeps the plain FIFO path: per
+message it reads two bytes of the content header and nothing else.
 """
 from __future__ import annotations
 
@@ -23,37 +24,19 @@ from typing import Any, Callable, Protocol
 from .consumer import QueueConsumer
 from .consumer_manager import QueueConsumerManager
 from .entry import ACQUIRED, AVAILABLE, HELD, QueueEntry
-from .entry_list import (LastValueQueueEntryList, PriorityQueueEntryList, QueueEntryList,
-                         SortedQueueEntryList, StandardQueueEntryList)
-from .message import (F_EXPIRATION, F_HEADERS, F_PRIORITY, expiration_ms, header_value,
-                      parse_properties)
+from .entry_features import (NO_PROPS, make_entry_list, not_before, place, read_properties,
+                             scheduled, ttl_ms)
+from .entry_list import QueueEntryList
+from .message import parse_properties
 from .queue_args import Overflow, QueueConfig, QueueType, parse_queue_arguments
 from .timers import Timers
 
 #: Dead-letter reasons (RabbitMQ's x-death ``reason`` values).
 EXPIRED, REJECTED, MAXLEN, DELIVERY_LIMIT = "expired", "rejected", "maxlen", "delivery_limit"
 
-_NO_PROPS = False   # entry.props after a parse that found nothing usable
-
-
 class DeliverySink(Protocol):
     def deliver(self, consumer: QueueConsumer, entry: QueueEntry) -> None: ...
     def work(self, consumer: QueueConsumer) -> None: ...
-
-
-def make_entry_list(cfg: QueueConfig) -> QueueEntryList:
-    """The QueueEntryList variant for a queue's type."""
-    if cfg.type is QueueType.PRIORITY:
-        return PriorityQueueEntryList(cfg.max_priority + 1)
-    if cfg.type is QueueType.SORTED:
-        return SortedQueueEntryList()
-    if cfg.type is QueueType.LAST_VALUE:
-        return LastValueQueueEntryList()
-    return StandardQueueEntryList()
-
-
-def _scheduled(header: bytes) -> bool:
-    return b"x-delay" in header or b"x-qpid-not-valid-before" in header
 
 
 class Queue:
@@ -133,7 +116,7 @@ class Queue:
         flags = header[12] if len(header) > 13 else 0      # high byte of the property flags
         entry = QueueEntry(self.next_id(), exchange, routing_key, header, body, self)
         entry.publisher = publisher
-        if cfg.plain and not flags & 0x01 and not (flags & 0x20 and _scheduled(header)):
+        if cfg.plain and not flags & 0x01 and not (flags & 0x20 and scheduled(header)):
             self.entries.add(entry)                        # no expiration, not scheduled
             self.available += 1
             return entry
@@ -141,78 +124,37 @@ class Queue:
 
     def _enqueue_featured(self, entry: QueueEntry, flags: int) -> QueueEntry | None:
         cfg = self.cfg
-        header = entry.header
-        qtype = cfg.type
-        need = bool(flags & F_EXPIRATION)
-        if flags & F_HEADERS:
-            need = need or (cfg.needs_props and qtype is not QueueType.PRIORITY) \
-                or _scheduled(header)
-        if qtype is QueueType.PRIORITY and flags & F_PRIORITY:
-            need = True
-        props = None
-        if need:
-            props = parse_properties(header)
-            entry.props = props if props is not None else _NO_PROPS
+        props = read_properties(cfg, entry, flags)
         now = self.timers.now
         # overflow: refuse before adding (reject-publish, reject-publish-dlx)
         if cfg.overflow is not Overflow.DROP_HEAD and self._over_limit(len(entry.body)):
             if cfg.overflow is Overflow.REJECT_PUBLISH_DLX:
                 self._dead_letter(entry, MAXLEN)
             return None
-        # type: order key, LVQ key
-        if qtype is QueueType.PRIORITY:
-            prio = props.priority if props is not None and props.priority is not None else 4
-            level = min(max(prio - cfg.priority_offset, 0), cfg.max_priority)
-            entry.order = (-level, entry.entry_id)
-        elif qtype is QueueType.SORTED:
-            key = header_value(props, cfg.sort_key)
-            entry.order = SortedQueueEntryList.order_for(None if key is None else str(key),
-                                                         entry.entry_id)
-        elif qtype is QueueType.LAST_VALUE:
-            entry.lvq_key = _hashable(header_value(props, cfg.lvq_key))
-        if cfg.group_key is not None:
-            g = _hashable(header_value(props, cfg.group_key))
-            entry.group = cfg.default_group if g is None and cfg.shared_groups else g
-        # TTL: the smaller of the message's expiration and the queue's x-message-ttl
-        ttl = expiration_ms(props)
-        if cfg.message_ttl is not None and (ttl is None or cfg.message_ttl < ttl):
-            ttl = cfg.message_ttl
+        place(cfg, entry, props)
+        ttl = ttl_ms(cfg, props)
         if ttl is not None:
             entry.expires_at = now + ttl
             self.timers.add(entry.expires_at + 1, self._expire_due, entry)
-        # scheduled delivery
-        not_before = self._not_before(props, now)
-        if not_before > now:
+        at = not_before(props, now, self.timers.wall_to_monotonic)
+        if at > now:
             entry.state = HELD
-            entry.not_before = not_before
+            entry.not_before = at
             self.held += 1
-            self.timers.add(not_before, self._unhold, entry)
+            self.timers.add(at, self._unhold, entry)
         else:
             self.available += 1
         if cfg.max_length_bytes is not None:
             self.ready_bytes += len(entry.body)
         entries = self.entries
         entries.add(entry)
-        if qtype is QueueType.LAST_VALUE and entries.replaced is not None:
+        if cfg.type is QueueType.LAST_VALUE and entries.replaced is not None:
             self._gone_ready(entries.replaced, entries.replaced_held)
         if entries.inserts_before_tail:
             self._rewind_pointers(entry)
         if cfg.overflow is Overflow.DROP_HEAD:
             self._drop_head()
         return entry
-
-    def _not_before(self, props: Any, now: float) -> float:
-        if not props or not props.headers:
-            return 0
-        h = props.headers
-        at = 0.0
-        nvb = h.get("x-qpid-not-valid-before")
-        if isinstance(nvb, (int, float)) and not isinstance(nvb, bool):
-            at = self.timers.wall_to_monotonic(nvb)
-        delay = h.get("x-delay")
-        if isinstance(delay, (int, float)) and not isinstance(delay, bool) and delay > 0:
-            at = max(at, now + delay)
-        return at
 
     def _gone_ready(self, entry: QueueEntry, was_held: bool) -> None:
         """An AVAILABLE/HELD entry left the ready set by replacement (last-value queues)."""
@@ -317,7 +259,7 @@ class Queue:
         props = e.props
         if props is None:
             props = parse_properties(e.header)
-            e.props = props if props is not None else _NO_PROPS
+            e.props = props if props is not None else NO_PROPS
         return selector_fields(props or None)
 
     def _acquired(self, e: QueueEntry, c: QueueConsumer | None) -> None:
@@ -658,8 +600,3 @@ class Queue:
     def __repr__(self) -> str:
         return f"Queue({self.vhost!r}, {self.name!r}, available={self.available})"
 
-
-def _hashable(v: Any) -> Any:
-    if isinstance(v, (dict, list)):
-        return repr(v)
-    return v

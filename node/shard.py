@@ -38,7 +38,7 @@ from .message import body_size
 from .queue import Queue
 from .queue_args import parse_consume_arguments, parse_queue_arguments
 from .timers import Timers
-from .topology import Topology, amqp_bool
+from .topology import Topology, check_equivalent
 
 log = logging.getLogger("shoal.node")
 
@@ -426,12 +426,7 @@ class Shard:
                   ("auto_delete", auto_delete, q.auto_delete)]
         keys = sorted(k for k in set(args) | set(q.arguments) if str(k).startswith("x-"))
         checks += [(k, args.get(k), q.arguments.get(k)) for k in keys]
-        for arg, received, current in checks:
-            if received != current:
-                raise soft_error(PRECONDITION_FAILED,
-                                 f"inequivalent arg '{arg}' for queue '{q.name}' in vhost "
-                                 f"'{q.vhost}': received '{amqp_bool(received)}' but current "
-                                 f"is '{amqp_bool(current)}'")
+        check_equivalent("queue", q.vhost, q.name, checks)
 
     def _on_queue_delete(self, state: RouterPeer, msg: list) -> list:
         """QUEUE_DELETE (spec 1.7.2.9) -> [message_count]. Missing: [0]. Raises 405, 406."""

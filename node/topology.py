@@ -30,6 +30,20 @@ def amqp_bool(value: Any) -> str:
     return str(value)
 
 
+def check_equivalent(kind: str, vhost: str, name: str,
+                     checks: list[tuple[str, Any, Any]]) -> None:
+    """A redeclare must match what exists (spec 1.6.2.1 / 1.7.2.1 "equivalent"): ``checks``
+    are ``(argument, received, current)``; the first that differs raises 406
+    PRECONDITION_FAILED with RabbitMQ's text ("inequivalent arg 'durable' for queue 'q' in
+    vhost '/': received 'true' but current is 'false'")."""
+    for arg, received, current in checks:
+        if received != current:
+            raise soft_error(PRECONDITION_FAILED,
+                             f"inequivalent arg '{arg}' for {kind} '{name}' in vhost "
+                             f"'{vhost}': received '{amqp_bool(received)}' but current is "
+                             f"'{amqp_bool(current)}'")
+
+
 class Exchange:
     """A declared exchange. ``type``: direct, fanout, topic or headers (router validated)."""
 
@@ -91,14 +105,10 @@ class Topology:
             return
         if passive:
             return
-        for arg, current, received in (("type", ex.type, type), ("durable", ex.durable, durable),
-                                       ("auto_delete", ex.auto_delete, auto_delete),
-                                       ("internal", ex.internal, internal)):
-            if bool(current) != bool(received) if arg != "type" else current != received:
-                raise soft_error(PRECONDITION_FAILED,
-                                 f"inequivalent arg '{arg}' for exchange '{name}' in vhost "
-                                 f"'{vhost}': received '{amqp_bool(received)}' but current is "
-                                 f"'{amqp_bool(current)}'")
+        check_equivalent("exchange", vhost, name, [
+            ("type", type, ex.type), ("durable", bool(durable), bool(ex.durable)),
+            ("auto_delete", bool(auto_delete), bool(ex.auto_delete)),
+            ("internal", bool(internal), bool(ex.internal))])
 
     def delete_exchange(self, vhost: str, name: str, if_unused: bool) -> None:
         """``exchange.delete`` (spec 1.6.2.3). Missing: success (idempotent, as RabbitMQ).
