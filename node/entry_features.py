@@ -65,8 +65,8 @@ def read_properties(cfg: QueueConfig, entry: QueueEntry, flags: int) -> Any:
 
 def place(cfg: QueueConfig, entry: QueueEntry, props: Any) -> None:
     """Set the entry's order key (priority, sorted), last-value key and message group.
-    A priority outside 0..x-max-priority is clamped; no priority property means 4 (AMQP's
-    default, as RabbitMQ)."""
+    A priority outside the queue's levels is clamped; no priority property means 4 (the JMS
+    default, as Qpid; docs/queues.md)."""
     qtype = cfg.type
     if qtype is QueueType.PRIORITY:
         prio = props.priority if props is not None and props.priority is not None else 4

@@ -330,6 +330,10 @@ def test_exchange_declare_and_events_before_reply(net: Net):
     rep = r1.request(T.EXCHANGE_DECLARE, "/", "x", "fanout", False, True, False, False, {})
     assert rep[2:4] == [PRECONDITION_FAILED, "inequivalent arg 'type' for exchange 'x' in "
                         "vhost '/': received 'fanout' but current is 'direct'"]
+    # flags arrive as wire ints; the text shows them as RabbitMQ does
+    rep = r1.request(T.EXCHANGE_DECLARE, "/", "x", "direct", False, 0, False, False, {})
+    assert rep[2:4] == [PRECONDITION_FAILED, "inequivalent arg 'durable' for exchange 'x' in "
+                        "vhost '/': received 'false' but current is 'true'"]
     r1.ok(T.EXCHANGE_DECLARE, "/", "amq.direct", "direct", True, True, False, False, {})
 
 
