@@ -8,6 +8,7 @@ from shoal.shared.errors import (FRAME_ERROR, PRECONDITION_FAILED, UNEXPECTED_FR
 from . import fastpath
 from .events import MessagePublished
 from .methods import with_ids
+from .properties import check_properties
 from .states import CHANNEL_NEXT, ChannelInput, ChannelState
 
 _PUBLISH = fastpath.BASIC_PUBLISH
@@ -39,13 +40,15 @@ class Channel:
     def content_header(self, ch: int, buf: bytes, start: int, fend: int,
                        max_message_size: int) -> MessagePublished | None:
         """The content header ``buf[start:fend]`` (state AWAIT_HEADER). Returns the complete
-        message when ``body_size`` is 0. Raises 502 (short header), 505 (class not 60),
-        soft 406 PRECONDITION_FAILED when ``body_size > max_message_size`` (octets)."""
+        message when ``body_size`` is 0. Raises 501 FRAME_ERROR (short header, or a property
+        list that does not parse: properties.check_properties), 505 (class not 60), soft 406
+        PRECONDITION_FAILED when ``body_size > max_message_size`` (octets)."""
         class_id, body_size = fastpath.parse_content_header(buf, start, fend)
         if class_id != fastpath.BASIC_CLASS:
             raise with_ids(hard_error(UNEXPECTED_FRAME, f"content header for class "
                                                         f"{class_id}, expected 60 (basic)"),
                            _PUBLISH)
+        check_properties(buf, start, fend)
         if body_size > max_message_size:
             raise with_ids(soft_error(PRECONDITION_FAILED, f"message size {body_size} is "
                                       f"larger than configured max size {max_message_size}"),

@@ -269,6 +269,34 @@ def test_501_truncated_method_arguments(cluster):
     assert raw_close_code(cluster, lambda r: r.send(method_frame(1, 50, 10, b"\x00"))) == 501
 
 
+def test_501_unparseable_properties_are_refused_and_never_delivered(cluster, names):
+    """A content header whose headers table claims more octets than the frame holds (found
+    by the fuzz test): the publisher's connection gets 501, no consumer ever sees the
+    message, and the next good message arrives alone."""
+    q = names("q")
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url))
+    try:
+        ch = conn.channel()
+        ch.queue_declare(q, auto_delete=True)
+        bad_header = struct.pack(">HHQH", 60, 0, 3, 0x2000) + struct.pack(">I", 0x80161) \
+            + b"\x01aS\x00\x00\x00\x01b"
+
+        def send(raw):
+            raw.send(frame.marshal(commands.Basic.Publish(exchange="", routing_key=q), 1)
+                     + raw_frame(2, 1, bad_header) + raw_frame(3, 1, b"bad"))
+        assert raw_close_code(cluster, send) == 501
+        ch.basic_publish("", q, b"good", pika.BasicProperties(headers={"a": "b"}))
+        got = []
+        ch.basic_consume(q, lambda c, m, p, b: got.append((b, p.headers)), auto_ack=True)
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.1)
+        conn.process_data_events(time_limit=0.3)     # anything behind it would come now
+        assert got == [(b"good", {"a": "b"})]
+    finally:
+        conn.close()
+
+
 def test_505_body_without_method(cluster):
     assert raw_close_code(cluster, lambda r: r.send(raw_frame(3, 1, b"hello"))) == 505
 
