@@ -103,8 +103,10 @@ def _error(why: str) -> AMQPError:
     return err
 
 
-def _table(buf: bytes, pos: int, end: int, depth: int) -> int:
-    """Skip a field table at ``pos``; returns the position after it."""
+def _table(buf: bytes, pos: int, end: int, depth: int, keyed: bool = True) -> int:
+    """Skip a field table (``keyed``: name, value pairs) or a field array (values) at
+    ``pos``: a u32 length, then entries that must end exactly there. Returns the position
+    after it."""
     if depth > MAX_DEPTH:
         raise _Bad
     stop = pos + 4 + _U32(buf, pos)[0]
@@ -112,22 +114,12 @@ def _table(buf: bytes, pos: int, end: int, depth: int) -> int:
         raise _Bad
     pos += 4
     while pos < stop:
-        key_end = pos + 1 + buf[pos]
-        if key_end > stop:
-            raise _Bad
-        buf[pos + 1:key_end].decode()
-        pos = _value(buf, key_end, stop, depth)
-    return stop
-
-
-def _array(buf: bytes, pos: int, end: int, depth: int) -> int:
-    if depth > MAX_DEPTH:
-        raise _Bad
-    stop = pos + 4 + _U32(buf, pos)[0]
-    if stop > end:
-        raise _Bad
-    pos += 4
-    while pos < stop:
+        if keyed:
+            key_end = pos + 1 + buf[pos]
+            if key_end > stop:
+                raise _Bad
+            buf[pos + 1:key_end].decode()
+            pos = key_end
         pos = _value(buf, pos, stop, depth)
     return stop
 
@@ -146,7 +138,7 @@ def _value(buf: bytes, pos: int, end: int, depth: int) -> int:
     elif kind == _NESTED_TABLE:
         pos = _table(buf, pos, end, depth + 1)
     elif kind == _ARRAY:
-        pos = _array(buf, pos, end, depth + 1)
+        pos = _table(buf, pos, end, depth + 1, keyed=False)
     else:
         raise _Bad
     if pos > end:
