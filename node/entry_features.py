@@ -58,9 +58,17 @@ def read_properties(cfg: QueueConfig, entry: QueueEntry, flags: int) -> Any:
         need = True
     if not need:
         return None
-    props = parse_properties(entry.header)
-    entry.props = props if props is not None else NO_PROPS
-    return props
+    return entry_props(entry)
+
+
+def entry_props(entry: QueueEntry) -> Any:
+    """``entry``'s properties, parsed once and kept on ``entry.props``; None when the header
+    is unparseable (then kept as :data:`NO_PROPS`, so it is not parsed again)."""
+    props = entry.props
+    if props is None:
+        props = parse_properties(entry.header)
+        entry.props = props if props is not None else NO_PROPS
+    return None if props is NO_PROPS else props
 
 
 def place(cfg: QueueConfig, entry: QueueEntry, props: Any) -> None:

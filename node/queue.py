@@ -24,10 +24,9 @@ from typing import Any, Callable, Protocol
 from .consumer import QueueConsumer
 from .consumer_manager import QueueConsumerManager
 from .entry import ACQUIRED, AVAILABLE, HELD, QueueEntry
-from .entry_features import (NO_PROPS, make_entry_list, not_before, place, read_properties,
-                             scheduled, ttl_ms)
+from .entry_features import (entry_props, make_entry_list, not_before, place,
+                             read_properties, scheduled, ttl_ms)
 from .entry_list import QueueEntryList
-from .message import parse_properties
 from .queue_args import Overflow, QueueConfig, QueueType, parse_queue_arguments
 from .timers import Timers
 
@@ -256,11 +255,7 @@ class Queue:
 
     def _fields(self, e: QueueEntry) -> dict:
         from shoal.shared.selector import selector_fields
-        props = e.props
-        if props is None:
-            props = parse_properties(e.header)
-            e.props = props if props is not None else NO_PROPS
-        return selector_fields(props or None)
+        return selector_fields(entry_props(e))
 
     def _acquired(self, e: QueueEntry, c: QueueConsumer | None) -> None:
         groups = self.groups
