@@ -29,6 +29,7 @@ from pathlib import Path
 
 from shoal.shared.errors import StartupError
 from shoal.shared.settings import Settings
+from shoal.shared import wire
 from shoal.shared.wire import T, decode_batch, encode_batch
 
 from .journal import Journal, JournalCorrupt, JournalUnavailable, fsync_dir
@@ -67,14 +68,17 @@ def feed_frame(shard: Shard, peer: bytes, frame: bytes, now_ms: float) -> int:
     return feed_frames(shard, [(peer, frame)], now_ms)
 
 
-def feed_frames(shard: Shard, frames: list[tuple[bytes, bytes]], now_ms: float) -> int:
+def feed_frames(shard: Shard, frames: list[tuple[bytes, bytes]], now_ms: float,
+                batches: list[tuple[bytes, list]] | None = None) -> int:
     """Decode the frames read in one turn and hand their wire messages to ``shard``:
-    settlements and credit first, then everything else in arrival order.
+    settlements and credit first, then everything else in arrival order. ``batches``: batches
+    already decoded (handed over in memory by a router in this process, ``attach_local``),
+    handled before the frames.
 
     This is the node's one broad catch: an undecodable frame or a message that makes a handler
     fail is logged and dropped; the node never crashes on input. Returns messages handled.
     """
-    batches = []
+    batches = list(batches) if batches else []
     for peer, frame in frames:
         try:
             batches.append((peer, decode_batch(frame)))
@@ -132,10 +136,10 @@ class NodeServer:
         self._retry: asyncio.TimerHandle | None = None
         self._last_commit: asyncio.Future | None = None
         self._clean = False             # the last commit at stop succeeded
-        #: Routers in this process (attach_local): identity -> where their frames go, and
-        #: the frames they sent that wait for the next turn.
-        self._local: dict[bytes, Callable[[bytes], None]] = {}
-        self._local_in: list[tuple[bytes, bytes]] = []
+        #: Routers in this process (attach_local): identity -> where their batches go, and
+        #: the batches they sent that wait for the next turn.
+        self._local: dict[bytes, Callable[[list], None]] = {}
+        self._local_in: list[tuple[bytes, list]] = []
 
     def open_journal(self, directory: str | os.PathLike | None = None) -> int:
         """Open the journal (default ``<settings.data_dir>/journal``) and rebuild the shard
@@ -223,24 +227,25 @@ class NodeServer:
                 log.warning("cannot write stats file %s: %s", path, exc.strerror)
             await asyncio.sleep(STATS_EVERY_S)
 
-    def attach_local(self, identity: bytes, deliver: Callable[[bytes], None]
-                     ) -> Callable[[bytes], bool]:
+    def attach_local(self, identity: bytes, deliver: Callable[[list], None]
+                     ) -> Callable[[list], bool]:
         """Connect a router that runs in this process and event loop, without ZeroMQ.
 
-        Frames are the same bytes as on the ZeroMQ link (``shared.wire.encode_batch``), only
-        handed over in memory. The returned ``send(frame) -> bool`` queues a frame from the
-        router (read at the next turn, which it schedules); it returns False, taking nothing,
-        while :data:`LOCAL_HWM` frames wait (the router then pauses its publishers, as on a
-        full ZeroMQ pipe). Frames for ``identity`` go to ``deliver(frame)``, called at the end
-        of a turn, never from inside ``send``.
+        Batches are the ZeroMQ link's, handed over in memory as ``shared.wire.handover`` makes
+        them (hot messages as they are, the rest as msgpack copies). The returned
+        ``send(batch) -> bool`` queues a batch from the router (handled at the next turn, which
+        it schedules); it returns False, taking nothing, while :data:`LOCAL_HWM` batches wait
+        (the router then pauses its publishers, as on a full ZeroMQ pipe). Batches for
+        ``identity`` go to ``deliver(batch)``, called at the end of a turn, never from inside
+        ``send``.
         """
         self._local[identity] = deliver
         inbox = self._local_in
 
-        def send(frame: bytes) -> bool:
+        def send(batch: list) -> bool:
             if len(inbox) >= LOCAL_HWM:
                 return False
-            inbox.append((identity, frame))
+            inbox.append((identity, batch))
             if not self._turn_scheduled and self._loop is not None and not self._stopping:
                 self._turn_scheduled = True
                 self._loop.call_soon(self._turn, False)
@@ -274,14 +279,17 @@ class NodeServer:
             self._loop.call_soon(self._turn)
 
     def _drain(self, socket: bool = True) -> int:
-        """Feed the shard what waits: frames of in-process routers, then (``socket``) up to
-        MAX_READ_PER_TURN from the ROUTER socket. Returns the socket messages read."""
+        """Feed the shard what waits: batches of in-process routers, then (``socket``) up to
+        MAX_READ_PER_TURN frames from the ROUTER socket. Returns the socket messages read."""
         sock = self.sock
         n = 0
         frames = []
+        local = None
         if self._local_in:
-            frames = self._local_in[:]
+            local = self._local_in[:]
             self._local_in.clear()
+            for _, batch in local:
+                wire.received(batch)
         # Ask ZMQ_EVENTS first (a plain int: no enum): ending every drain with a zmq.Again
         # exception costs more.
         while socket and n < MAX_READ_PER_TURN and sock.get(_EVENTS) & _POLLIN:
@@ -294,8 +302,10 @@ class NodeServer:
                 log.warning("dropping ZeroMQ message with %d parts", len(parts))
                 continue
             frames.append((parts[0], parts[1]))
-        if frames:
-            feed_frames(self.shard, frames, _now_ms())
+        if frames or local:
+            feed_frames(self.shard, frames, _now_ms(), local)
+            for _, batch in local or ():
+                wire.received(batch)
         return n
 
     def _flush(self) -> bool:
@@ -303,12 +313,12 @@ class NodeServer:
         out = self.shard.take_outbox()
         sent = False
         for peer, msgs in out.items():
+            local = self._local.get(peer)
             try:
-                frame = encode_batch(msgs)
+                frame = encode_batch(msgs) if local is None else wire.handover(msgs)
             except TypeError as exc:
                 log.error("cannot encode batch for %r: %s", peer, exc)
                 continue
-            local = self._local.get(peer)
             if local is not None:
                 local(frame)
                 continue

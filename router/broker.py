@@ -256,7 +256,7 @@ class Broker:
             _, cid, delivery_id, redelivered, exchange, routing_key, header, body = msg
             entry = self.consumers.get(cid)
             if entry is None or entry[0].closed:
-                link.send([T.SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
+                link.send([TAG_SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
                 return
             ch, c = entry
             self.stats["delivered"] += 1
@@ -320,7 +320,7 @@ class Broker:
         for node_id, qs in by_node.items():
             link = self.links[node_id]
             if link.up:
-                link.send([T.PUBLISH, 0, vhost, qs, exchange, routing_key, header, body, None])
+                link.send([TAG_PUBLISH, 0, vhost, qs, exchange, routing_key, header, body, None])
 
     def _queue_removed(self, vhost: str, name: str) -> None:
         for l in self.links.values():

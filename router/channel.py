@@ -20,7 +20,7 @@ from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_ALLOWED, N
                                  NOT_IMPLEMENTED, PRECONDITION_FAILED, AMQPError, hard_error,
                                  soft_error)
 from shoal.shared.selector import check_arguments as check_selector
-from shoal.shared.wire import T
+from shoal.shared.wire import T, TAG_SETTLE
 
 from . import consumers as credit
 from .amqp.events import MessagePublished
@@ -430,7 +430,7 @@ class Channel:
         delivery_id, redelivered, exchange, routing_key, header, body, count = payload
         if self.closed:  # closed while the node answered: give the message back
             if not m.no_ack:
-                link.send([T.SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
+                link.send([TAG_SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
             return
         tag = self.next_tag
         self.next_tag += 1

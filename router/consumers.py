@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shoal.shared.wire import T, TAG_CREDIT
+from shoal.shared.wire import TAG_CREDIT
 
 CHUNK = 512       #: credit granted at a time when no prefetch limit applies (messages)
 LOW_WATER = 128   #: top up unlimited credit when less than this is left
@@ -109,7 +109,7 @@ def credit_messages(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
             if c.granted < LOW_WATER:
                 grant = CHUNK - c.granted
                 c.granted += grant
-                out.append((c, [T.CREDIT, c.consumer_id, grant, False]))
+                out.append((c, [TAG_CREDIT, c.consumer_id, grant, False]))
         return out
     if pool.global_prefetch == 0 and len(t.consumers) == 1:
         c = t.consumers[0]
@@ -136,7 +136,7 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
     for c in t.consumers:
         if not (c.draining or c.has_work or c.interest_sent):
             c.interest_sent = True
-            out.append((c, [T.CREDIT, c.consumer_id, 0, False]))
+            out.append((c, [TAG_CREDIT, c.consumer_id, 0, False]))
     free = room(pool, t)
     if free <= 0:
         return out
@@ -156,7 +156,7 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
         c.last_grant = grant
         c.draining = True
         c.has_work = False
-        out.append((c, [T.CREDIT, c.consumer_id, grant, True]))
+        out.append((c, [TAG_CREDIT, c.consumer_id, grant, True]))
     return out
 
 

@@ -297,6 +297,10 @@ class NodeLink:
         except ValueError as exc:
             log.error("dropping frame from node %s: %s", self.node_id, exc)
             return
+        self._handle_batch(batch)
+
+    def _handle_batch(self, batch: list[list]) -> None:
+        """Handle the wire messages of one batch from the node, in order."""
         self._last_recv = time.monotonic()
         for msg in batch:
             tag = msg[0]
@@ -392,16 +396,19 @@ class NodeLink:
 
 #: ``attach(identity, deliver) -> send``: connects a LocalLink to a node hosted in this
 #: process (``shoal.node.server.NodeServer.attach_local``; the router never imports it).
-Attach = Callable[[bytes, Callable[[bytes], None]], Callable[[bytes], bool]]
+#: Both callables take a batch as ``shared.wire.handover`` makes it.
+Attach = Callable[[bytes, Callable[[list], None]], Callable[[list], bool]]
 
 
 class LocalLink(NodeLink):
     """The link to a node hosted in this process and event loop (an ``inproc://`` endpoint,
     ``shoal serve --embed-node``).
 
-    The protocol, batches and frames are NodeLink's; only the transport differs: each frame is
-    handed to the node in memory (``attach``) instead of through ZeroMQ, which at 5,000 msg/s
-    saves about a quarter of the CPU per message (docs/performance.md, session 4). A node in
+    The protocol and batches are NodeLink's; only the transport differs: each batch is handed
+    to the node in memory (``attach``) instead of through ZeroMQ, which at 5,000 msg/s saves
+    about a quarter of the CPU per message (docs/performance.md, session 4). The hot path's
+    messages are handed over as they are, every other message as a msgpack copy
+    (``shared.wire.handover``, session 6). A node in
     the same process cannot die apart from it, so there is no monitor; heartbeats and the
     silence timeout still run. A node that holds :data:`shoal.node.server.LOCAL_HWM` unread
     frames refuses more, and the link pauses publishers as for a full ZeroMQ pipe.
@@ -422,20 +429,22 @@ class LocalLink(NodeLink):
         """Nothing to close: after stop, ``_receive`` drops what the node still sends."""
 
     def _send_now(self, batch: list[list]) -> bool:
-        if not self._node_send(wire.encode_batch(batch)):
+        if not self._node_send(wire.handover(batch)):
             return False
         self._last_send = time.monotonic()
         return True
 
-    def _receive(self, frame: bytes) -> None:
-        # Called at the end of the node's turn: handle the frame in a callback of its own, so
+    def _receive(self, batch: list) -> None:
+        # Called at the end of the node's turn: handle the batch in a callback of its own, so
         # that a router bug surfaces as it would from a socket read (logged by the loop) and
         # never ends the node's turn.
-        self._running_loop().call_soon(self._receive_now, frame)
+        self._running_loop().call_soon(self._receive_now, batch)
 
-    def _receive_now(self, frame: bytes) -> None:
+    def _receive_now(self, batch: list) -> None:
         if not self._closed:
-            self._handle_frame(frame)
+            wire.received(batch)
+            self._handle_batch(batch)
+            wire.received(batch)
 
     def _drain(self) -> None:
         """Nothing to read: frames arrive through ``_receive``."""

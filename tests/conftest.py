@@ -10,6 +10,10 @@ every child process gone.
 ``SHOAL_E2E_EMBED=1`` starts every cluster with ``--embed-node`` (node-0 inside the router
 process); tests that need node-0 to be a process of its own are then skipped.
 
+Every cluster runs with ``SHOAL_WIRE_CHECK=1`` (shared/wire.py): batches handed over in memory
+between the router and node-0 are checked to carry what the ZeroMQ link would, and a cluster
+whose log says ``wire check failed`` fails the test at shutdown.
+
 ``SHOAL_E2E_URL=amqp://guest:guest@127.0.0.1:5672/`` runs the client scenarios against an
 already running broker (e.g. RabbitMQ, to debug the tests themselves); tests that need the
 cluster's processes (kill a node, SIGTERM) are then skipped.
@@ -40,6 +44,8 @@ READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 20.0
 EXTERNAL_URL = os.environ.get("SHOAL_E2E_URL", "").strip()
 EMBED = os.environ.get("SHOAL_E2E_EMBED", "").strip().lower() in ("1", "true", "yes")
+#: What shared/wire.py logs when a batch handed over in memory breaks the wire's rules.
+WIRE_CHECK_FAILED = "wire check failed"
 
 
 def _proc_start_time(pid: int) -> str | None:
@@ -167,7 +173,8 @@ def start_cluster(data_dir: Path, nodes: int, embed: bool = EMBED) -> Cluster:
                     "--data-dir", str(data_dir), *(["--embed-node"] if embed else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                             text=True, bufsize=1, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                 "SHOAL_WIRE_CHECK": "1"})
     log.close()
     lines: queue.Queue[str | None] = queue.Queue()
     kept: list[str] = []
@@ -277,6 +284,10 @@ def stop_cluster(cluster: Cluster, require_clean_exit: bool = True,
         except OSError:
             pass
         proc.wait(5)
+    if cluster.log_path and cluster.log_path.exists() and \
+            WIRE_CHECK_FAILED in cluster.log_path.read_text(errors="replace"):
+        problems.append(f"the cluster's log says '{WIRE_CHECK_FAILED}' "
+                        f"(see {cluster.log_path})")
     if problems:
         pytest.fail("cluster shutdown: " + "; ".join(problems) + "\n" + cluster.log_tail(),
                     pytrace=False)
