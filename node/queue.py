@@ -543,7 +543,9 @@ class Queue:
         """Deliver to ``consumer`` while it has credit and the queue has something for it."""
         n = 0
         sink = self.sink
-        while consumer.credit > 0:
+        # Nothing available: an acquiring consumer's scan would find nothing (a browser still
+        # scans, to reach the end and auto-close).
+        while consumer.credit > 0 and (self.available or not consumer.acquires):
             e = self.deliver_single_message(consumer)
             if e is None:
                 if consumer.auto_close and not consumer.acquires:

@@ -158,9 +158,13 @@ class Broker:
         ``seq``: the channel's confirm sequence number (0 without confirms). ``future``: set
         to the finished PendingPublish once every node answered (tx.commit waits on it).
         """
-        by_node: dict[str, list[str]] = {}
-        for q in queues:
-            by_node.setdefault(self._owner(ch.vhost, q, "q"), []).append(q)
+        if len(queues) == 1:            # the common case: no grouping by node
+            (q,) = queues
+            by_node = {self._owner(ch.vhost, q, "q"): [q]}
+        else:
+            by_node = {}
+            for q in queues:
+                by_node.setdefault(self._owner(ch.vhost, q, "q"), []).append(q)
         want_result = seq or ev.mandatory or future is not None
         if not want_result:
             for node_id, qs in by_node.items():

@@ -82,7 +82,10 @@ class Channel:
         if self._busy:
             self._backlog.append(ev)
             return
-        self._guard(self.publish, ev)
+        try:                # _guard, inline: once per message
+            self.publish(ev)
+        except AMQPError as err:
+            self.client.fail(self.number, err)
 
     def _dispatch(self, item: Any) -> None:
         if isinstance(item, MessagePublished):

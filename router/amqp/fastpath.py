@@ -19,7 +19,7 @@ from pamqp.header import ContentHeader
 from shoal.shared.errors import AMQPError, FRAME_ERROR, hard_error
 
 from .framing import (FRAME_BODY, FRAME_END_BYTE, FRAME_HEADER, FRAME_METHOD, FRAME_OVERHEAD,
-                      pack_frame_header, pamqp_guard, shortstr)
+                      _SHORTSTR_CACHE, pack_frame_header, pamqp_guard, shortstr)
 
 #: ``class_id << 16 | method_id`` of the hot methods (spec 1.8 "Class basic").
 BASIC_PUBLISH = 0x003C0028   # 60, 40
@@ -100,7 +100,10 @@ def deliver(channel: int, consumer_tag: str, delivery_tag: int, redelivered: boo
             frame_max: int) -> bytes:
     """``basic.deliver`` (spec 1.8.3.9) + content header + body frames of at most
     ``frame_max`` octets each, as one bytes object. ``header`` is the header frame payload."""
-    ct, ex, rk = shortstr(consumer_tag), shortstr(exchange), shortstr(routing_key)
+    cached = _SHORTSTR_CACHE.get   # shortstr's own cache, without a call per field
+    ct = cached(consumer_tag) or shortstr(consumer_tag)
+    ex = cached(exchange) or shortstr(exchange)
+    rk = cached(routing_key) or shortstr(routing_key)
     size = 13 + len(ct) + len(ex) + len(rk)
     hl, bl = len(header), len(body)
     if bl and bl <= frame_max - FRAME_OVERHEAD:

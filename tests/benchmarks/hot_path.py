@@ -3,9 +3,11 @@
     python tests/benchmarks/hot_path.py [--messages 50000] [--burst 5] [--profile]
 
 A real router (Broker, ClientConnection, Channel, the AMQP codec, NodeLink's batching) and a
-real node (Shard) are wired back to back in one process: each batch the link would send over
-ZeroMQ is encoded (shared/wire.py) and fed to the shard (node/server.py ``feed_frames``); the
-shard's outbox comes back encoded, on the next loop callback, into ``NodeLink._handle_frame``. One publishing and one consuming client
+real node (Shard) are wired back to back in one process, as ``--embed-node`` wires the router
+and node-0: each batch the link sends is handed over (shared/wire.handover) and fed to the
+shard (node/server.py ``feed_frames``); the shard's outbox comes back the same way, on the next
+loop callback, into ``NodeLink._handle_batch``. ``--frames`` encodes and decodes every batch as
+the ZeroMQ link does instead. One publishing and one consuming client
 connection (fake transports) run load 1's shape: bursts of ``--burst`` 100-byte publishes to
 the default exchange, qos 200, every delivery acked one by one. Prints µs of CPU per message
 for the whole cycle (publish in, PUBLISH to the node, DELIVER back, basic.deliver out, ack in,
@@ -81,23 +83,31 @@ class Link(NodeLink):
     batches go straight into the shard instead of a ZeroMQ socket; the shard's answers come
     back on the next loop callback, as from the socket."""
 
-    def __init__(self, ctx: zmq.Context, shard: Shard, broker: Broker) -> None:
+    def __init__(self, ctx: zmq.Context, shard: Shard, broker: Broker, frames: bool) -> None:
         super().__init__(ctx, "node-0", "inproc://hot-path-unused", broker.router_id, 500,
                          10000, broker._on_node_message, lambda *a: None, lambda *a: None)
         self.shard = shard
         self.up = True
         self.moved = 0
+        self.frames = frames
 
     def _send_now(self, batch: list[list]) -> bool:
         self.moved += len(batch)
-        feed_frames(self.shard, [(PEER, wire.encode_batch(batch))], time.monotonic() * 1000)
+        now = time.monotonic() * 1000
+        if self.frames:
+            feed_frames(self.shard, [(PEER, wire.encode_batch(batch))], now)
+        else:
+            feed_frames(self.shard, [], now, [(PEER, wire.handover(batch))])
         asyncio.get_running_loop().call_soon(self._from_node)
         return True
 
     def _from_node(self) -> None:
         for _peer, msgs in self.shard.take_outbox().items():
             self.moved += len(msgs)
-            self._handle_frame(wire.encode_batch(msgs))
+            if self.frames:
+                self._handle_frame(wire.encode_batch(msgs))
+            else:
+                self._handle_batch(wire.handover(msgs))
 
 
 def client(broker: Broker) -> tuple[ClientConnection, Transport]:
@@ -121,14 +131,14 @@ async def settle(link: Link) -> None:
             return
 
 
-async def run(messages: int, burst: int, profile: bool) -> None:
+async def run(messages: int, burst: int, profile: bool, frames: bool = False) -> None:
     settings = Settings(node_id="node-0", node_endpoints=["node-0=inproc://none"])
     broker = Broker(settings)
     shard = Shard("node-0", "inc-1", settings)
     shard.handle(PEER, [T.HELLO, wire.WIRE_VERSION, broker.router_id, "node-0"], 0.0)
     shard.take_outbox()
     ctx = zmq.Context()
-    link = Link(ctx, shard, broker)
+    link = Link(ctx, shard, broker, frames)
     broker.links["node-0"] = link
     prod, _ = client(broker)
     cons, out = client(broker)
@@ -173,13 +183,15 @@ def main() -> None:
     p.add_argument("--messages", type=int, default=50000)
     p.add_argument("--burst", type=int, default=5)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--frames", action="store_true",
+                   help="encode and decode every batch (the ZeroMQ link's cost)")
     a = p.parse_args()
     try:
         import uvloop
         loop = uvloop.new_event_loop()
     except ImportError:  # pragma: no cover
         loop = asyncio.new_event_loop()
-    loop.run_until_complete(run(a.messages, a.burst, a.profile))
+    loop.run_until_complete(run(a.messages, a.burst, a.profile, a.frames))
 
 
 if __name__ == "__main__":
