@@ -114,3 +114,46 @@ def test_a_hosted_node_that_fails_stops_the_router_with_exit_1(tmp_path):
     code = asyncio.run(asyncio.wait_for(serve(settings, host_node), 20))
     assert code == 1
     assert made and made[0].journal is None      # closed on the way out
+
+
+def test_hot_messages_cross_as_objects_and_pass_the_wire_check(monkeypatch):
+    """PUBLISH, CREDIT, DELIVER and SETTLE cross in memory (shared/wire.handover) under
+    SHOAL_WIRE_CHECK: the consumer gets the published bytes, the ack empties the queue."""
+    from shoal.shared import wire
+    monkeypatch.setattr(wire, "CHECK", True)
+    ctx = zmq.Context()
+    server = _hosted(ctx)
+    events: list = []
+    got: list = []
+
+    async def go():
+        serving = asyncio.ensure_future(server.serve())
+        link = await _up(server, events)
+        link._on_message = lambda l, m: got.append(m)
+        await link.request([T.QUEUE_DECLARE, "/", "q1", False, False, False, False, {}, None])
+        await link.request([T.CONSUME, 7, "/", "q1", "ctag", False, False, {}, None])
+        body = b"payload"
+        link.send([wire.TAG_PUBLISH, 0, "/", ["q1"], "", "q1", b"\x00\x3c", body, None])
+        link.send([wire.TAG_CREDIT, 7, 1, False], urgent=True)
+        for _ in range(100):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+        deliver = got[0]
+        link.send_lazy([wire.TAG_SETTLE, wire.OUTCOME_ACK, [deliver[2]]])
+        await asyncio.sleep(0.05)
+        count = (await link.request([T.QUEUE_DECLARE, "/", "q1", True, False, False, False,
+                                     {}, None]))[1]
+        await link.stop()
+        server.stop()
+        await serving
+        return deliver, body, count
+
+    try:
+        deliver, body, count = asyncio.run(go())
+        assert deliver[0] == wire.TAG_DELIVER and deliver[7] == body
+        assert deliver[7] is body                 # the very bytes: no copy on the way
+        assert count == 0                         # acked: nothing left ready or unacked
+    finally:
+        server.close()
+        ctx.term()
