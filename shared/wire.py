@@ -213,6 +213,11 @@ class _Checked(list):
     snapshot: bytes = b""
 
 
+def _copy(msg: list) -> list:
+    """``msg`` as a ZeroMQ peer would decode it (the options of :func:`decode_batch`)."""
+    return msgpack.unpackb(_packer.pack(msg), raw=False, strict_map_key=False)
+
+
 def _hot(batch: list) -> bytes:
     return _packer.pack([m for m in batch if m[0] in HOT_TAGS])
 
@@ -246,13 +251,13 @@ def handover(batch: list[list[Any]]) -> list[list[Any]]:
     for i, msg in enumerate(batch):
         if msg[0] in HOT_TAGS:
             if CHECK:
-                copy = msgpack.unpackb(_packer.pack(msg), raw=False, strict_map_key=False)
+                copy = _copy(msg)
                 if not _same(msg, copy):
                     _fail(f"hot message {msg!r} would arrive as {copy!r}")
             continue
         if out is batch:
             out = list(batch)
-        out[i] = msgpack.unpackb(_packer.pack(msg), raw=False, strict_map_key=False)
+        out[i] = _copy(msg)
     if CHECK:
         out = _Checked(out)
         out.snapshot = _hot(out)
