@@ -2,12 +2,12 @@
 
     python tests/benchmarks/compare_rabbitmq.py [--quick] [--nodes 2] [--out DIR]
 
-Installs Debian's ``rabbitmq-server`` when missing (``apt-get install -y rabbitmq-server``),
-starts it (``rabbitmq-server -detached``; ``rabbitmqctl await_startup``) on 5672, starts a
-fresh Shoal cluster (``shoal serve --port 5673``) for every Shoal run, runs the same loads
-against both brokers alternately, prints a table of Shoal/RabbitMQ ratios and writes
-``DIR/results.json`` and ``DIR/table.md`` (every run folder stays under ``DIR/runs``). RabbitMQ
-is stopped at the end (``rabbitmqctl stop``) so that 5672 is free again.
+Installs Debian's ``rabbitmq-server`` when missing (``apt-get update``, then
+``apt-get install``), starts it (``rabbitmq-server -detached``; ``rabbitmqctl await_startup``)
+on 5672, starts a fresh Shoal cluster (``shoal serve --port 5673``) for every Shoal run, runs
+the same loads against both brokers alternately, prints a table of Shoal/RabbitMQ ratios and
+writes ``DIR/results.json`` and ``DIR/table.md`` (every run folder stays under ``DIR/runs``).
+RabbitMQ is stopped at the end (``rabbitmqctl stop``) so that 5672 is free again.
 
 Loads (issue 6): 1. highest sustainable rate (received >= 99% of sent during the sending window
 and p99 <= 50 ms, where p99 is the median over the seconds of each second's p99: see
@@ -70,6 +70,27 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / TICKS
 
 
+def install_rabbitmq() -> None:
+    """Install Debian's ``rabbitmq-server`` (``apt-get update``, then ``apt-get install``: a
+    fresh machine has no package lists yet). Raises SystemExit with a message when that cannot
+    work here (no apt-get, not root) or apt-get fails."""
+    if not shutil.which("apt-get"):
+        raise SystemExit("compare_rabbitmq: rabbitmq-server is not installed and there is no "
+                         "apt-get to install it: install RabbitMQ first")
+    if os.geteuid() != 0:
+        raise SystemExit("compare_rabbitmq: rabbitmq-server is not installed; run as root to "
+                         "install it with apt-get, or install it first")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for step in (["apt-get", "update", "-qq"],
+                 ["apt-get", "install", "-y", "-qq", "rabbitmq-server"]):
+        log(" ".join(step))
+        r = subprocess.run(step, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True, check=False)
+        if r.returncode:
+            raise SystemExit(f"compare_rabbitmq: {' '.join(step)} failed: "
+                             f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
 # -- brokers ------------------------------------------------------------------------------
 class RabbitMQ:
     label = "RabbitMQ"
@@ -78,9 +99,7 @@ class RabbitMQ:
 
     def ensure(self) -> None:
         if not shutil.which("rabbitmq-server"):
-            log("installing rabbitmq-server (apt-get)")
-            subprocess.run(["apt-get", "install", "-y", "rabbitmq-server"], check=True,
-                           stdout=subprocess.DEVNULL)
+            install_rabbitmq()
         if not port_open(5672):
             log("starting RabbitMQ")
             subprocess.run(["rabbitmq-server", "-detached"], check=True)
@@ -106,6 +125,8 @@ class RabbitMQ:
         pass
 
     def shutdown(self) -> None:
+        if not shutil.which("rabbitmqctl"):    # never installed: nothing to stop
+            return
         subprocess.run(["rabbitmqctl", "stop"], check=False, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         log("RabbitMQ stopped")
