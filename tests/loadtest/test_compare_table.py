@@ -1,0 +1,56 @@
+"""The comparison script's table (tests/benchmarks/compare_rabbitmq.py, issue 6): what a user
+reads from it, built from run records like the ones the script collects. No broker runs here
+and nothing asserts a speed."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import compare_rabbitmq as cmp  # noqa: E402
+
+SHOAL = "Shoal (2 nodes)"
+
+
+def _run(broker: str, cpu_s: float, p99: float, sent: int = 50_000) -> dict:
+    return {"name": "load34", "broker": broker, "cpu_s": cpu_s, "sent": sent,
+            "latency_ms": {"p50": p99 / 2, "p99": p99}, "p99_median_s_ms": p99}
+
+
+def _table(shoal_cpu: list[float], rabbit_cpu: list[float]) -> str:
+    shoal = [_run(SHOAL, c, 0.4) for c in shoal_cpu]
+    rabbit = [_run("RabbitMQ", c, 0.5) for c in rabbit_cpu]
+    res = {"fixed_rate": 5000, "embed_node": True, "queue_node": "node-0",
+           "load34": {SHOAL: cmp.best_of(shoal), "RabbitMQ": cmp.best_of(rabbit)},
+           "load34_pairs": cmp.paired(shoal, rabbit)}
+    return cmp.render(res, SHOAL)
+
+
+def _row(table: str, prefix: str) -> list[str]:
+    line = next(line for line in table.splitlines() if line.startswith(f"| {prefix}"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_best_of_and_pairs_both_shown():
+    # Shoal 26, 27, 25 µs/msg; RabbitMQ 30, 26, 29: one RabbitMQ run beats its Shoal pair.
+    table = _table([1.30, 1.35, 1.25], [1.50, 1.30, 1.45])
+    best = _row(table, "3. broker CPU per message")
+    assert best[1:4] == ["25.0", "26.0", "0.96"]
+    pairs = _row(table, "3. same, each alternating pair")
+    assert pairs[1:] == ["2 of 3 pairs <= 1.0", "range 0.86-1.04", "median 0.87", "<= 1.0"]
+
+
+def test_even_number_of_pairs_takes_the_middle_two():
+    p = cmp.paired([_run(SHOAL, c, 0.4) for c in (1.0, 1.0, 1.0, 1.0)],
+                   [_run("RabbitMQ", c, 0.5) for c in (1.25, 1.0, 1.1, 0.8)])
+    assert p == {"cpu_ratios": [0.8, 0.91, 1.0, 1.25], "median": 0.955, "at_most_1": 3}
+
+
+def test_failed_runs_are_left_out_of_the_pairs():
+    failed = {"name": "load34", "broker": SHOAL, "cpu_s": 0.0, "rc": 1}
+    p = cmp.paired([failed, _run(SHOAL, 1.2, 0.4)],
+                   [_run("RabbitMQ", 1.5, 0.5), _run("RabbitMQ", 1.5, 0.5)])
+    assert p == {"cpu_ratios": [0.8], "median": 0.8, "at_most_1": 1}
+    table = _table([], [])
+    assert "each alternating pair" not in table
