@@ -33,6 +33,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -370,11 +371,8 @@ def paired(shoal_runs: list[dict], rabbit_runs: list[dict]) -> dict:
     Steadier than best_of when one broker has a single lucky run."""
     ratios = sorted(r for r in (ratio(cpu_us(s), cpu_us(b))
                                 for s, b in zip(shoal_runs, rabbit_runs)) if r is not None)
-    if not ratios:
-        return {"cpu_ratios": [], "median": None, "at_most_1": 0}
-    n = len(ratios)
-    median = ratios[n // 2] if n % 2 else round((ratios[n // 2 - 1] + ratios[n // 2]) / 2, 3)
-    return {"cpu_ratios": ratios, "median": median,
+    return {"cpu_ratios": ratios,
+            "median": round(statistics.median(ratios), 3) if ratios else None,
             "at_most_1": sum(r <= 1.0 for r in ratios)}
 
 
