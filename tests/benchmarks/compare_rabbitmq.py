@@ -71,6 +71,11 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / TICKS
 
 
+def last_line(stderr: str) -> str:
+    """The last line a failed command wrote to stderr (its error, as a rule), or ``?``."""
+    return (stderr.strip().splitlines() or ["?"])[-1]
+
+
 def install_rabbitmq() -> None:
     """Install Debian's ``rabbitmq-server`` (``apt-get update``, then ``apt-get install``: a
     fresh machine has no package lists yet). Raises SystemExit with a message when that cannot
@@ -89,7 +94,7 @@ def install_rabbitmq() -> None:
                            text=True, check=False)
         if r.returncode:
             raise SystemExit(f"compare_rabbitmq: {' '.join(step)} failed: "
-                             f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
+                             f"{last_line(r.stderr)}")
 
 
 # -- brokers ------------------------------------------------------------------------------
@@ -259,7 +264,7 @@ class Bench:
         if r.returncode == 0:
             result.update(json.loads((run_dir / "run.json").read_text())["summary"])
         else:
-            result["error"] = (r.stderr.strip().splitlines() or ["?"])[-1]
+            result["error"] = last_line(r.stderr)
         lat = result.get("latency_ms") or {}
         result["p99_median_s_ms"] = median_second_p99(run_dir, time_s) if r.returncode == 0 \
             else None
@@ -366,7 +371,7 @@ def cpu_us(run: dict) -> float | None:
 
 
 def paired(shoal_runs: list[dict], rabbit_runs: list[dict]) -> dict:
-    """Loads 3/4 run by run: the Shoal/RabbitMQ CPU ratio of each alternating pair (run i of
+    """Load 3 run by run: the Shoal/RabbitMQ CPU ratio of each alternating pair (run i of
     each broker, back to back on the same machine), their median and how many are <= 1.0.
     Steadier than best_of when one broker has a single lucky run."""
     ratios = sorted(r for r in (ratio(cpu_us(s), cpu_us(b))
