@@ -17,7 +17,7 @@ from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings
 
 from .journal import JournalCorrupt, JournalUnavailable
-from .server import run_node
+from .process import run_node
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 :class:`~shoal.node.journal.Journal` is the storage engine; this module decides *what* a shard
 journals and *when* answers may leave (docs/durability.md, "Where the node calls it"):
 
-- ENQUEUE of persistent messages (``delivery_mode`` 2, :func:`~shoal.node.journal.is_persistent`)
+- ENQUEUE of persistent messages (``delivery_mode`` 2, :func:`~shoal.node.message.is_persistent`)
   on durable queues (``queue.journaled``: durable and not exclusive, as RabbitMQ);
 - SETTLE of every entry of a journaled queue that dies (ack, reject, expiry, purge, LVQ
   replacement, drop-head, dead-lettering): the entry lists collect the ids in
@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from shoal.shared.errors import AMQPError
 from shoal.shared.wire import (
@@ -38,13 +38,27 @@ from shoal.shared.wire import (
 from .entry import HELD, QueueEntry
 from .journal import Journal
 from .journal_state import Recovered
-from .topology import BUILTIN_EXCHANGES
+from .timers import Timers
+from .topology import BUILTIN_EXCHANGES, Topology
 
 if TYPE_CHECKING:
     from .queue import Queue
-    from .shard import Shard
 
 log = logging.getLogger("shoal.node.durable")
+
+
+class RestoreTarget(Protocol):
+    """What :meth:`DurableLog.restore` rebuilds: an empty shard (node/shard.py's ``Shard``,
+    which passes itself; this module does not import it)."""
+
+    node_id: str
+    topology: Topology
+    timers: Timers
+    queues: dict[tuple[str, str], Queue]
+
+    def reset_entry_ids(self, start: int) -> None: ...
+
+    def restore_queue(self, vhost: str, name: str, auto_delete: bool, args: dict) -> Queue: ...
 
 
 class DurableLog:
@@ -138,7 +152,7 @@ class DurableLog:
         self.deferred = deque(x for x in self.deferred if x[1] != identity)
 
     # ---- recovery -------------------------------------------------------------------------
-    def restore(self, shard: Shard, rec: Recovered, clean: bool = True) -> int:
+    def restore(self, shard: RestoreTarget, rec: Recovered, clean: bool = True) -> int:
         """Rebuild ``shard`` from ``rec`` (Journal.recovered): durable exchanges, durable
         queues with their arguments, bindings, then every queue's messages in their original
         order with the same entry ids, ``redelivered``, delivery counts, TTL deadlines and

@@ -1,8 +1,10 @@
 """The node's append-only journal: :class:`Journal` (design.md section 5, issue 5).
 
 One journal per node, in ``<data_dir>/journal/``: segment files ``00000001.seg``, ... (format in
-:mod:`shoal.node.journal_format`, rules of replay in :mod:`shoal.node.journal_state`, the whole
-picture and where the node calls it in docs/durability.md).
+:mod:`shoal.node.journal_format`, rules of replay in :mod:`shoal.node.journal_state`, reading
+the segments back at start in :mod:`shoal.node.journal_recover`, segments and compaction in
+:mod:`shoal.node.journal_compact`; the whole picture and where the node calls it in
+docs/durability.md).
 
 Commit rule: :meth:`Journal.append` only buffers and returns the record's sequence number
 (LSN); :meth:`Journal.commit` writes everything buffered with one ``pwrite`` and one
@@ -25,59 +27,27 @@ import fcntl
 import logging
 import os
 import random
-import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .journal_format import (HEADER_BYTES, RECORD_OVERHEAD, TOPOLOGY_TYPES,
-                             Batch, BindingAdded, BindingRemoved, DeliveryState, Enqueue,
+from .journal_format import (HEADER_BYTES, RECORD_OVERHEAD, TOPOLOGY_TYPES, Batch, BindingAdded, BindingRemoved, DeliveryState, Enqueue,
                              ExchangeDeclared, ExchangeDeleted, JournalCorrupt, JournalError,
                              JournalUnavailable, QueueDeclared, QueueDeleted, Record, RecordType,
-                             Settle, decode_record, encode_payload, frame, scan, segment_header)
+                             Settle, decode_record, encode_payload, frame, scan, segment_header,
+                             unavailable)
 from .journal_compact import (Job, JournalConfig, JournalStats, Kind, Pending, Segment, fsync_dir,
                               plan_compaction)
-from .journal_state import JournalState, LiveEntry, Recovered, TornTail
+from .journal_recover import recover_segments
+from .journal_state import JournalState, LiveEntry, Recovered
 
 __all__ = ["Journal", "JournalConfig", "JournalStats", "JournalError", "JournalCorrupt",
            "JournalUnavailable", "Recovered"]
 
 log = logging.getLogger("shoal.node.journal")
 
-_SEG_NAME = re.compile(r"^(\d{8})\.seg$")
 _ENQUEUE = int(RecordType.ENQUEUE)
 _SNAPSHOT = int(RecordType.TOPOLOGY_SNAPSHOT)
-
-
-def is_persistent(header: bytes) -> bool:
-    """Whether a content-header payload (class u16, weight u16, body size u64, property flags
-    u16, properties; AMQP 0-9-1 spec 4.2.6.1) carries ``delivery_mode`` 2: flag 0x1000 set and
-    the delivery-mode octet, after content-type (shortstr, 0x8000), content-encoding (shortstr,
-    0x4000) and headers (table, 0x2000), equal to 2. Malformed headers: False (transient)."""
-    try:
-        flags = (header[12] << 8) | header[13]
-        if not flags & 0x1000:
-            return False
-        pos = 14
-        word = flags
-        while word & 1:                     # continuation flag words follow
-            word = (header[pos] << 8) | header[pos + 1]
-            pos += 2
-        if flags & 0x8000:
-            pos += 1 + header[pos]
-        if flags & 0x4000:
-            pos += 1 + header[pos]
-        if flags & 0x2000:
-            pos += 4 + int.from_bytes(header[pos:pos + 4], "big")
-        return header[pos] == 2
-    except IndexError:
-        return False
-
-
-def _unavailable(text: str, exc: BaseException) -> JournalUnavailable:
-    err = JournalUnavailable(text, exc if isinstance(exc, OSError) else None)
-    err.__cause__ = exc
-    return err
 
 
 class Journal:
@@ -119,7 +89,7 @@ class Journal:
             j.directory.mkdir(parents=True, exist_ok=True)
             j._lock_fd = os.open(j.directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise _unavailable(f"cannot open journal directory {j.directory}", exc) from exc
+            raise unavailable(f"cannot open journal directory {j.directory}", exc) from exc
         try:
             fcntl.flock(j._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -132,61 +102,9 @@ class Journal:
             raise
         return j
 
-    def _segment_files(self) -> list[tuple[int, Path]]:
-        found = []
-        for p in self.directory.iterdir():
-            m = _SEG_NAME.match(p.name)
-            if m:
-                found.append((int(m.group(1)), p))
-        return sorted(found)
-
     def _recover(self) -> None:
-        files = self._segment_files()
-        cuts: list[TornTail] = []
         state = self.state
-        for i, (number, path) in enumerate(files):
-            last = i == len(files) - 1
-            data = path.read_bytes()
-            if len(data) < HEADER_BYTES:
-                if not last:
-                    raise JournalCorrupt(str(path), 0, "segment shorter than its header")
-                log.warning("journal: removing %s: torn at byte %d while being created",
-                            path, len(data))
-                cuts.append(TornTail(str(path), 0, len(data), "torn segment header"))
-                path.unlink()
-                fsync_dir(self.directory)
-                continue
-            result = scan(data, str(path), last)
-            seg = Segment(number, path, int.from_bytes(data[8:12], "little"), result.good_end)
-            self.segments[number] = seg
-            if result.good_end < len(data):
-                dropped = len(data) - result.good_end
-                log.warning("journal: cut torn tail of %s at byte %d (%d bytes dropped: %s)",
-                            path, result.good_end, dropped, result.bad_reason)
-                cuts.append(TornTail(str(path), result.good_end, dropped, result.bad_reason))
-                try:
-                    with open(path, "r+b") as f:
-                        f.truncate(result.good_end)
-                        os.fsync(f.fileno())
-                except OSError as exc:
-                    raise _unavailable(f"cannot cut torn tail of {path}", exc) from exc
-            for offset, size, rtype, payload in result.records:
-                if rtype == RecordType.BATCH:
-                    continue
-                try:
-                    rec = decode_record(rtype, payload)
-                except ValueError as exc:
-                    raise JournalCorrupt(str(path), offset, str(exc)) from None
-                e = state.apply(rec)
-                if e is not None:
-                    e.segment, e.offset, e.size = number, offset, size
-                    seg.live_count += 1
-                    seg.live_bytes += size
-                elif rtype in TOPOLOGY_TYPES:
-                    seg.topo_records += 1
-                    if rtype == _SNAPSHOT:
-                        self._snapshot_seg = number
-            del data, result
+        self._snapshot_seg, cuts = recover_segments(self.directory, state, self.segments)
         state.drop_orphans()
         self.recovered = state.recovered()
         self.recovered.cuts = cuts
@@ -196,7 +114,7 @@ class Journal:
             try:
                 self.head.fd = os.open(self.head.path, os.O_RDWR)
             except OSError as exc:
-                raise _unavailable(f"cannot open {self.head.path}", exc) from exc
+                raise unavailable(f"cannot open {self.head.path}", exc) from exc
         else:
             self._create_first_segment()
         n = sum(len(v) for v in self.recovered.messages.values())
@@ -217,7 +135,7 @@ class Journal:
             fsync_dir(self.directory)
         except OSError as exc:
             seg.close()
-            raise _unavailable(f"cannot create {seg.path}", exc) from exc
+            raise unavailable(f"cannot create {seg.path}", exc) from exc
         self.segments[1] = seg
         self.head = seg
 
@@ -339,7 +257,7 @@ class Journal:
             self._run(job)
         except OSError as exc:
             self._failed(job)
-            raise _unavailable(f"cannot write {job.segment.path}", exc) from exc
+            raise unavailable(f"cannot write {job.segment.path}", exc) from exc
         self._finish(job)
         return self._durable_lsn
 
@@ -375,7 +293,7 @@ class Journal:
         exc = f.exception() if not f.cancelled() else asyncio.CancelledError()
         if exc is not None:
             self._failed(job)
-            self._resolve_waiters(_unavailable(f"cannot write {job.segment.path}", exc))
+            self._resolve_waiters(unavailable(f"cannot write {job.segment.path}", exc))
             return
         self._finish(job)
         self._resolve_waiters(None)
@@ -397,7 +315,9 @@ class Journal:
 
     def _prepare(self) -> Job | None:
         """Take the buffer (plus compaction work) and frame it into one write."""
-        delete = plan_compaction(self)
+        delete, compaction = plan_compaction(self.segments, self.head, self.config, self.state,
+                                             self._snapshot_seg)
+        self._buffer.extend(compaction)
         if not self._buffer and not delete:
             return None
         records, self._buffer = self._buffer, []

@@ -15,13 +15,10 @@ import os
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .journal_format import (HEADER_BYTES, RECORD_HEADER, RECORD_OVERHEAD, RecordType,
                              decode_record, encode_payload)
-
-if TYPE_CHECKING:
-    from .journal import Journal
+from .journal_state import JournalState, LiveEntry
 
 log = logging.getLogger("shoal.node.journal")
 
@@ -129,19 +126,21 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def plan_compaction(self: "Journal") -> list[Segment]:
-    """Add compaction copies / a topology snapshot to the buffer; return the segments the
-    coming commit deletes after its fsync. Reads old segments (at most
-    ``copy_bytes_per_commit`` per call); a read error skips compaction this time."""
-    cfg = self.config
-    head = self.head
-    total = sum(s.size for s in self.segments.values())
-    live = sum(s.live_bytes for s in self.segments.values())
+def plan_compaction(segments: dict[int, Segment], head: Segment | None, cfg: JournalConfig,
+                    state: JournalState, snapshot_seg: int) -> tuple[list[Segment], list[Pending]]:
+    """Plan the compaction work of the coming commit over the journal's ``segments`` (oldest
+    first; ``head`` is written to), with ``state`` the live records and ``snapshot_seg`` the
+    segment of the last TOPOLOGY_SNAPSHOT. Returns (the segments the commit deletes after its
+    fsync, the records it must write first: a topology snapshot, then copies of live
+    ENQUEUEs). Reads old segments (at most ``copy_bytes_per_commit`` per call); a read error
+    skips compaction this time."""
+    total = sum(s.size for s in segments.values())
+    live = sum(s.live_bytes for s in segments.values())
     delete: list[Segment] = []
     copies: list[Pending] = []
     budget = cfg.copy_bytes_per_commit
     need_snapshot = False
-    for seg in self.segments.values():
+    for seg in segments.values():
         if seg is head:
             break
         if seg.live_count:
@@ -150,7 +149,7 @@ def plan_compaction(self: "Journal") -> list[Segment]:
             if not (garbage_heavy or mostly_dead):
                 break
             try:
-                done, budget = _copy_live(self, seg, copies, budget)
+                done, budget = _copy_live(state.entries, seg, copies, budget)
             except (OSError, ValueError) as exc:
                 log.warning("journal: compaction cannot read %s: %s", seg.path, exc)
                 seg.copy_cursor = HEADER_BYTES
@@ -162,22 +161,22 @@ def plan_compaction(self: "Journal") -> list[Segment]:
             if pending_from_seg != seg.live_count:
                 seg.copy_cursor = HEADER_BYTES  # should not happen: rescan next time
                 break
-        if seg.topo_records and self._snapshot_seg <= seg.number:
+        if seg.topo_records and snapshot_seg <= seg.number:
             need_snapshot = True
         delete.append(seg)
         total -= seg.size
     if need_snapshot:
-        snap = self.state.snapshot()
-        self._buffer.append(Pending(Kind.SNAPSHOT, SNAPSHOT, encode_payload(snap), 0, 0))
-    self._buffer.extend(copies)
-    return delete
+        snap = Pending(Kind.SNAPSHOT, SNAPSHOT, encode_payload(state.snapshot()), 0, 0)
+        copies.insert(0, snap)
+    return delete, copies
 
-def _copy_live(self: "Journal", seg: Segment, out: list[Pending], budget: int) -> tuple[bool, int]:
-    """Append copies of ``seg``'s live ENQUEUEs from its copy cursor on, reading about
-    ``budget`` bytes; returns (reached the end, budget left)."""
+def _copy_live(entries: dict[int, LiveEntry], seg: Segment, out: list[Pending],
+               budget: int) -> tuple[bool, int]:
+    """Append copies of ``seg``'s live ENQUEUEs (those ``entries`` still places in it) from
+    its copy cursor on, reading about ``budget`` bytes; returns (reached the end, budget
+    left)."""
     if seg.fd < 0:
         seg.fd = os.open(seg.path, os.O_RDONLY)
-    entries = self.state.entries
     while seg.copy_cursor < seg.size and budget > 0:
         want = min(max(budget, RECORD_HEADER.size), seg.size - seg.copy_cursor)
         chunk = os.pread(seg.fd, want, seg.copy_cursor)

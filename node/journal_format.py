@@ -72,6 +72,13 @@ class JournalUnavailable(JournalError):
         self.os_error = os_error
 
 
+def unavailable(text: str, exc: BaseException) -> JournalUnavailable:
+    """A JournalUnavailable for ``text`` caused by ``exc`` (kept as ``os_error`` if an OSError)."""
+    err = JournalUnavailable(text, exc if isinstance(exc, OSError) else None)
+    err.__cause__ = exc
+    return err
+
+
 class RecordType(IntEnum):
     """Record type byte. Values are on disk: never renumber."""
 

@@ -78,3 +78,28 @@ def expiration_ms(props: Basic.Properties | None) -> int | None:
     except (TypeError, ValueError):
         return None
     return v if v >= 0 else None
+
+
+def is_persistent(header: bytes) -> bool:
+    """Whether a content-header payload (class u16, weight u16, body size u64, property flags
+    u16, properties; AMQP 0-9-1 spec 4.2.6.1) carries ``delivery_mode`` 2: flag 0x1000 set and
+    the delivery-mode octet, after content-type (shortstr, 0x8000), content-encoding (shortstr,
+    0x4000) and headers (table, 0x2000), equal to 2. Malformed headers: False (transient)."""
+    try:
+        flags = (header[12] << 8) | header[13]
+        if not flags & 0x1000:
+            return False
+        pos = 14
+        word = flags
+        while word & 1:                     # continuation flag words follow
+            word = (header[pos] << 8) | header[pos + 1]
+            pos += 2
+        if flags & 0x8000:
+            pos += 1 + header[pos]
+        if flags & 0x4000:
+            pos += 1 + header[pos]
+        if flags & 0x2000:
+            pos += 4 + int.from_bytes(header[pos:pos + 4], "big")
+        return header[pos] == 2
+    except IndexError:
+        return False

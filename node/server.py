@@ -5,7 +5,7 @@ flushes its outbox with ONE ZeroMQ send per router (a batch, shared.wire.encode_
 socket's FD is edge-triggered (ZMQ_EVENTS), so after every send and before sleeping the loop
 re-reads ``zmq.EVENTS`` instead of trusting the FD alone.
 
-Durability (docs/durability.md): :func:`run_node` opens the journal in
+Durability (docs/durability.md): :func:`~shoal.node.process.run_node` opens the journal in
 ``<data_dir>/journal`` and rebuilds the shard from it before binding. Each turn ends with ONE
 group commit (``Journal.commit_async``, on the journal's thread, so the loop keeps serving);
 the answers that promised durability (PUBLISH_RESULT of persistent messages, REPLYs of durable
@@ -15,24 +15,20 @@ tells the routers (NODE_BLOCKED) and retries every :data:`COMMIT_RETRY_S`.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-import signal
-import threading
+import os
 import time
+from pathlib import Path
 from typing import Callable
 
 import zmq
 
-import json
-import os
-from pathlib import Path
-
-from shoal.shared.errors import StartupError
-from shoal.shared.settings import Settings
 from shoal.shared import wire
+from shoal.shared.settings import Settings
 from shoal.shared.wire import T, decode_batch, encode_batch
 
-from .journal import Journal, JournalCorrupt, JournalUnavailable, fsync_dir
+from .journal import Journal, JournalUnavailable, fsync_dir
 from .shard import Shard
 
 log = logging.getLogger("shoal.node")
@@ -464,69 +460,3 @@ def _reason(exc: JournalUnavailable) -> str:
     if isinstance(err, OSError) and err.strerror:
         return err.strerror
     return str(exc)
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
-def hosted_node(settings: Settings, node_id: str, endpoint: str,
-                ctx: zmq.Context) -> NodeServer:
-    """A node to run inside another process's event loop (the router's, for an ``inproc://``
-    endpoint): its journal in ``<settings.data_dir>/<node_id>/journal`` is opened and the shard
-    rebuilt, and its ROUTER socket is bound to ``endpoint`` in ``ctx``. The caller awaits
-    :meth:`NodeServer.serve` and later calls :meth:`NodeServer.stop` and
-    :meth:`NodeServer.close` (which leaves ``ctx`` to its owner).
-
-    Raises StartupError: exit code 3 when the journal is corrupt or cannot be written, 1 when
-    the endpoint cannot be bound (the node CLI's codes).
-    """
-    import dataclasses
-    node_settings = dataclasses.replace(
-        settings, node_id=node_id, node_bind=endpoint,
-        data_dir=str(Path(settings.data_dir).expanduser() / node_id))
-    server = NodeServer(node_settings, ctx=ctx)
-    try:
-        server.open_journal()
-    except (JournalCorrupt, JournalUnavailable) as exc:
-        server.sock.close(linger=0)
-        raise StartupError(f"cannot open the journal of {node_id}: {exc}", 3) from None
-    try:
-        server.bind()
-    except zmq.ZMQError as exc:
-        server.close()
-        raise StartupError(f"cannot bind {endpoint} for {node_id}: {exc}", 1) from None
-    return server
-
-
-def run_node(settings: Settings, server: NodeServer | None = None) -> int:
-    """Run a node until SIGINT/SIGTERM (or ``server.stop()``); blocking. Returns exit code 0.
-
-    First it opens the journal in ``<settings.data_dir>/journal`` and rebuilds the shard.
-    On stop it commits the journal, sends GOODBYE to every known router, flushes and closes
-    the socket and the journal. Signal handlers are only installed when called from the main
-    thread. Raises zmq.ZMQError when ``settings.node_bind`` cannot be bound, JournalCorrupt /
-    JournalUnavailable when the journal cannot be opened.
-    """
-    server = server or NodeServer(settings)
-    if server.journal is None:
-        server.open_journal()     # raises JournalCorrupt / JournalUnavailable (cli: exit 3)
-    loop = _new_loop()
-    try:
-        server.bind()
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, server.stop)
-        loop.run_until_complete(server.serve())
-    finally:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-        loop.close()
-        server.close()
-    log.info("shoal node %s stopped", server.shard.node_id)
-    return 0

@@ -11,6 +11,10 @@ types) are logged and dropped; a malformed *request* with an int req_id is answe
 SYNTAX_ERROR so the router does not wait forever.
 
 Ordering rule: TOPOLOGY_EVENTs a request causes are queued to every router BEFORE the REPLY.
+
+Rooms: this module holds the dispatch, the queue and exchange requests, the journal glue and
+the queues' DeliverySink; the message handlers (PUBLISH, CONSUME, CREDIT, SETTLE, GET...) are
+node/messages.py's, the routers and their outboxes node/peers.py's.
 """
 from __future__ import annotations
 
@@ -20,23 +24,23 @@ import time
 import uuid
 from typing import Any, Callable
 
-from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND,
-                                 PRECONDITION_FAILED, RESOURCE_ERROR, RESOURCE_LOCKED,
-                                 SYNTAX_ERROR, AMQPError, hard_error, soft_error)
+from shoal.shared.errors import (NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, SYNTAX_ERROR,
+                                 AMQPError, soft_error)
 from shoal.shared.settings import Settings
-from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_REMOVED, OUTCOME_ACK, OUTCOME_REJECT,
-                               OUTCOME_REQUEUE, TAG_DELIVER, TAG_GOODBYE, TAG_HEARTBEAT,
-                               TAG_HELLO, TAG_NODE_BLOCKED, TAG_PUBLISH_RESULT, TAG_REPLY,
-                               TAG_REPUBLISH, TAG_TOPOLOGY_EVENT, TAG_WORK, WIRE_VERSION, T)
+from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_REMOVED, TAG_DELIVER, TAG_GOODBYE, TAG_HELLO,
+                               TAG_NODE_BLOCKED, TAG_REPLY, TAG_REPUBLISH, TAG_TOPOLOGY_EVENT,
+                               TAG_WORK, T)
 
+from . import messages as M
 from .consumer import QueueConsumer
-from .deadletter import dead_letter_header, delivery_count_header
+from .deadletter import dead_letter_header
 from .durable import DurableLog
 from .entry import QueueEntry
-from .journal import Journal, JournalUnavailable, is_persistent
-from .message import body_size
+from .journal import Journal
+from .messages import delivered_header
+from .peers import Peers, RouterPeer
 from .queue import Queue
-from .queue_args import parse_consume_arguments, parse_queue_arguments
+from .queue_args import parse_queue_arguments
 from .timers import Timers
 from .topology import Topology, check_equivalent
 
@@ -50,24 +54,6 @@ _TOPOLOGY_REQUESTS = frozenset(int(t) for t in (
 
 _S = (str, type(None))      # optional str (owner)
 _D = (dict, type(None))     # optional table (arguments)
-
-
-class RouterPeer:
-    """What the node knows of one router that said HELLO.
-
-    ``identity``: its ZeroMQ identity (bytes). ``last_seen``: ms of its last message.
-    ``consumers``: consumer_id -> QueueConsumer. ``unsettled``: delivery_id -> QueueEntry it
-    holds acquired (released when it goes away).
-    """
-
-    __slots__ = ("identity", "router_id", "last_seen", "consumers", "unsettled")
-
-    def __init__(self, identity: bytes, router_id: str, now_ms: float) -> None:
-        self.identity = identity
-        self.router_id = router_id
-        self.last_seen = now_ms
-        self.consumers: dict[int, QueueConsumer] = {}
-        self.unsettled: dict[int, QueueEntry] = {}
 
 
 class Shard:
@@ -90,62 +76,61 @@ class Shard:
         #: journal glue (node/durable.py) once :meth:`attach_journal` ran; None: nothing
         #: is durable (unit tests, a node without a data dir)
         self.durable: DurableLog | None = None
-        #: the journal cannot write (disk full...): the reason, told to routers (NODE_BLOCKED)
-        self.blocked_reason: str | None = None
         self.topology = Topology(self._emit)
-        self.peers: dict[bytes, RouterPeer] = {}
-        self._outbox: dict[bytes, list[list]] = {}
+        #: the routers (node/peers.py); ``peers``: identity -> RouterPeer
+        self.links = Peers(node_id, self.incarnation, self.settings, self._forget)
+        self.peers = self.links.by_identity
+        #: ``send(identity, msg)``: queue a wire message to one router (hot: bound once)
+        self.send = self.links.send
         self._next_id = itertools.count(1).__next__
-        self._last_heartbeat: float | None = None
         if wall_offset_ms is None:
             wall_offset_ms = time.time() * 1000.0 - time.monotonic() * 1000.0
         self.timers = Timers(0.0, wall_offset_ms)
-        # tag -> (field count incl. tag, field types or None, handler, is_request)
-        H = Callable[[RouterPeer, list], Any]
+        # tag -> (field count incl. tag, field types or None, handler(shard, peer, msg),
+        # is_request); the message handlers are node/messages.py's
+        cls = type(self)
+        H = Callable[[Any, RouterPeer, list], Any]
         spec: dict[int, tuple[int, tuple | None, H | None, bool]] = {
             T.HELLO: (4, (int, str, str), None, False),
-            T.HEARTBEAT: (1, (), self._on_heartbeat, False),
-            T.GOODBYE: (1, (), self._on_goodbye, False),
+            T.HEARTBEAT: (1, (), cls._on_heartbeat, False),
+            T.GOODBYE: (1, (), cls._on_goodbye, False),
             T.QUEUE_DECLARE: (10, (int, str, str, int, int, int, int, _D, _S),
-                              self._on_queue_declare, True),
-            T.QUEUE_DELETE: (7, (int, str, str, int, int, _S), self._on_queue_delete, True),
-            T.QUEUE_PURGE: (5, (int, str, str, _S), self._on_queue_purge, True),
+                              cls._on_queue_declare, True),
+            T.QUEUE_DELETE: (7, (int, str, str, int, int, _S), cls._on_queue_delete, True),
+            T.QUEUE_PURGE: (5, (int, str, str, _S), cls._on_queue_purge, True),
             T.EXCHANGE_DECLARE: (10, (int, str, str, str, int, int, int, int, _D),
-                                 self._on_exchange_declare, True),
-            T.EXCHANGE_DELETE: (5, (int, str, str, int), self._on_exchange_delete, True),
-            T.BIND: (8, (int, str, str, str, str, str, _D), self._on_bind, True),
-            T.UNBIND: (8, (int, str, str, str, str, str, _D), self._on_unbind, True),
-            T.UNBIND_DESTINATION: (4, (str, str, str), self._on_unbind_destination, False),
-            T.TOPOLOGY_SNAPSHOT: (2, (int,), self._on_snapshot, True),
-            T.CONNECTION_CLOSED: (2, (str,), self._on_connection_closed, False),
-            T.PUBLISH: (9, None, self._on_publish, False),      # hot path: count only
-            T.CONSUME: (10, (int, int, str, str, str, int, int, _D, _S), self._on_consume, True),
-            T.CANCEL: (3, (int, int), self._on_cancel, True),
-            T.CREDIT: (4, None, self._on_credit, False),        # hot: checked inside
-            T.SETTLE: (3, None, self._on_settle, False),        # hot: checked inside
-            T.GET: (6, (int, str, str, int, _S), self._on_get, True),
+                                 cls._on_exchange_declare, True),
+            T.EXCHANGE_DELETE: (5, (int, str, str, int), cls._on_exchange_delete, True),
+            T.BIND: (8, (int, str, str, str, str, str, _D), cls._on_bind, True),
+            T.UNBIND: (8, (int, str, str, str, str, str, _D), cls._on_unbind, True),
+            T.UNBIND_DESTINATION: (4, (str, str, str), cls._on_unbind_destination, False),
+            T.TOPOLOGY_SNAPSHOT: (2, (int,), cls._on_snapshot, True),
+            T.CONNECTION_CLOSED: (2, (str,), cls._on_connection_closed, False),
+            T.PUBLISH: (9, None, M.on_publish, False),      # hot path: count only
+            T.CONSUME: (10, (int, int, str, str, str, int, int, _D, _S), M.on_consume, True),
+            T.CANCEL: (3, (int, int), M.on_cancel, True),
+            T.CREDIT: (4, None, M.on_credit, False),        # hot: checked inside
+            T.SETTLE: (3, None, M.on_settle, False),        # hot: checked inside
+            T.GET: (6, (int, str, str, int, _S), M.on_get, True),
         }
         self._spec = {int(k): v for k, v in spec.items()}
 
     # ------------------------------------------------------------------ plumbing
-    def _send(self, identity: bytes, msg: list) -> None:
-        box = self._outbox.get(identity)
-        if box is None:
-            box = self._outbox[identity] = []
-        box.append(msg)
+    def take_outbox(self) -> dict[bytes, list[list]]:
+        """Messages to send since the last call: router identity -> wire messages, in order."""
+        return self.links.take_outbox()
+
+    @property
+    def blocked_reason(self) -> str | None:
+        """Why the journal cannot write (disk full...), told to routers (NODE_BLOCKED)."""
+        return self.links.blocked_reason
 
     def _emit(self, event: int, data: list) -> None:
         """Queue a TOPOLOGY_EVENT to every registered router (and journal durable changes)."""
         if self.durable is not None:
             self.durable.topology_event(event, data, self.topology.exchanges)
         for identity in self.peers:
-            self._send(identity, [TAG_TOPOLOGY_EVENT, event, data])
-
-    def take_outbox(self) -> dict[bytes, list[list]]:
-        """Messages to send since the last call: router identity -> wire messages, in order."""
-        out = self._outbox
-        self._outbox = {}
-        return out
+            self.send(identity, [TAG_TOPOLOGY_EVENT, event, data])
 
     # ------------------------------------------------------------------ durability
     def attach_journal(self, journal: Journal, clean: bool = True) -> int:
@@ -191,34 +176,31 @@ class Shard:
         ready = dl.ready()
         for identity, msg in ready:
             if identity in self.peers:
-                self._send(identity, msg)
+                self.send(identity, msg)
         return len(ready)
 
     def set_blocked(self, reason: str | None) -> None:
         """The journal stopped (``reason``) or resumed (None) writing: tell every router
         (NODE_BLOCKED), which blocks publishers with ``connection.blocked``."""
-        if reason == self.blocked_reason:
+        if reason == self.links.blocked_reason:
             return
-        self.blocked_reason = reason
+        self.links.blocked_reason = reason
         for identity in self.peers:
-            self._send(identity, [TAG_NODE_BLOCKED, reason is not None, reason or ""])
+            self.send(identity, [TAG_NODE_BLOCKED, reason is not None, reason or ""])
 
     # DeliverySink (called by Queue)
     def deliver(self, consumer: QueueConsumer, entry: QueueEntry) -> None:
         peer = consumer.peer
-        header = entry.header
-        if entry.delivery_count > 1 and entry.queue.cfg.max_returns is not None:
-            header = delivery_count_header(header, body_size(header), entry.delivery_count - 1)
-        self._send(peer.identity, [TAG_DELIVER, consumer.consumer_id, entry.entry_id,
-                                   entry.redelivered, entry.exchange, entry.routing_key,
-                                   header, entry.body])
+        self.send(peer.identity, [TAG_DELIVER, consumer.consumer_id, entry.entry_id,
+                                  entry.redelivered, entry.exchange, entry.routing_key,
+                                  delivered_header(entry), entry.body])
         if not consumer.no_ack and consumer.acquires:
             peer.unsettled[entry.entry_id] = entry
             if entry.queue.journaled:
                 self.durable.delivered.append((entry.entry_id, True, entry.delivery_count))
 
     def work(self, consumer: QueueConsumer) -> None:
-        self._send(consumer.peer.identity, [TAG_WORK, consumer.consumer_id])
+        self.send(consumer.peer.identity, [TAG_WORK, consumer.consumer_id])
 
     def dead_letter(self, q: Queue, entry: QueueEntry, reason: str) -> None:
         """Send ``entry`` to ``q``'s x-dead-letter-exchange with an x-death header (REPUBLISH
@@ -233,7 +215,7 @@ class Shard:
             log.info("dropping dead letter cycling through queue '%s'", q.name)
             return
         rk = q.cfg.dlrk if q.cfg.dlrk is not None else entry.routing_key
-        self._send(next(iter(self.peers)), [TAG_REPUBLISH, q.vhost, q.cfg.dlx, rk, header,
+        self.send(next(iter(self.peers)), [TAG_REPUBLISH, q.vhost, q.cfg.dlx, rk, header,
                                             entry.body])
 
     def browse_done(self, consumer: QueueConsumer) -> None:
@@ -242,7 +224,7 @@ class Shard:
         q = consumer.queue
         consumer.peer.consumers.pop(consumer.consumer_id, None)
         q.remove_consumer(consumer)
-        self._send(consumer.peer.identity, [int(T.CONSUMER_CANCELLED), consumer.consumer_id,
+        self.send(consumer.peer.identity, [int(T.CONSUMER_CANCELLED), consumer.consumer_id,
                                             "browse complete"])
 
     def expire_queue(self, q: Queue) -> None:
@@ -268,20 +250,20 @@ class Shard:
             self._malformed(peer, msg, is_request)
             return
         if tag == TAG_HELLO:
-            self._on_hello(peer, msg, now_ms)
+            self.links.hello(peer, msg, now_ms)
             return
         state = self.peers.get(peer)
         if state is None:
             if tag != TAG_GOODBYE:
-                self._send(peer, [TAG_GOODBYE])
+                self.send(peer, [TAG_GOODBYE])
             return
         state.last_seen = now_ms
         self.timers.now = now_ms
         try:
-            payload = handler(state, msg)
+            payload = handler(self, state, msg)
         except AMQPError as err:
             if is_request:
-                self._send(peer, [TAG_REPLY, msg[1], err.reply_code, err.text, None])
+                self.send(peer, [TAG_REPLY, msg[1], err.reply_code, err.text, None])
             else:
                 log.debug("%s from %r failed: %s", T(tag).name, peer, err.text)
             return
@@ -291,72 +273,40 @@ class Shard:
                     dl.last_lsn > dl.journal.durable_lsn:
                 dl.defer(dl.last_lsn, peer, [TAG_REPLY, msg[1], 0, "", payload])
             else:
-                self._send(peer, [TAG_REPLY, msg[1], 0, "", payload])
+                self.send(peer, [TAG_REPLY, msg[1], 0, "", payload])
 
     def _malformed(self, peer: bytes, msg: list, is_request: bool) -> None:
         name = T(msg[0]).name
         log.warning("dropping malformed %s message (%d fields) from %r", name, len(msg), peer)
         if is_request and len(msg) > 1 and isinstance(msg[1], int) and peer in self.peers:
-            self._send(peer, [TAG_REPLY, msg[1], SYNTAX_ERROR, f"malformed {name} message", None])
+            self.send(peer, [TAG_REPLY, msg[1], SYNTAX_ERROR, f"malformed {name} message", None])
 
     # ------------------------------------------------------------------ link
-    def _on_hello(self, peer: bytes, msg: list, now_ms: float) -> None:
-        _, version, router_id, expected = msg
-        self._send(peer, [int(T.HELLO_OK), WIRE_VERSION, self.node_id, self.incarnation])
-        if version != WIRE_VERSION or expected != self.node_id:
-            log.error("refusing router %r: wire version %r (mine %d), expects node %r (I am %r)",
-                      router_id, version, WIRE_VERSION, expected, self.node_id)
-            return
-        old = self.peers.get(peer)
-        if old is not None:
-            self._forget(old)
-        self.peers[peer] = RouterPeer(peer, router_id, now_ms)
-        log.info("router %r connected", router_id)
-        if self.blocked_reason is not None:
-            self._send(peer, [TAG_NODE_BLOCKED, True, self.blocked_reason])
-
     def _on_heartbeat(self, state: RouterPeer, msg: list) -> None:
         pass
 
     def _on_goodbye(self, state: RouterPeer, msg: list) -> None:
         log.info("router %r said goodbye", state.router_id)
-        self._forget(state)
+        self.links.forget(state)
 
     def forget_silent(self, now_ms: float, silence_ms: float) -> int:
-        """Forget every router not heard from for ``silence_ms`` (a connection to this node
-        closed; ZeroMQ does not say whose, and live routers heartbeat every
-        ``link_heartbeat_ms``). Their deliveries are released at once instead of after
-        ``link_timeout_ms``. Returns how many routers were forgotten."""
-        gone = [p for p in self.peers.values() if now_ms - p.last_seen > silence_ms]
-        for state in gone:
-            log.warning("router %r disconnected: forgetting it", state.router_id)
-            self._forget(state)
-        return len(gone)
-
-    def tick(self, now_ms: float) -> None:
-        """Queue HEARTBEAT to every router each ``link_heartbeat_ms``; forget routers silent
-        for more than ``link_timeout_ms`` (settings)."""
-        st = self.settings
-        self.timers.run(now_ms)
-        if self._last_heartbeat is None or now_ms - self._last_heartbeat >= st.link_heartbeat_ms:
-            self._last_heartbeat = now_ms
-            for identity in self.peers:
-                self._send(identity, [TAG_HEARTBEAT])
-        for state in [p for p in self.peers.values()
-                      if now_ms - p.last_seen > st.link_timeout_ms]:
-            log.warning("router %r silent for %d ms: forgetting it", state.router_id,
-                        now_ms - state.last_seen)
-            self._forget(state)
+        """Forget routers silent for ``silence_ms`` (:meth:`Peers.forget_silent`)."""
+        return self.links.forget_silent(now_ms, silence_ms)
 
     def goodbye_all(self) -> None:
         """Queue GOODBYE to every known router (the node is stopping)."""
-        for identity in self.peers:
-            self._send(identity, [TAG_GOODBYE])
+        self.links.goodbye_all()
+
+    def tick(self, now_ms: float) -> None:
+        """Run due timers (TTL, x-expires, scheduled delivery, consumer timeouts), then the
+        link's heartbeats and router expiry (node/peers.py)."""
+        self.timers.run(now_ms)
+        self.links.tick(now_ms)
 
     def _forget(self, state: RouterPeer) -> None:
-        """The router is gone: drop its consumers, release its unsettled deliveries (original
-        position, redelivered), delete its connections' exclusive queues (EV_QUEUE_REMOVED)."""
-        self.peers.pop(state.identity, None)
+        """The router is gone (node/peers.py removed it): drop its consumers, release its
+        unsettled deliveries (original position, redelivered), delete its connections'
+        exclusive queues (EV_QUEUE_REMOVED)."""
         if self.durable is not None:
             self.durable.forget_router(state.identity)
         consumers = list(state.consumers.values())
@@ -369,7 +319,7 @@ class Shard:
                 touched[e.queue] = None
         state.unsettled.clear()
         for c in consumers:
-            self._maybe_auto_delete(c.queue)
+            self.maybe_auto_delete(c.queue)
         prefix = state.router_id + "/"
         for q in [q for q in self.queues.values()
                   if q.exclusive_owner is not None and q.exclusive_owner.startswith(prefix)]:
@@ -379,7 +329,7 @@ class Shard:
                 q.notify_work()
 
     # ------------------------------------------------------------------ queues
-    def _queue_for(self, vhost: str, name: str, owner: str | None) -> Queue:
+    def queue_for(self, vhost: str, name: str, owner: str | None) -> Queue:
         """The queue, checked for access. Raises 404 (missing), 405 (other's exclusive)."""
         q = self.queues.get((vhost, name))
         if q is None:
@@ -449,7 +399,7 @@ class Shard:
         node's bindings to it, emit EV_QUEUE_REMOVED."""
         for c in q.delete():
             c.peer.consumers.pop(c.consumer_id, None)
-            self._send(c.peer.identity, [int(T.CONSUMER_CANCELLED), c.consumer_id,
+            self.send(c.peer.identity, [int(T.CONSUMER_CANCELLED), c.consumer_id,
                                          "queue deleted"])
         del self.queues[(q.vhost, q.name)]
         if q.journaled:
@@ -457,14 +407,14 @@ class Shard:
         self.topology.unbind_destination(q.vhost, DEST_QUEUE, q.name)
         self._emit(EV_QUEUE_REMOVED, [q.vhost, q.name])
 
-    def _maybe_auto_delete(self, q: Queue) -> None:
+    def maybe_auto_delete(self, q: Queue) -> None:
         if q.auto_delete and q.had_consumers and not q.consumer_count and not q.deleted:
             self._delete_queue(q)
 
     def _on_queue_purge(self, state: RouterPeer, msg: list) -> list:
         """QUEUE_PURGE (spec 1.7.2.7) -> [purged count]. Raises 404, 405."""
         _, _, vhost, name, owner = msg
-        return [self._queue_for(vhost, name, owner).purge()]
+        return [self.queue_for(vhost, name, owner).purge()]
 
     def _on_connection_closed(self, state: RouterPeer, msg: list) -> None:
         owner = msg[1]
@@ -492,127 +442,3 @@ class Shard:
 
     def _on_snapshot(self, state: RouterPeer, msg: list) -> list:
         return self.topology.snapshot()
-
-    # ------------------------------------------------------------------ messages
-    def _on_publish(self, state: RouterPeer, msg: list) -> None:
-        """PUBLISH: enqueue on each named queue that exists; PUBLISH_RESULT if seq != 0;
-        then notify consumers (seed 002)."""
-        _, seq, vhost, names, exchange, routing_key, header, body, publisher = msg
-        queues = self.queues
-        routed = 0
-        refused = 0
-        lsn = 0
-        for name in names:
-            q = queues.get((vhost, name))
-            if q is not None:
-                e = q.enqueue(exchange, routing_key, header, body, publisher)
-                if e is None:
-                    refused += 1
-                elif q.journaled and is_persistent(header):
-                    try:
-                        lsn = self.durable.enqueue(q, e, self.timers.now)
-                        routed += 1
-                    except JournalUnavailable as exc:   # disk failing, buffer full: refuse
-                        log.warning("refusing persistent message for queue '%s': %s", name, exc)
-                        q.discard(e)
-                        refused += 1
-                else:
-                    routed += 1
-        if seq:
-            res = [TAG_PUBLISH_RESULT, seq, RESOURCE_ERROR if refused else 0, routed]
-            if lsn:
-                self.durable.defer(lsn, state.identity, res)   # answered once on disk
-            else:
-                self._send(state.identity, res)
-        if routed:
-            for name in names:
-                q = queues.get((vhost, name))
-                if q is not None:
-                    q.notify_work()
-
-    def _on_consume(self, state: RouterPeer, msg: list) -> None:
-        """CONSUME (spec 1.8.3.3): a consumer with credit 0. Raises 404, 405, 403 (exclusive
-        use), 406 (bad consume arguments: node/queue_args.py), 503 (consumer_id already used
-        by this router)."""
-        _, _, cid, vhost, name, tag, no_ack, exclusive, args, owner = msg
-        q = self._queue_for(vhost, name, owner)
-        if q.exclusive_consumer is not None or (exclusive and q.consumer_count):
-            raise soft_error(ACCESS_REFUSED, f"queue '{name}' in vhost '{vhost}' in exclusive use")
-        if cid in state.consumers:
-            raise hard_error(COMMAND_INVALID, f"consumer id {cid} already in use")
-        args = args or {}
-        cc = parse_consume_arguments(vhost, name, args)
-        c = QueueConsumer(cid, state, tag, bool(no_ack), bool(exclusive), args, cc.priority)
-        c.configure(cc, owner)
-        q.add_consumer(c)
-        state.consumers[cid] = c
-
-    def _on_cancel(self, state: RouterPeer, msg: list) -> None:
-        """CANCEL (spec 1.8.3.5): unsettled deliveries stay acquired. Auto-delete queues lose
-        their last consumer -> deleted. Unknown consumer: success."""
-        c = state.consumers.pop(msg[2], None)
-        if c is not None and c.queue.remove_consumer(c):
-            self._maybe_auto_delete(c.queue)
-
-    def _on_credit(self, state: RouterPeer, msg: list) -> None:
-        """CREDIT: add credit and pull; drain -> CREDIT_DRAINED; credit 0 -> wants one WORK."""
-        _, cid, credit, drain = msg
-        c = state.consumers.get(cid) if type(cid) is int else None
-        if c is None or type(credit) is not int or credit < 0:
-            return
-        q = c.queue
-        if credit or drain:
-            q.add_credit(c, credit)
-        if drain:
-            self._send(state.identity, [int(T.CREDIT_DRAINED), cid, q.drain(c)])
-        elif not credit:
-            q.want_work(c)
-
-    def _on_settle(self, state: RouterPeer, msg: list) -> None:
-        """SETTLE: ACK dequeues, REQUEUE releases (original position, redelivered) and
-        notifies, REJECT drops. Unknown delivery ids are ignored."""
-        _, outcome, ids = msg
-        if type(ids) is not list:
-            log.warning("dropping SETTLE whose delivery ids are not a list")
-            return
-        unsettled = state.unsettled
-        if outcome == OUTCOME_ACK:
-            for i in ids:
-                e = unsettled.pop(i, None)
-                if e is not None:
-                    e.queue.dequeue(e)
-        elif outcome == OUTCOME_REQUEUE:
-            touched: dict[Queue, None] = {}
-            for i in ids:
-                e = unsettled.pop(i, None)
-                if e is not None and e.queue.release(e):
-                    touched[e.queue] = None
-            for q in touched:
-                q.notify_work()
-        elif outcome == OUTCOME_REJECT:
-            for i in ids:
-                e = unsettled.pop(i, None)
-                if e is not None:
-                    e.queue.reject(e)
-        else:
-            log.warning("dropping SETTLE with unknown outcome %r", outcome)
-
-    def _on_get(self, state: RouterPeer, msg: list) -> list | None:
-        """GET (spec 1.8.3.10) -> None or [delivery_id, redelivered, exchange, routing_key,
-        header, body, message_count]. Raises 404, 405."""
-        _, _, vhost, name, no_ack, owner = msg
-        q = self._queue_for(vhost, name, owner)
-        e = q.get()
-        if e is None:
-            return None
-        if no_ack:
-            q.dequeue(e)
-        else:
-            state.unsettled[e.entry_id] = e
-            if q.journaled:
-                self.durable.delivered.append((e.entry_id, True, e.delivery_count))
-        header = e.header
-        if e.delivery_count > 1 and q.cfg.max_returns is not None:
-            header = delivery_count_header(header, body_size(header), e.delivery_count - 1)
-        return [e.entry_id, e.redelivered, e.exchange, e.routing_key, header, e.body,
-                q.message_count]

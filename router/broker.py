@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 from pamqp import commands as C
@@ -23,10 +23,7 @@ from . import consumers as credit
 from .consumers import Consumer, ConsumerTarget
 from .link import Attach, LocalLink, NodeLink
 from .routing import Topology
-
-if TYPE_CHECKING:
-    from .channel import Channel, Delivery
-    from .client import ClientConnection
+from .session import BrokerChannel, BrokerClient, Delivery
 
 log = logging.getLogger("shoal.router.broker")
 
@@ -36,7 +33,7 @@ class PendingPublish:
     transactions: ``future`` is resolved with this object when every node answered)."""
     __slots__ = ("channel", "seq", "ev", "waiting", "routed", "failed", "future")
 
-    def __init__(self, channel: "Channel", seq: int, ev: Any, waiting: set[str],
+    def __init__(self, channel: BrokerChannel, seq: int, ev: Any, waiting: set[str],
                  future: asyncio.Future | None = None) -> None:
         self.channel, self.seq, self.ev = channel, seq, ev
         self.waiting = waiting
@@ -61,17 +58,17 @@ class Broker:
         self.node_ids = [n for n, _ in self.node_map]
         self.topology = Topology(settings.vhosts)
         self.links: dict[str, NodeLink] = {}
-        self.consumers: dict[int, tuple["Channel", Consumer]] = {}  # by consumer_id
+        self.consumers: dict[int, tuple[BrokerChannel, Consumer]] = {}  # by consumer_id
         #: Pull-model counters (seed 002 DG3): WORK notifications received, drain grants
         #: sent, drains that came back with nothing delivered, deliveries.
         self.stats = {"work": 0, "drains": 0, "empty_drains": 0, "delivered": 0}
         self.publishes: dict[int, PendingPublish] = {}
-        self.connections: set["ClientConnection"] = set()
+        self.connections: set[BrokerClient] = set()
         self._next_consumer = 0
         self._next_publish = 0
         self._next_conn = 0
         self._placement: dict[tuple[str, str, str], str] = {}
-        self._dirty: set["ClientConnection"] = set()
+        self._dirty: set[BrokerClient] = set()
         self._flush_scheduled = False
         self._congested_links = 0
         self._snapshots: dict[str, asyncio.Future] = {}  # TOPOLOGY_SNAPSHOT per node (start)
@@ -135,7 +132,7 @@ class Broker:
         return self.links[self._owner(vhost, name, "e")]
 
     # ---- end-of-turn flushing ----------------------------------------------------------------
-    def mark_dirty(self, client: "ClientConnection") -> None:
+    def mark_dirty(self, client: BrokerClient) -> None:
         self._dirty.add(client)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -151,7 +148,7 @@ class Broker:
             client.flush()
 
     # ---- publishing --------------------------------------------------------------------------
-    def publish(self, ch: "Channel", seq: int, ev: Any, queues: set[str],
+    def publish(self, ch: BrokerChannel, seq: int, ev: Any, queues: set[str],
                 future: asyncio.Future | None = None) -> None:
         """Send a routed publish to the owner node of each queue (one PUBLISH per node).
 
@@ -204,7 +201,7 @@ class Broker:
         self.mark_dirty(ch.client)
 
     # ---- consumers and credit ----------------------------------------------------------------
-    def replenish(self, ch: "Channel", t: ConsumerTarget) -> None:
+    def replenish(self, ch: BrokerChannel, t: ConsumerTarget) -> None:
         """Grant ``t``'s queue consumers whatever credit the qos invariant allows now."""
         for c, msg in credit.credit_messages(ch.pool, t):
             link = self.links[c.node_id]
@@ -218,11 +215,11 @@ class Broker:
                 else:
                     link.send(msg, urgent=True)
 
-    def replenish_channel(self, ch: "Channel") -> None:
+    def replenish_channel(self, ch: BrokerChannel) -> None:
         for t in list(ch.pool.targets.values()):
             self.replenish(ch, t)
 
-    def cancel_consumer(self, ch: "Channel", t: ConsumerTarget) -> None:
+    def cancel_consumer(self, ch: BrokerChannel, t: ConsumerTarget) -> None:
         """Client basic.cancel or channel close: every node forgets its part of ``t``;
         deliveries already made stay unacked (spec 1.8.3.5)."""
         t.cancelled = True
@@ -233,7 +230,7 @@ class Broker:
             if link.up:
                 link.request([T.CANCEL, c.consumer_id]).add_done_callback(_ignore)
 
-    def settle(self, ch: "Channel", deliveries: list["Delivery"], outcome: int) -> None:
+    def settle(self, ch: BrokerChannel, deliveries: list[Delivery], outcome: int) -> None:
         """Forward settlements to the nodes (one SETTLE per node) and free their credit."""
         by_node: dict[str, list[int]] = {}
         touched = []
@@ -331,7 +328,7 @@ class Broker:
             if l.up:
                 l.send([T.UNBIND_DESTINATION, vhost, wire.DEST_QUEUE, name])
 
-    def _server_cancel(self, ch: "Channel", t: ConsumerTarget) -> None:
+    def _server_cancel(self, ch: BrokerChannel, t: ConsumerTarget) -> None:
         """The broker ends a consumer (a queue deleted, a node lost): its other queue
         consumers are cancelled too, and clients that announced ``consumer_cancel_notify``
         (RabbitMQ extension) get basic.cancel."""

@@ -3,7 +3,8 @@
 Methods that need a node's answer (declares, binds, consume, get, ...) run as tasks; while one
 runs, later frames of the same channel wait in a backlog so that a channel's methods take effect
 in the order the client sent them (AMQP 0-9-1 spec 2.3.5.2 "Channels"). Publishes and acks are
-handled inline on the hot path when nothing waits.
+handled inline on the hot path when nothing waits. The methods of the exchange and queue
+classes are in :mod:`.topology_methods`.
 """
 from __future__ import annotations
 
@@ -11,48 +12,32 @@ import asyncio
 import logging
 import secrets
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pamqp import commands as C
 
 from shoal.shared import wire
-from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_ALLOWED, NOT_FOUND,
-                                 NOT_IMPLEMENTED, PRECONDITION_FAILED, AMQPError, hard_error,
-                                 soft_error)
-from shoal.shared.selector import check_arguments as check_selector
+from shoal.shared.errors import (ACCESS_REFUSED, NOT_ALLOWED, NOT_FOUND, NOT_IMPLEMENTED,
+                                 PRECONDITION_FAILED, AMQPError, hard_error, soft_error)
 from shoal.shared.wire import T, TAG_SETTLE
 
 from . import consumers as credit
+from . import topology_methods
 from .amqp.events import MessagePublished
+from .broker import Broker
 from .consumers import Consumer, ConsumerTarget, CreditPool
-from .routing import BUILTIN_EXCHANGES, EXCHANGE_TYPES
-
-if TYPE_CHECKING:
-    from .client import ClientConnection
+from .session import ChannelClient, Delivery
+from .topology_methods import queue_name
 
 log = logging.getLogger("shoal.router.channel")
-
-
-class Delivery:
-    """An unacknowledged delivery: which node holds the message (``delivery_id`` there)."""
-    __slots__ = ("node_id", "delivery_id", "consumer")
-
-    def __init__(self, node_id: str | None, delivery_id: int, target: ConsumerTarget | None):
-        self.node_id = node_id          # None once that node went down (settling is a no-op)
-        self.delivery_id = delivery_id
-        self.consumer = target          # the consumer tag's target; None for basic.get
-
-
-def _q(vhost: str, name: str) -> str:
-    return f"queue '{name}' in vhost '{vhost}'"
 
 
 class Channel:
     """Channel ``number`` of one client connection."""
 
-    def __init__(self, client: "ClientConnection", number: int) -> None:
+    def __init__(self, client: ChannelClient, number: int, broker: Broker) -> None:
         self.client = client
-        self.broker = client.broker
+        self.broker = broker
         self.number = number
         self.vhost = client.vhost
         self.pool = CreditPool()
@@ -126,121 +111,6 @@ class Channel:
     def send(self, method: Any) -> None:
         if not self.closed:
             self.client.amqp.send_method(self.number, method)
-
-    # ---- exchanges ---------------------------------------------------------------------------
-    async def on_exchange_declare(self, m: C.Exchange.Declare) -> None:
-        b = self.broker
-        name, type_ = m.exchange, m.exchange_type
-        if name in BUILTIN_EXCHANGES:
-            if name == "" or not (m.passive or type_ == BUILTIN_EXCHANGES[name]):
-                raise soft_error(ACCESS_REFUSED, "operation not permitted on exchange "
-                                                 f"'{name}' in vhost '{self.vhost}'"
-                                 if name == "" else
-                                 f"exchange name '{name}' contains reserved prefix 'amq.*'")
-        elif not m.passive:
-            if type_ not in EXCHANGE_TYPES:
-                raise hard_error(COMMAND_INVALID, f"unknown exchange type '{type_}'")
-            if name.startswith("amq."):
-                raise soft_error(ACCESS_REFUSED,
-                                 f"exchange name '{name}' contains reserved prefix 'amq.*'")
-            await b.exchange_link(self.vhost, name).request(
-                [T.EXCHANGE_DECLARE, self.vhost, name, type_, False, m.durable, m.auto_delete,
-                 m.internal, m.arguments or {}])
-        else:
-            await b.exchange_link(self.vhost, name).request(
-                [T.EXCHANGE_DECLARE, self.vhost, name, type_, True, False, False, False, {}])
-        if not m.nowait:
-            self.send(C.Exchange.DeclareOk())
-
-    async def on_exchange_delete(self, m: C.Exchange.Delete) -> None:
-        if m.exchange in BUILTIN_EXCHANGES:
-            raise soft_error(ACCESS_REFUSED, f"operation not permitted on exchange "
-                                             f"'{m.exchange}' in vhost '{self.vhost}'")
-        await self.broker.exchange_link(self.vhost, m.exchange).request(
-            [T.EXCHANGE_DELETE, self.vhost, m.exchange, m.if_unused])
-        if not m.nowait:
-            self.send(C.Exchange.DeleteOk())
-
-    async def on_exchange_bind(self, m: C.Exchange.Bind) -> None:
-        await self._bind(T.BIND, m.source, wire.DEST_EXCHANGE, m.destination, m.routing_key,
-                         m.arguments)
-        if not m.nowait:
-            self.send(C.Exchange.BindOk())
-
-    async def on_exchange_unbind(self, m: C.Exchange.Unbind) -> None:
-        await self._bind(T.UNBIND, m.source, wire.DEST_EXCHANGE, m.destination, m.routing_key,
-                         m.arguments)
-        if not m.nowait:
-            self.send(C.Exchange.UnbindOk())
-
-    async def _bind(self, tag: int, exchange: str, kind: str, dest: str, key: str,
-                    arguments: dict | None) -> None:
-        b = self.broker
-        if exchange == "" or (kind == wire.DEST_EXCHANGE and dest == ""):
-            raise soft_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
-        for name in (exchange, dest) if kind == wire.DEST_EXCHANGE else (exchange,):
-            if b.topology.get(self.vhost, name) is None:
-                raise soft_error(NOT_FOUND, f"no exchange '{name}' in vhost '{self.vhost}'")
-        if kind == wire.DEST_QUEUE:
-            # The queue must exist and be ours to use (404 / 405), asked of its node.
-            await b.queue_link(self.vhost, dest).request(
-                [T.QUEUE_DECLARE, self.vhost, dest, True, False, False, False, {},
-                 self.client.owner])
-        if tag == T.BIND:
-            check_selector(arguments)   # 406 naming the error position (x-filter-jms-selector)
-        await b.exchange_link(self.vhost, exchange).request(
-            [tag, self.vhost, exchange, kind, dest, key, arguments or {}])
-
-    # ---- queues ------------------------------------------------------------------------------
-    def _queue_name(self, name: str) -> str:
-        if name == "":
-            if not self.last_queue:
-                raise soft_error(NOT_FOUND, "no previously declared queue")
-            return self.last_queue
-        return name
-
-    async def on_queue_declare(self, m: C.Queue.Declare) -> None:
-        name = m.queue
-        if name == "":
-            if m.passive:
-                raise soft_error(NOT_FOUND, "no previously declared queue")
-            name = "amq.gen-" + secrets.token_urlsafe(16)
-        elif name.startswith("amq.") and not m.passive:
-            raise soft_error(ACCESS_REFUSED,
-                             f"queue name '{name}' contains reserved prefix 'amq.*'")
-        payload = await self.broker.queue_link(self.vhost, name).request(
-            [T.QUEUE_DECLARE, self.vhost, name, m.passive, m.durable, m.exclusive,
-             m.auto_delete, m.arguments or {}, self.client.owner])
-        self.last_queue = name
-        if m.exclusive:
-            self.client.exclusive_queues.add(name)
-        if not m.nowait:
-            self.send(C.Queue.DeclareOk(payload[0], payload[1], payload[2]))
-
-    async def on_queue_bind(self, m: C.Queue.Bind) -> None:
-        await self._bind(T.BIND, m.exchange, wire.DEST_QUEUE, self._queue_name(m.queue),
-                         m.routing_key, m.arguments)
-        if not m.nowait:
-            self.send(C.Queue.BindOk())
-
-    async def on_queue_unbind(self, m: C.Queue.Unbind) -> None:
-        await self._bind(T.UNBIND, m.exchange, wire.DEST_QUEUE, self._queue_name(m.queue),
-                         m.routing_key, m.arguments)
-        self.send(C.Queue.UnbindOk())
-
-    async def on_queue_purge(self, m: C.Queue.Purge) -> None:
-        name = self._queue_name(m.queue)
-        payload = await self.broker.queue_link(self.vhost, name).request(
-            [T.QUEUE_PURGE, self.vhost, name, self.client.owner])
-        if not m.nowait:
-            self.send(C.Queue.PurgeOk(payload[0]))
-
-    async def on_queue_delete(self, m: C.Queue.Delete) -> None:
-        name = self._queue_name(m.queue)
-        payload = await self.broker.queue_link(self.vhost, name).request(
-            [T.QUEUE_DELETE, self.vhost, name, m.if_unused, m.if_empty, self.client.owner])
-        if not m.nowait:
-            self.send(C.Queue.DeleteOk(payload[0]))
 
     # ---- publishing --------------------------------------------------------------------------
     def on_confirm_select(self, m: C.Confirm.Select) -> None:
@@ -387,7 +257,7 @@ class Channel:
         if multi is not None:
             queues = _queue_list(multi)
         else:
-            queues = [self._queue_name(m.queue)]
+            queues = [queue_name(self, m.queue)]
         tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
         if tag in self.pool.targets:
             raise hard_error(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
@@ -424,7 +294,7 @@ class Channel:
             self.send(C.Basic.CancelOk(m.consumer_tag))
 
     async def on_basic_get(self, m: C.Basic.Get) -> None:
-        queue = self._queue_name(m.queue)
+        queue = queue_name(self, m.queue)
         link = self.broker.queue_link(self.vhost, queue)
         payload = await link.request([T.GET, self.vhost, queue, m.no_ack, self.client.owner])
         if payload is None:
@@ -538,13 +408,15 @@ class Channel:
         self.settle(self._take(0, True), wire.OUTCOME_REQUEUE)
 
 
-#: pamqp method class -> (unbound Channel handler or None, is it a coroutine function)
+#: pamqp method class -> (handler taking the Channel first, or None; is it a coroutine function)
 _HANDLERS: dict[type, tuple[Any, bool]] = {}
 
 
 def _handler_for(method: Any) -> tuple[Any, bool]:
-    """The ``Channel.on_<class>_<method>`` handler for a pamqp method (cached by class)."""
-    fn = getattr(Channel, "on_" + method.name.replace(".", "_").lower(), None)
+    """The handler for a pamqp method (cached by class): ``Channel.on_<class>_<method>``, or
+    the function of that name in :mod:`.topology_methods` (the exchange and queue classes)."""
+    name = "on_" + method.name.replace(".", "_").lower()
+    fn = getattr(Channel, name, None) or getattr(topology_methods, name, None)
     return fn, fn is not None and asyncio.iscoroutinefunction(fn)
 
 

@@ -9,7 +9,6 @@ import asyncio
 import ipaddress
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from pamqp import commands as C
 
@@ -18,10 +17,8 @@ from shoal.shared.wire import T
 
 from .amqp import events as E
 from .amqp.connection import AMQPConnection
+from .broker import Broker
 from .channel import Channel
-
-if TYPE_CHECKING:
-    from .broker import Broker
 
 log = logging.getLogger("shoal.router.client")
 _BASIC_ACK = C.Basic.Ack
@@ -50,7 +47,7 @@ def _is_loopback(peer) -> bool:
 class ClientConnection(asyncio.BufferedProtocol):
     """The asyncio side of one AMQP client connection."""
 
-    def __init__(self, broker: "Broker") -> None:
+    def __init__(self, broker: Broker) -> None:
         self.broker = broker
         s = broker.settings
         self.owner = broker.new_connection_id()
@@ -187,7 +184,7 @@ class ClientConnection(asyncio.BufferedProtocol):
                 if ch is not None:
                     ch.handle_method(ev.method)
             elif t is E.ChannelOpened:
-                self.channels[ev.channel] = Channel(self, ev.channel)
+                self.channels[ev.channel] = Channel(self, ev.channel, self.broker)
             elif t is E.ChannelClosed:
                 ch = self.channels.pop(ev.channel, None)
                 if ch is not None:
@@ -257,7 +254,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.broker.connections.discard(self)
 
 
-async def heartbeat_loop(broker: "Broker") -> None:
+async def heartbeat_loop(broker: Broker) -> None:
     """Drive every connection's heartbeat clock once a second."""
     while True:
         await asyncio.sleep(1.0)

@@ -38,7 +38,7 @@ log = logging.getLogger("shoal.router")
 
 
 #: ``host_node(settings, node_id, endpoint, ctx)``: opens and binds a node to run in this
-#: process (``shoal.node.server.hosted_node``); it has ``serve()``, ``stop()``, ``close()``
+#: process (``shoal.node.process.hosted_node``); it has ``serve()``, ``stop()``, ``close()``
 #: and ``attach_local`` (the broker's LocalLink hands it frames in memory, not via ZeroMQ).
 HostNode = Callable[[Settings, str, str, zmq.Context], Any]
 

@@ -2,7 +2,7 @@
 
 Contract used (see tests/e2e/README in the e2e module docstrings):
 
-``python -m shoal.shared.cli serve --host 127.0.0.1 --port 0 --nodes N --data-dir DIR`` prints
+``python -m shoal.cli serve --host 127.0.0.1 --port 0 --nodes N --data-dir DIR`` prints
 one line ``shoal ready: accepting AMQP 0-9-1 connections on HOST:PORT (N nodes)`` when the
 router accepts connections and writes ``DIR/cluster.json``. SIGTERM stops it: exit status 0 and
 every child process gone.
@@ -166,9 +166,9 @@ def start_cluster(data_dir: Path, nodes: int, embed: bool = EMBED) -> Cluster:
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "launcher.stderr.log"
     log = open(log_path, "wb")
-    # SHOAL_E2E_SERVE_CMD replaces "python -m shoal.shared.cli" (to test this harness itself)
+    # SHOAL_E2E_SERVE_CMD replaces "python -m shoal.cli" (to test this harness itself)
     prefix = os.environ.get("SHOAL_E2E_SERVE_CMD", "").split() or [
-        sys.executable, "-m", "shoal.shared.cli"]
+        sys.executable, "-m", "shoal.cli"]
     cmd = prefix + ["serve", "--host", "127.0.0.1", "--port", "0", "--nodes", str(nodes),
                     "--data-dir", str(data_dir), *(["--embed-node"] if embed else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,

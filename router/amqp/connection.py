@@ -9,7 +9,9 @@ It handles by itself: the protocol header, connection negotiation (start/start-o
 open/open-ok, spec 4.10), SASL PLAIN/AMQPLAIN, heartbeats (spec 4.2.7), channel open/close/flow
 (spec 2.2.3, 1.5), content assembly of ``basic.publish`` (spec 2.3.5.2) and every frame-level
 error. Errors become ``channel.close`` / ``connection.close`` in exactly one place,
-:meth:`AMQPConnection.fail`.
+:meth:`AMQPConnection.fail`. This module holds the input side up to the inline hot path
+(basic.publish, basic.ack, content), errors and close, time and output; the frames the hot
+path does not take are handled by the :class:`~.control.ControlFrames` part of the class.
 """
 from __future__ import annotations
 
@@ -17,43 +19,30 @@ from typing import Callable, Container, Iterable
 
 from pamqp import commands
 
-from shoal.shared.errors import (CHANNEL_ERROR, COMMAND_INVALID, CONNECTION_FORCED,
-                                 FRAME_ERROR, NOT_ALLOWED, NOT_IMPLEMENTED,
-                                 UNEXPECTED_FRAME, AMQPError, hard_error)
+from shoal.shared.errors import CONNECTION_FORCED, FRAME_ERROR, AMQPError, hard_error
 
 from . import fastpath
 from .channel import (AFTER_PUBLISH, AWAIT_BODY as _AWAIT_BODY,
                       AWAIT_HEADER as _AWAIT_HEADER, CLOSING as _CLOSING, OPEN as _OPEN,
                       Channel)
-from .events import (ChannelClosed, ChannelOpened, ConnectionClosed, ConnectionOpened,
-                     MethodReceived)
-from .framing import (FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD,
-                      FRAME_MIN_SIZE,
-                      FRAME_OVERHEAD, FRAME_TYPES, HEARTBEAT_FRAME, PROTOCOL_HEADER,
-                      decode_method, method_frame, unpack_frame_header)
-from .handshake import (LOCALES, MECHANISMS, negotiate, refused, sasl_credentials,
-                        server_properties as default_server_properties)
-from .methods import (BASIC_CANCEL_OK, CHANNEL_CLOSE, CHANNEL_CLOSE_OK, CHANNEL_FLOW,
-                      CHANNEL_FLOW_OK, CHANNEL_OPEN, CLIENT_CHANNEL_METHODS, CONNECTION_CLASS,
-                      CONNECTION_CLOSE, CONNECTION_CLOSE_OK, CONNECTION_OPEN,
-                      CONNECTION_START_OK, CONNECTION_TUNE_OK, CONNECTION_UPDATE_SECRET,
-                      close_frame, name, require_known, with_ids)
+from .control import ControlFrames
+from .events import ConnectionClosed, MethodReceived
+from .framing import (FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD, FRAME_OVERHEAD,
+                      FRAME_TYPES, HEARTBEAT_FRAME, PROTOCOL_HEADER, method_frame,
+                      unpack_frame_header)
+from .handshake import LOCALES, MECHANISMS, server_properties as default_server_properties
+from .methods import CHANNEL_CLOSE, CONNECTION_CLOSE, close_frame
 from .states import ChannelInput, ConnectionInput, ConnectionState, channel_next, connection_next
 
 _PUBLISH, _ACK = fastpath.BASIC_PUBLISH, fastpath.BASIC_ACK
 _unpack_mid = fastpath.unpack_method_id
 _parse_publish, _parse_ack = fastpath.parse_publish, fastpath.parse_ack
-_CONNECTION_INPUTS = {CONNECTION_START_OK: ConnectionInput.START_OK,
-                      CONNECTION_TUNE_OK: ConnectionInput.TUNE_OK,
-                      CONNECTION_OPEN: ConnectionInput.OPEN,
-                      CONNECTION_CLOSE: ConnectionInput.CLIENT_CLOSE,
-                      CONNECTION_CLOSE_OK: ConnectionInput.CLOSE_OK}
 _CI = ChannelInput
 _CONN_OPEN, _CONN_CLOSING, _CONN_CLOSED = (ConnectionState.OPEN, ConnectionState.CLOSING,
                                            ConnectionState.CLOSED)
 
 
-class AMQPConnection:
+class AMQPConnection(ControlFrames):
     """The server side of one AMQP 0-9-1 connection, without I/O.
 
     ``authenticate(username, password) -> bool``; ``vhosts``: names a client may open.
@@ -199,7 +188,7 @@ class AMQPConnection:
         The frame size is checked against frame_max from the 7 header octets, before the
         payload is buffered. basic.publish, basic.ack, a content header and a single
         completing body frame on an OPEN connection are handled inline (design.md section 4);
-        everything else goes through :meth:`_frame`.
+        everything else goes through :meth:`_frame` (:mod:`.control`).
         """
         end = len(buf)
         channels = self._channels
@@ -264,164 +253,6 @@ class AMQPConnection:
             self._chunks = [buf[pos:]]
             self._buffered = end - pos
         self._need = need
-
-    def _frame(self, frame_type: int, ch: int, chan: Channel | None, buf: bytes, start: int,
-               fend: int, events: list) -> None:
-        """Every frame the inline path in :meth:`_frames` does not take."""
-        if frame_type == FRAME_METHOD:
-            if fend - start < 4:
-                raise hard_error(FRAME_ERROR, "method frame shorter than 4 octets")
-            mid = _unpack_mid(buf, start)[0]
-            try:
-                self._method(ch, chan, mid, buf, start, fend, events)
-            except AMQPError as err:
-                if not err.class_id:
-                    with_ids(err, mid)
-                raise
-        elif frame_type == FRAME_HEARTBEAT:
-            if ch != 0:  # spec 4.2.7: heartbeats belong to channel 0
-                raise hard_error(FRAME_ERROR, f"heartbeat frame on channel {ch}")
-        elif self._state == _CONN_CLOSING:
-            return  # spec 2.2.4: discard all but close / close-ok
-        elif self._state != _CONN_OPEN:
-            raise hard_error(UNEXPECTED_FRAME, "content frame before connection.open")
-        elif ch == 0:
-            raise hard_error(UNEXPECTED_FRAME, "content frame on channel 0")
-        elif chan is None:
-            raise hard_error(CHANNEL_ERROR, f"channel {ch} is not open")
-        else:  # on a CLOSING channel: discarded (spec 2.2.3); otherwise 505
-            channel_next(ch, chan.state, _CI.HEADER if frame_type == FRAME_HEADER
-                         else _CI.BODY)
-
-    # ------------------------------------------------------------------ methods
-    def _method(self, ch: int, chan: Channel | None, mid: int, buf: bytes, start: int,
-                fend: int, events: list) -> None:
-        state = self._state
-        if state == _CONN_CLOSING:  # spec 2.2.4: discard all but close / close-ok
-            if ch == 0 and mid in (CONNECTION_CLOSE, CONNECTION_CLOSE_OK):
-                self._connection_method(mid, buf, start, fend, events)
-            return
-        if ch == 0:
-            if mid == CHANNEL_OPEN:
-                raise hard_error(CHANNEL_ERROR, "channel.open on channel 0")
-            if mid >> 16 != CONNECTION_CLASS:
-                require_known(mid)
-                raise hard_error(COMMAND_INVALID, f"{name(mid)} on channel 0")
-            self._connection_method(mid, buf, start, fend, events)
-            return
-        require_known(mid)
-        if mid >> 16 == CONNECTION_CLASS:
-            raise hard_error(COMMAND_INVALID, f"{name(mid)} on channel {ch}, expected 0")
-        if state != _CONN_OPEN:
-            raise hard_error(COMMAND_INVALID, f"{name(mid)} before connection.open")
-        if chan is None:
-            if mid != CHANNEL_OPEN:
-                raise hard_error(CHANNEL_ERROR, f"expected 'channel.open' on channel {ch}, "
-                                                f"got {name(mid)}")
-            if ch > self.channel_max:
-                raise hard_error(CHANNEL_ERROR, f"channel {ch} is above channel_max "
-                                                f"{self.channel_max}")
-            self._channels[ch] = Channel()
-            self._write(method_frame(ch, commands.Channel.OpenOk()))
-            events.append(ChannelOpened(ch))
-            return
-        cstate = chan.state
-        if cstate == _CLOSING:  # spec 2.2.3: discard all but close / close-ok
-            if mid == CHANNEL_CLOSE:
-                channel_next(ch, cstate, _CI.CLIENT_CLOSE)
-                self._write(method_frame(ch, commands.Channel.CloseOk()))
-            elif mid == CHANNEL_CLOSE_OK:
-                channel_next(ch, cstate, _CI.CLOSE_OK)
-                del self._channels[ch]
-                events.append(ChannelClosed(ch))
-            return
-        if mid == CHANNEL_CLOSE:
-            channel_next(ch, cstate, _CI.CLIENT_CLOSE)  # 505 while content is expected
-            del self._channels[ch]
-            self._write(method_frame(ch, commands.Channel.CloseOk()))
-            events.append(ChannelClosed(ch))
-            return
-        if mid == CHANNEL_CLOSE_OK:
-            channel_next(ch, cstate, _CI.CLOSE_OK)  # raises: we sent no channel.close
-        if mid == _PUBLISH:  # the hot path takes the OPEN case; here: 505 mid-content
-            chan.state = channel_next(ch, cstate, _CI.PUBLISH)
-            (chan.exchange, chan.routing_key, chan.mandatory,
-             chan.immediate) = fastpath.parse_publish(buf, start, fend)
-            return
-        chan.state = channel_next(ch, cstate, _CI.METHOD)  # 505 while content is expected
-        if mid == CHANNEL_OPEN:
-            raise hard_error(CHANNEL_ERROR, f"channel {ch} is already open")
-        method = decode_method(mid, buf[start + 4:fend])
-        if mid in CLIENT_CHANNEL_METHODS:
-            events.append(MethodReceived(ch, method))
-        elif mid == CHANNEL_FLOW:
-            chan.flow_active = bool(method.active)
-            self._write(method_frame(ch, commands.Channel.FlowOk(chan.flow_active)))
-        elif mid in (CHANNEL_FLOW_OK, BASIC_CANCEL_OK):
-            pass  # answers to our channel.flow / basic.cancel: nothing to do
-        else:
-            raise hard_error(COMMAND_INVALID, f"{name(mid)} is not sent by clients")
-
-    def _connection_method(self, mid: int, buf: bytes, start: int, fend: int,
-                           events: list) -> None:
-        """Connection class methods on channel 0 (spec 1.4, 4.10)."""
-        event = _CONNECTION_INPUTS.get(mid)
-        if event is None:
-            if mid == CONNECTION_UPDATE_SECRET:
-                raise hard_error(NOT_IMPLEMENTED, "connection.update-secret is not supported")
-            require_known(mid)
-            raise hard_error(COMMAND_INVALID, f"{name(mid)} is not sent by clients")
-        nxt = connection_next(self._state, event)  # 503 when out of order
-        method = decode_method(mid, buf[start + 4:fend])
-        if event == ConnectionInput.START_OK:
-            self._start_ok(method)
-        elif event == ConnectionInput.TUNE_OK:
-            self._tune_ok(method)
-        elif event == ConnectionInput.OPEN:
-            vhost = method.virtual_host
-            if vhost not in self._vhosts:
-                raise hard_error(NOT_ALLOWED, f"vhost '{vhost}' not found")
-            self.vhost = vhost
-            self._write(method_frame(0, commands.Connection.OpenOk()))
-            events.append(ConnectionOpened(vhost, self.user, self.client_properties))
-        elif event == ConnectionInput.CLIENT_CLOSE:
-            self._write(method_frame(0, commands.Connection.CloseOk()))
-            if self._state != _CONN_CLOSING:
-                self._close_reason = (200, f"client closed connection: {method.reply_code} "
-                                           f"{method.reply_text}")
-            self._state = nxt
-            self._discard_input()
-            events.append(ConnectionClosed(*self._close_reason))
-            return
-        else:  # CLOSE_OK after our connection.close
-            self._state = nxt
-            self._discard_input()
-            events.append(ConnectionClosed(*self._close_reason))
-            return
-        self._state = nxt
-
-    def _start_ok(self, method: commands.Connection.StartOk) -> None:
-        props = method.client_properties
-        self.client_properties = props if isinstance(props, dict) else {}
-        caps = self.client_properties.get("capabilities")
-        self.capabilities = caps if isinstance(caps, dict) else {}
-        mechanism = method.mechanism if isinstance(method.mechanism, str) else "?"
-        user, password = sasl_credentials(mechanism, method.response or b"")
-        if not self._authenticate(user, password):
-            raise refused(mechanism)
-        if user in self._loopback_users and not self._peer_is_loopback:
-            raise refused(mechanism)
-        self.user = user
-        frame_max, channel_max, heartbeat = self._offer
-        self._write(method_frame(0, commands.Connection.Tune(channel_max, frame_max,
-                                                             heartbeat)))
-
-    def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
-        frame_max, channel_max, _ = self._offer
-        self.channel_max = negotiate(channel_max, method.channel_max, "channel_max")
-        self.frame_max = negotiate(frame_max, method.frame_max, "frame_max", FRAME_MIN_SIZE)
-        self.heartbeat = method.heartbeat
-        self._max_payload = self.frame_max - FRAME_OVERHEAD
 
     # ------------------------------------------------------------------ errors and close
     def fail(self, channel: int, error: AMQPError) -> None:

@@ -1,17 +1,17 @@
-"""Shoal on Apache Spark (optional extra ``pip install 'shoal[spark]'``).
+"""Deprecated alias of :mod:`shoal.pipeline.spark` (moved by the layout of docs/architecture.md).
 
-- :mod:`.datasource`: the ``shoal`` PySpark data source (AMQP 0-9-1 streaming source, streaming
-  and batch sink); :func:`register` makes ``format("shoal")`` available on a session.
-- :mod:`.report`: the ``shoal report`` job over ``shoal loadtest`` output.
-
-Nothing outside this package imports pyspark; importing this package does not either.
+``from shoal.shared.spark import register`` and ``shoal.shared.spark.datasource`` keep working
+for one release, with a DeprecationWarning; import :mod:`shoal.pipeline.spark` instead. This is
+the only place where ``shoal.shared`` imports anything above it (an ``ignore_imports`` entry of
+the import-linter contracts in pyproject.toml, to be removed with this alias).
 """
 from __future__ import annotations
 
-from typing import Any
+import warnings
 
+from shoal.pipeline.spark import register
 
-def register(spark: Any) -> None:
-    """Register the ``shoal`` format on ``spark`` (a ``pyspark.sql.SparkSession``)."""
-    from .datasource import ShoalDataSource
-    spark.dataSource.register(ShoalDataSource)
+__all__ = ["register"]
+
+warnings.warn("shoal.shared.spark is deprecated and will be removed in the next release; "
+              "import shoal.pipeline.spark instead", DeprecationWarning, stacklevel=2)

@@ -5,6 +5,18 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
+
+PACKAGES = ("node", "router", "shared", "cli", "deploy", "pipeline")
+
+
+def cli_module(src: str | os.PathLike | None = None) -> str:
+    """The module that runs the ``shoal`` command in source tree ``src`` (default: the
+    installed one): ``shoal.cli``, or ``shoal.shared.cli`` in trees from before the layout of
+    docs/architecture.md, so that A/B runs against older commits keep working."""
+    if src and not (Path(src) / "cli").is_dir():
+        return "shoal.shared.cli"
+    return "shoal.cli"
 
 
 def start_cluster(data_dir: str, nodes: int, env: dict[str, str] | None = None
@@ -12,7 +24,7 @@ def start_cluster(data_dir: str, nodes: int, env: dict[str, str] | None = None
     """``shoal serve --port 0 --nodes N`` with extra environment ``env`` (e.g. a stats file);
     returns the launcher process and the AMQP port from its ready line. Exits the script
     with a message when the cluster does not start."""
-    proc = subprocess.Popen([sys.executable, "-m", "shoal.shared.cli", "serve", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", "--port", "0",
                              "--nodes", str(nodes), "--data-dir", data_dir,
                              "--log-level", "warning"],
                             stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})

@@ -33,7 +33,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,10 +40,12 @@ import time
 import uuid
 from pathlib import Path
 
+from _cluster import PACKAGES, cli_module
+from compare_table import FIXED_RATE, best_of, paired, render
+
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 SUSTAINABLE_RATIO = 0.99
 SUSTAINABLE_P99_MS = 50.0
-FIXED_RATE = 5000
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -145,6 +146,8 @@ class Shoal:
                  embed: bool = False, queue_node: str = "") -> None:
         self.port, self.nodes_n, self.work = port, nodes, work
         self.env = env
+        #: the shoal command of the tree under test (env's PYTHONPATH shim, see shoal_env)
+        self.cli = cli_module(Path(env["PYTHONPATH"]) / "shoal") if env else "shoal.cli"
         self.embed = embed
         #: single-queue loads put their queue on this node ("" = wherever its name hashes)
         self.queue_node = queue_node
@@ -157,7 +160,7 @@ class Shoal:
         data = Path(tempfile.mkdtemp(prefix="shoal-", dir=self.work))
         self.data = data
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shoal.shared.cli", "serve", "--port", str(self.port),
+            [sys.executable, "-m", self.cli, "serve", "--port", str(self.port),
              "--nodes", str(self.nodes_n), "--data-dir", str(data), "--log-level", "warning",
              *(["--embed-node"] if self.embed else [])],
             stdout=subprocess.PIPE, stderr=open(data / "serve.log", "wb"), text=True,
@@ -213,7 +216,7 @@ def median_second_p99(run_dir: Path, time_s: float) -> float | None:
     unsustainable rate, while one second stalled by another program on a shared machine does
     not decide the outcome."""
     import pyarrow.compute as pc
-    from shoal.shared.loadtest.writer import read_run
+    from shoal.pipeline.loadtest.writer import read_run
     t = read_run(run_dir)["per_second"]
     t = t.filter(pc.and_(pc.equal(t["role"], "consumer"), pc.less(t["second"], time_s)))
     worst: dict[int, int] = {}
@@ -241,7 +244,7 @@ class Bench:
         time_s = time_s or self.time_s
         tag = "shoal" if isinstance(broker, Shoal) else "rabbitmq"
         run_dir = self.out / "runs" / f"{self.n:02d}-{name}-{tag}"
-        cmd = [sys.executable, "-m", "shoal.shared.cli", "loadtest", "--url", broker.url,
+        cmd = [sys.executable, "-m", "shoal.cli", "loadtest", "--url", broker.url,
                "--out", str(run_dir), "--label", broker.label, "--time", str(time_s),
                "--queue-pattern", queue_pattern(broker, args), *args]
         if broker.nodes:
@@ -346,41 +349,6 @@ def load1(bench: Bench, brokers: list, load: list[str] = LOAD1, name: str = "loa
     return best
 
 
-def best_of(runs: list[dict]) -> dict:
-    """Loads 3/4 over repeated runs: the lowest CPU per message and the lowest latencies
-    (interference from other programs on a shared machine only ever adds to them)."""
-    def low(values):
-        values = [v for v in values if v is not None]
-        return min(values) if values else None
-    return {
-        "cpu_us_per_msg": low([cpu_us(r) for r in runs]),
-        "p50_ms": low([(r.get("latency_ms") or {}).get("p50") for r in runs]),
-        "p99_ms": low([(r.get("latency_ms") or {}).get("p99") for r in runs]),
-        "p99_median_s_ms": low([r.get("p99_median_s_ms") for r in runs]),
-        "receive_rate": low([r.get("receive_rate") for r in runs]),
-        "runs": len(runs)}
-
-
-def ratio(a, b):
-    return round(a / b, 2) if a is not None and b else None
-
-
-def cpu_us(run: dict) -> float | None:
-    """Broker CPU µs per message sent in one run, None for a failed run."""
-    return round(run["cpu_s"] * 1e6 / run["sent"], 1) if run.get("sent") else None
-
-
-def paired(shoal_runs: list[dict], rabbit_runs: list[dict]) -> dict:
-    """Load 3 run by run: the Shoal/RabbitMQ CPU ratio of each alternating pair (run i of
-    each broker, back to back on the same machine), their median and how many are <= 1.0.
-    Steadier than best_of when one broker has a single lucky run."""
-    ratios = sorted(r for r in (ratio(cpu_us(s), cpu_us(b))
-                                for s, b in zip(shoal_runs, rabbit_runs)) if r is not None)
-    return {"cpu_ratios": ratios,
-            "median": round(statistics.median(ratios), 3) if ratios else None,
-            "at_most_1": sum(r <= 1.0 for r in ratios)}
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="shorter runs, fewer search steps")
@@ -464,14 +432,14 @@ def main(argv=None) -> int:
 
 
 def shoal_env(src: str, out: Path) -> dict:
-    """Environment whose PYTHONPATH imports ``shoal.{node,router,shared}`` from ``src``
+    """Environment whose PYTHONPATH imports ``shoal.*`` (node, router, shared, ...) from ``src``
     (a shim folder of symlinks; path entries come before the editable install's finder)."""
     src_path = Path(src).resolve()
     shim = out / "shoal-src" / "shoal"
     shim.mkdir(parents=True, exist_ok=True)
-    for part in ("node", "router", "shared"):
+    for part in PACKAGES:
         link = shim / part
-        if not link.exists():
+        if not link.exists() and (src_path / part).is_dir():
             link.symlink_to(src_path / part)
     return {**os.environ, "PYTHONPATH": str(shim.parent)}
 
@@ -489,57 +457,6 @@ def machine() -> dict:
 def rabbitmq_version() -> str:
     r = subprocess.run(["rabbitmqctl", "version"], capture_output=True, text=True, check=False)
     return r.stdout.strip()
-
-
-def render(res: dict, shoal_label: str) -> str:
-    layout = ["node-0 in the router"] if res.get("embed_node") else []
-    if res.get("queue_node"):
-        layout.append(f"loads 1-4 on {res['queue_node']}")
-    head = f"Shoal ({', '.join(layout)})" if layout else "Shoal"
-    rows = [("load", head, "RabbitMQ", "Shoal/RabbitMQ", "target")]
-    rl = "RabbitMQ"
-    if "load1" in res:
-        s, r = res["load1"].get(shoal_label), res["load1"].get(rl)
-        rows.append(("1. sustainable rate, 1q 1p 1c 100 B qos 200 (msg/s)", s, r, ratio(s, r),
-                     ">= 1.0"))
-    if "load2" in res:
-        s, r = res["load2"].get(shoal_label), res["load2"].get(rl)
-        rows.append(("2. same with --confirm 1000 --persistent, durable queue (msg/s)", s, r,
-                     ratio(s, r), "-"))    # issue 6 sets targets for loads 1, 3, 4 only
-    if "load34" in res:
-        s, r = res["load34"].get(shoal_label, {}), res["load34"].get(rl, {})
-        rate = f"{res.get('fixed_rate', FIXED_RATE):,}"
-        rows.append((f"3. broker CPU per message at {rate} msg/s (µs)",
-                     s.get("cpu_us_per_msg"),
-                     r.get("cpu_us_per_msg"),
-                     ratio(s.get("cpu_us_per_msg"), r.get("cpu_us_per_msg")), "<= 1.0"))
-        pairs = res.get("load34_pairs") or {}
-        if pairs.get("cpu_ratios"):
-            rs = pairs["cpu_ratios"]
-            rows.append(("3. same, each alternating pair of runs (Shoal/RabbitMQ ratios)",
-                         f"{pairs['at_most_1']} of {len(rs)} pairs <= 1.0",
-                         f"range {rs[0]}-{rs[-1]}", f"median {pairs['median']}", "<= 1.0"))
-        rows.append((f"4. consumer latency p50 at {rate} msg/s (ms)", s.get("p50_ms"),
-                     r.get("p50_ms"), ratio(s.get("p50_ms"), r.get("p50_ms")), "-"))
-        rows.append((f"4. consumer latency p99 at {rate} msg/s (ms)", s.get("p99_ms"),
-                     r.get("p99_ms"), ratio(s.get("p99_ms"), r.get("p99_ms")), "<= 1.5"))
-        rows.append((f"4. median of per-second p99 at {rate} msg/s (ms)",
-                     s.get("p99_median_s_ms"), r.get("p99_median_s_ms"),
-                     ratio(s.get("p99_median_s_ms"), r.get("p99_median_s_ms")), "<= 1.5"))
-    if "load5" in res:
-        r = res["load5"].get(rl, {})
-        for n in (1, 2, 4):
-            s = res["load5"].get(f"Shoal ({n} nodes)", {})
-            rows.append((f"5. 8q 4p 4c confirm 500, Shoal {n} node(s) (msg/s received)",
-                         s.get("receive_rate") or s.get("error"), r.get("receive_rate"),
-                         ratio(s.get("receive_rate"), r.get("receive_rate")), "-"))
-            rows.append(("5. same, p99 latency (ms)", s.get("p99_ms"), r.get("p99_ms"),
-                         ratio(s.get("p99_ms"), r.get("p99_ms")), "-"))
-    lines = ["| " + " | ".join(str(c) for c in rows[0]) + " |",
-             "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join("-" if c is None else str(c) for c in row) + " |"
-              for row in rows[1:]]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _cluster import name_on
+from _cluster import cli_module, name_on
 
 TCK = os.sysconf("SC_CLK_TCK")
 
@@ -54,7 +54,7 @@ def run_once(base: str | None, rate: int, time_s: int, extra: list[str],
              embed: bool = False) -> dict:
     """One cluster + load run; returns cpu_us (per message), p50/p99 (ms), per-thread rows.
     ``embed``: ``serve --embed-node`` with the queue on node-0 (in the router process)."""
-    code = "import sys; from shoal.shared.cli import main; sys.exit(main())"
+    code = f"import sys; from {cli_module(base)} import main; sys.exit(main())"
     if base:
         code = f"import sys; sys.path.insert(0, {base!r}); " + code
     d = tempfile.mkdtemp(prefix="shoal-ab-")
@@ -72,7 +72,7 @@ def run_once(base: str | None, rate: int, time_s: int, extra: list[str],
                  for k in kids}
         before = {k: _threads(k) for k in kids}
         out = subprocess.run(
-            [sys.executable, "-m", "shoal.shared.cli", "loadtest",
+            [sys.executable, "-m", "shoal.cli", "loadtest",
              "--url", f"amqp://guest:guest@127.0.0.1:{m.group(1)}/", "--producers", "1",
              "--consumers", "1", "--queues", "1", "--size", "100", "--rate", str(rate),
              "--time", str(time_s), "--qos", "200", "--out", d + "/lt",

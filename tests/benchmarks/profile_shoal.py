@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     from compare_rabbitmq import shoal_env
     env = shoal_env(args.shoal_src, out) if args.shoal_src else None
     data = out / "cluster"
-    serve = subprocess.Popen([sys.executable, "-m", "shoal.shared.cli", "serve", "--port",
+    serve = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", "--port",
                               str(args.port), "--nodes", str(args.nodes), "--data-dir",
                               str(data), "--log-level", "warning",
                               *(["--embed-node"] if args.embed_node else [])],
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         else:
             pids[node_id] = node_pid
         load = subprocess.Popen(
-            [sys.executable, "-m", "shoal.shared.cli", "loadtest", "--url",
+            [sys.executable, "-m", "shoal.cli", "loadtest", "--url",
              f"amqp://guest:guest@127.0.0.1:{args.port}/", "--queue-pattern", queue,
              "--rate", str(args.rate), "--time", str(args.duration + 6), "--qos", "200",
              "--size", "100", "--out", str(out / "run"), "--nodes", str(args.nodes)],

@@ -22,7 +22,7 @@ docker = pytest.importorskip("docker", reason="the docker package is not install
                                               "(pip install 'shoal[deploy]')")
 pika = pytest.importorskip("pika")
 
-from shoal.shared import dockercluster as dc
+from shoal.deploy import dockercluster as dc
 from shoal.shared.placement import owner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,7 +134,7 @@ def test_pika_scenario_and_load_on_a_docker_cluster(client, image, tmp_path) -> 
 
 
 def cli(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "shoal.shared.cli", "cluster", *args],
+    return subprocess.run([sys.executable, "-m", "shoal.cli", "cluster", *args],
                           capture_output=True, text=True, timeout=120, check=False, **kw)
 
 
@@ -160,7 +160,7 @@ def test_cli_up_status_down(client, image) -> None:
 
 def test_cli_removes_its_cluster_on_sigterm(client, image) -> None:
     cid = f"test-{secrets.token_hex(3)}"
-    proc = subprocess.Popen([sys.executable, "-m", "shoal.shared.cli", "cluster", "up",
+    proc = subprocess.Popen([sys.executable, "-m", "shoal.cli", "cluster", "up",
                              "--nodes", "2", "--image", image, "--id", cid, "--foreground"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

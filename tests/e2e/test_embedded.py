@@ -177,7 +177,7 @@ def test_router_command_without_the_shoal_entry_point_refuses_inproc(tmp_path):
 
 def test_hosted_node_with_unusable_journal_stops_the_router_with_exit_3(tmp_path):
     (tmp_path / "node-0").write_text("not a directory")
-    r = subprocess.run([sys.executable, "-m", "shoal.shared.cli", "router", "--port", "0",
+    r = subprocess.run([sys.executable, "-m", "shoal.cli", "router", "--port", "0",
                         "--data-dir", str(tmp_path), "--node", "node-0=inproc://node-0"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 3, r.stderr

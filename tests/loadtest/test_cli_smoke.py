@@ -7,10 +7,10 @@ import sys
 
 import pyarrow.compute as pc
 import pytest
-from shoal.shared.loadtest import schema as S
-from shoal.shared.loadtest.writer import loss_and_duplicates, read_run
+from shoal.pipeline.loadtest import schema as S
+from shoal.pipeline.loadtest.writer import loss_and_duplicates, read_run
 
-CMD = [sys.executable, "-m", "shoal.shared.cli", "loadtest"]
+CMD = [sys.executable, "-m", "shoal.cli", "loadtest"]
 
 
 def _run(args, timeout=90):

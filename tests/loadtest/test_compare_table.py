@@ -1,4 +1,4 @@
-"""The comparison script's table (tests/benchmarks/compare_rabbitmq.py, issue 6): what a user
+"""The comparison script's table (tests/benchmarks/compare_table.py, issue 6): what a user
 reads from it, built from run records like the ones the script collects. No broker runs here
 and nothing asserts a speed."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import compare_rabbitmq as cmp  # noqa: E402
+import compare_table as cmp  # noqa: E402
 
 SHOAL = "Shoal (2 nodes)"
 

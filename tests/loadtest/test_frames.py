@@ -6,8 +6,8 @@ from pamqp import commands
 from pamqp import frame as pframe
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
-from shoal.shared.loadtest import frames as F
-from shoal.shared.loadtest.schema import BODY_HEADER
+from shoal.pipeline.loadtest import frames as F
+from shoal.pipeline.loadtest.schema import BODY_HEADER
 
 
 def _unmarshal_all(data: bytes) -> list:

@@ -5,9 +5,9 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-from shoal.shared.loadtest import schema as S
-from shoal.shared.loadtest.cli import build, parse_queue_args
-from shoal.shared.loadtest.writer import (
+from shoal.pipeline.loadtest import schema as S
+from shoal.pipeline.loadtest.cli import build, parse_queue_args
+from shoal.pipeline.loadtest.writer import (
     RunWriter,
     loss_and_duplicates,
     merge_counts,

@@ -309,7 +309,8 @@ def test_node_server_blocks_on_enospc_and_resumes(tmp_path):
     import time
 
     import zmq
-    from shoal.node.server import NodeServer, run_node
+    from shoal.node.process import run_node
+    from shoal.node.server import NodeServer
     from shoal.shared.wire import decode_batch, encode_batch
 
     endpoint = f"ipc://{tmp_path}/node.sock"

@@ -10,7 +10,8 @@ import msgpack
 import zmq
 
 from shoal.node.cli import main as cli_main
-from shoal.node.server import NodeServer, feed_frame, run_node
+from shoal.node.process import run_node
+from shoal.node.server import NodeServer, feed_frame
 from shoal.node.shard import Shard
 from shoal.shared.settings import Settings
 from shoal.shared.wire import WIRE_VERSION, T, decode_batch, encode_batch

@@ -95,7 +95,7 @@ def test_a_node_that_falls_behind_pauses_publishers_and_loses_nothing():
 def test_a_hosted_node_that_fails_stops_the_router_with_exit_1(tmp_path):
     """A bug that ends node-0's loop must not leave a router serving a dead queue shard: the
     router stops (exit 1) and the launcher restarts both."""
-    from shoal.node.server import hosted_node
+    from shoal.node.process import hosted_node
     from shoal.router.server import serve
 
     settings = dataclasses.replace(Settings(), port=0, data_dir=str(tmp_path),

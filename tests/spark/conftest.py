@@ -15,7 +15,7 @@ def spark():
     if shutil.which("java") is None:
         pytest.skip("no java on PATH: PySpark needs Java 17")
     from pyspark.sql import SparkSession
-    from shoal.shared.spark import register
+    from shoal.pipeline.spark import register
     session = (SparkSession.builder.master("local[2]").appName("shoal-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from shoal.shared.loadtest import schema as S
-from shoal.shared.loadtest.writer import RunWriter
+from shoal.pipeline.loadtest import schema as S
+from shoal.pipeline.loadtest.writer import RunWriter
 
 START_NS = 1_700_000_000_000_000_000
 

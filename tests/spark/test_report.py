@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="pyspark not installed: pip install 'shoal[spark]' "
                                   "runs the Spark tests")
-from shoal.shared.spark import cli
+from shoal.pipeline.spark import cli
 
 from .loadtest_data import make_run
 

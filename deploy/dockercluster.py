@@ -17,7 +17,7 @@ interrupted (SIGINT/SIGTERM) or fails removes the containers it started itself.
 
 A load generator runs ``shoal loadtest --url URL ARGS --out /out`` in the same image (the
 ``shoal loadtest`` tool, when the image has it; otherwise this module's small pika
-publish/consume load, ``python -m shoal.shared.dockercluster pika-load``), and its ``/out`` is
+publish/consume load, ``python -m shoal.deploy.pika_load``), and its ``/out`` is
 copied to ``OUT/<container name>/`` on the host with the container's log.
 
 Needs the ``docker`` package (``pip install 'shoal[deploy]'``) and a Docker engine. Errors are
@@ -26,13 +26,10 @@ Needs the ``docker`` package (``pip install 'shoal[deploy]'``) and a Docker engi
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import secrets
 import shlex
 import signal
 import socket
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -43,46 +40,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ShoalError
+from .image import DEFAULT_IMAGE, ClusterError, Interrupted, build_image, docker_client
 
 LABEL = "shoal.cluster"
 ROLE_LABEL = "shoal.role"
 URL_LABEL = "shoal.url"
-DEFAULT_IMAGE = "shoal:latest"
 NODE_READY_TIMEOUT_S = 60.0
 ROUTER_READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10
 LOAD_TIMEOUT_S = 600.0
-#: Files of the repository that the image build needs (the build context).
-CONTEXT_PATHS = ("pyproject.toml", "README.md", "shared", "router", "node", "deploy/Dockerfile",
-                 "deploy/docker-entrypoint.sh", "deploy/healthcheck.py", "deploy/wheelhouse")
-#: Installed in the image next to the project's dependencies (the load generator's client).
-EXTRA_WHEELS = ("pika>=1.3",)
-#: Needed to build the project itself offline (pyproject's [build-system]).
-BUILD_WHEELS = ("setuptools>=68", "wheel")
-
-
-class ClusterError(ShoalError):
-    """A docker cluster operation failed. ``str(err)`` is one line."""
-
-
-class Interrupted(ClusterError):
-    """SIGINT or SIGTERM arrived while a command ran; what it started has been removed."""
-
-
-def docker_client() -> Any:
-    """``docker.from_env()``, pinged. Raises ClusterError when the SDK or the engine is missing."""
-    try:
-        import docker
-    except ImportError:
-        raise ClusterError("shoal cluster needs the docker package: "
-                           "pip install 'shoal[deploy]'") from None
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as exc:
-        raise ClusterError(f"no Docker engine reachable: {exc}") from None
-    return client
 
 
 def free_port() -> int:
@@ -112,107 +78,6 @@ def signals_raise() -> Iterator[None]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-
-
-# --- the image ---------------------------------------------------------------------------
-
-def repo_root() -> Path:
-    """The source tree holding deploy/Dockerfile: the current directory or this package's."""
-    for cand in (Path.cwd(), Path(__file__).resolve().parents[1]):
-        if (cand / "deploy" / "Dockerfile").is_file() and (cand / "pyproject.toml").is_file():
-            return cand
-    raise ClusterError("cannot find deploy/Dockerfile: run from the Shoal source tree")
-
-
-def _image_python(client: Any, base_image: str) -> tuple[str, str, str]:
-    """``(major.minor, machine, glibc version)`` of ``python3`` in ``base_image``."""
-    import docker
-    code = ("import sys,platform;v=sys.version_info;"
-            "print(f'{v[0]}.{v[1]}',platform.machine(),platform.libc_ver()[1] or '2.17')")
-    try:
-        out = client.containers.run(base_image, ["python3", "-c", code], remove=True,
-                                    network_mode="none", entrypoint=[])
-    except docker.errors.DockerException as exc:  # ImageNotFound, ContainerError, APIError
-        raise ClusterError(f"cannot run python3 in base image {base_image}: "
-                           f"{str(exc).splitlines()[0]}") from None
-    version, machine, glibc = out.decode().split()
-    return version, machine, glibc
-
-
-def project_requirements(root: Path) -> list[str]:
-    """The image's requirements: pyproject dependencies (+ a ``loadtest`` extra if defined)."""
-    import tomllib
-    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
-    return [*project["dependencies"],
-            *project.get("optional-dependencies", {}).get("loadtest", []), *EXTRA_WHEELS]
-
-
-def fill_wheelhouse(root: Path, python: str, machine: str, glibc: str) -> Path:
-    """Download every wheel the image needs for that Python/platform into deploy/wheelhouse.
-
-    Uses ``pip download --only-binary=:all:`` (so it works for another Python than this one);
-    raises ClusterError with pip's last line when a wheel cannot be had.
-    """
-    wh = root / "deploy" / "wheelhouse"
-    wh.mkdir(parents=True, exist_ok=True)
-    major, minor = glibc.split(".")[:2]
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
-           "-d", str(wh), "--only-binary=:all:", "--python-version", python,
-           "--implementation", "cp", "--platform", f"manylinux_{major}_{minor}_{machine}",
-           "--platform", f"manylinux2014_{machine}", *BUILD_WHEELS, *project_requirements(root)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ClusterError(f"pip download for the wheelhouse failed: {last}")
-    return wh
-
-
-def build_context(root: Path) -> io.BytesIO:
-    """An uncompressed tar of CONTEXT_PATHS (no caches), for ``docker build``."""
-    buf = io.BytesIO()
-
-    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        parts = info.name.split("/")
-        return None if "__pycache__" in parts or info.name.endswith(".pyc") else info
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for rel in CONTEXT_PATHS:
-            if (root / rel).exists():
-                tar.add(root / rel, arcname=rel, filter=keep)
-    buf.seek(0)
-    return buf
-
-
-def build_image(client: Any, base_image: str = "python:3.12-slim", tag: str = DEFAULT_IMAGE,
-                root: Path | None = None, offline: bool = True) -> str:
-    """Build deploy/Dockerfile on ``base_image`` as ``tag``; return the image id.
-
-    ``offline``: fill the wheelhouse on the host first and build with no network at all
-    (``network_mode="none"``), which proves the image builds offline. Raises ClusterError with
-    the failing build step's last log line.
-    """
-    import docker
-    root = root or repo_root()
-    if offline:
-        fill_wheelhouse(root, *_image_python(client, base_image))
-    try:
-        previous = client.images.get(tag).id
-    except docker.errors.ImageNotFound:
-        previous = None
-    try:
-        image, _ = client.images.build(
-            fileobj=build_context(root), custom_context=True, dockerfile="deploy/Dockerfile",
-            tag=tag, buildargs={"BASE_IMAGE": base_image}, rm=True, forcerm=True,
-            network_mode="none" if offline else "host")
-    except docker.errors.BuildError as exc:
-        lines = [c.get("stream", c.get("error", "")).strip() for c in exc.build_log]
-        tail = [ln for ln in lines if ln][-1:] or [str(exc)]
-        raise ClusterError(f"image build failed: {tail[0]}") from None
-    if previous and previous != image.id:          # don't pile up old images of this tag
-        try:
-            client.images.remove(previous)
-        except docker.errors.APIError:              # still used by a container: keep it
-            pass
-    return image.id
 
 
 # --- the cluster -------------------------------------------------------------------------
@@ -311,7 +176,7 @@ class DockerCluster:
                 if tool == "shoal-loadtest":
                     cmd = ["loadtest", *args, "--out", "/out"]
                 else:
-                    cmd = ["python", "-m", "shoal.shared.dockercluster", "pika-load", *args,
+                    cmd = ["python", "-m", "shoal.deploy.pika_load", *args,
                            "--out", "/out", "--queue", f"{self.id}-load-{i}"]
                 gens.append(self._run(f"loadgen-{i}-{secrets.token_hex(2)}", "loadgen", cmd))
             results, failed = [], []
@@ -428,53 +293,6 @@ def down(client: Any, cluster_id: str | None = None) -> list[str]:
     return [c.name for c in cs]
 
 
-# --- the fallback load (runs inside a load-generator container) ---------------------------
-
-def pika_load(argv: list[str]) -> int:
-    """Publish ``--messages`` (bounded by ``--time`` s) with confirms to a fresh queue, consume
-    and ack them all, write ``OUT/summary.json`` (counts, msg/s). Flags of ``shoal loadtest``
-    that it does not know are ignored and listed in the summary. Exit 1 if any is missing."""
-    import pika
-    p = argparse.ArgumentParser(prog="pika-load")
-    p.add_argument("--url", required=True)
-    p.add_argument("--out", default="/out")
-    p.add_argument("--queue", default="shoal-load")
-    p.add_argument("--messages", type=int, default=2000)
-    p.add_argument("--size", type=int, default=100, help="body bytes")
-    p.add_argument("--time", type=float, default=10.0, help="seconds at most")
-    args, ignored = p.parse_known_args(argv)
-    conn = pika.BlockingConnection(pika.URLParameters(args.url))
-    ch = conn.channel()
-    ch.confirm_delivery()
-    ch.queue_declare(args.queue, auto_delete=False)
-    body, sent, t0 = b"x" * args.size, 0, time.monotonic()
-    while sent < args.messages and time.monotonic() - t0 < args.time:
-        ch.basic_publish("", args.queue, body)
-        sent += 1
-    t_pub = time.monotonic() - t0
-    ch.basic_qos(prefetch_count=200)
-    got, t1 = 0, time.monotonic()
-    for method, _, _ in ch.consume(args.queue, inactivity_timeout=5.0):
-        if method is None:
-            break
-        ch.basic_ack(method.delivery_tag)
-        got += 1
-        if got == sent:
-            break
-    ch.cancel()
-    t_con = time.monotonic() - t1
-    ch.queue_delete(args.queue)
-    conn.close()
-    summary = {"tool": "pika-load", "sent_confirmed": sent, "received_acked": got,
-               "publish_msg_per_s": round(sent / t_pub, 1) if t_pub else None,
-               "consume_msg_per_s": round(got / t_con, 1) if t_con else None,
-               "size_bytes": args.size, "ignored_args": ignored}
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary))
-    return 0 if got == sent else 1
-
-
 # --- command line ------------------------------------------------------------------------
 
 def _print_status(client: Any, cluster_id: str | None) -> int:
@@ -527,8 +345,6 @@ def main(argv: list[str] | None = None) -> int:
     lt.add_argument("args", nargs=argparse.REMAINDER, help="shoal loadtest args (after --)")
     for name, text in (("status", "list cluster containers"), ("down", "remove clusters")):
         sub.add_parser(name, help=text).add_argument("--id", help="one cluster (default: all)")
-    if argv[:1] == ["pika-load"]:                    # inside load-generator containers
-        return pika_load(argv[1:])
     args = p.parse_args(argv)
     if args.command == "up" and not 1 <= args.nodes <= 256:
         print("shoal cluster: --nodes must be from 1 to 256", file=sys.stderr)

@@ -1,6 +1,6 @@
 """The output format of ``shoal loadtest``: one folder per run (the contract for reports).
 
-Single source of truth: the writer (``shoal.shared.loadtest.writer``) builds every file from the
+Single source of truth: the writer (``shoal.pipeline.loadtest.writer``) builds every file from the
 schemas below, and ``docs/loadtest-format.md`` points here. ``FORMAT_VERSION`` is stored in
 ``run.json``; it changes when a column is removed or changes meaning (adding a column does not).
 
@@ -35,7 +35,7 @@ run.json (object)
     ``size``, ``rate``, ``time``, ``confirm``, ``qos``, ``multi_ack_every``, ``persistent``,
     ``durable``, ``queue_args``, ``mandatory``, ``sample_every``, ``nodes``, ...);
     ``queues`` list of {``queue``, ``node``}; ``summary`` object (written at the end, see
-    ``shoal.shared.loadtest.runner.Runner.summarize``: totals, rates in msg/s, latency
+    ``shoal.pipeline.loadtest.runner.Runner.summarize``: totals, rates in msg/s, latency
     percentiles in ms over the sending window, ``lost``, ``duplicates``; ``{"aborted": true}`` after a failed or
     interrupted run, whose Parquet files then hold what was flushed and PRODUCERS/RECEIVED are
     missing).

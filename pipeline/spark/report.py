@@ -1,6 +1,6 @@
 """``shoal report``: a PySpark job over ``shoal loadtest`` run folders (issue 8).
 
-Reads the files of :mod:`shoal.shared.loadtest.schema` (the only definition of the columns) and
+Reads the files of :mod:`shoal.pipeline.loadtest.schema` (the only definition of the columns) and
 computes, per run and per queue and per node:
 
 - throughput (msg/s): ``sent_per_s`` = messages sent / ``params.time``; ``received_per_s`` =
@@ -17,7 +17,7 @@ computes, per run and per queue and per node:
 
 Every table has a ``run`` column (the run's label, made unique), so runs compare side by side.
 Errors (missing folder, not load-test output, unknown format version) raise
-:class:`~shoal.shared.spark.options.ShoalSparkError` naming the folder.
+:class:`~shoal.pipeline.spark.options.ShoalSparkError` naming the folder.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shoal.shared.loadtest import schema as S
+from shoal.pipeline.loadtest import schema as S
 
 from .options import ShoalSparkError
 

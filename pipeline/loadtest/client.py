@@ -22,7 +22,7 @@ from pamqp import frame as pframe
 from pamqp.exceptions import UnmarshalingException
 from pamqp.header import ProtocolHeader
 
-from ..errors import ShoalError
+from shoal.shared.errors import ShoalError
 from . import frames as F
 
 FAST_METHODS = {F.BASIC_DELIVER, F.BASIC_ACK, F.BASIC_NACK, F.BASIC_RETURN}

@@ -1,5 +1,5 @@
 """``shoal report RUN_DIR... [--master URL] [--out DIR] [--approx]`` (dispatched lazily by
-``shoal.shared.cli``, so only this command imports pyspark).
+``shoal.cli``, so only this command imports pyspark).
 
 Exit status: 0 on success; 2 with one line on stderr for bad input (a missing folder, a folder
 that is not load-test output, pyspark not installed); 1 with one line if the Spark job fails.

@@ -1,7 +1,11 @@
-"""The ``shoal`` command: ``serve`` (local cluster), ``node`` and ``router`` (one process each).
+"""The ``shoal`` command: one thin entry point that dispatches to the rooms that do the work.
 
-``node`` and ``router`` are dispatched by module name, so this package never imports
-``shoal.node`` or ``shoal.router`` at import time (design.md section 1).
+``serve`` (a local cluster) goes to :mod:`shoal.deploy.launcher`, ``cluster`` to
+:mod:`shoal.deploy.dockercluster`, ``loadtest`` and ``report`` to :mod:`shoal.pipeline`; each is
+imported only when its command runs (``report`` alone imports pyspark). ``node`` and ``router``
+(one process each) are dispatched by module name, so this package never imports
+``shoal.node`` or ``shoal.router`` at import time (design.md section 1); ``python -m shoal.cli``
+runs the same command (``__main__``).
 """
 from __future__ import annotations
 
@@ -10,8 +14,8 @@ import importlib
 import logging
 import sys
 
-from .errors import ConfigError
-from .settings import load_settings
+from shoal.shared.errors import ConfigError
+from shoal.shared.settings import load_settings
 
 USAGE = """usage: shoal {serve,node,router,cluster,loadtest,report} [options]
 
@@ -52,7 +56,7 @@ def serve_main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s serve %(levelname)s: %(message)s")
-    from .launcher import serve
+    from shoal.deploy.launcher import serve
     return serve(settings, args.config)
 
 
@@ -60,7 +64,7 @@ def _host_node(*args):
     """The router's ``host_node``: run a node inside the router process (``inproc://``
     endpoints; ``shoal serve --embed-node``). Wired here, in the entry point, so that neither
     package imports the other (design.md section 1)."""
-    return importlib.import_module("shoal.node.server").hosted_node(*args)
+    return importlib.import_module("shoal.node.process").hosted_node(*args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,17 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     if command == "router":
         return importlib.import_module("shoal.router.cli").main(rest, host_node=_host_node)
     if command == "loadtest":
-        from .loadtest.cli import main as loadtest_main
+        from shoal.pipeline.loadtest.cli import main as loadtest_main
         return loadtest_main(rest)
     if command == "cluster":
-        from .dockercluster import main as cluster_main
+        from shoal.deploy.dockercluster import main as cluster_main
         return cluster_main(rest)
     if command == "report":
-        from .spark.cli import main as report_main  # imports pyspark only when run
+        from shoal.pipeline.spark.cli import main as report_main  # imports pyspark only when run
         return report_main(rest)
     print(f"shoal: unknown command '{command}'\n\n{USAGE}", file=sys.stderr)
     return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

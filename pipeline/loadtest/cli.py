@@ -138,7 +138,7 @@ def build(argv: list[str]):
         raise ValueError("queue names are limited to 255 bytes")
     nodes = {}
     if ids:
-        from ..placement import owner
+        from shoal.shared.placement import owner
         nodes = {q: owner(url.vhost, q, ids) for q in queues}
     run_id = secrets.token_hex(8)
     cfg = Config(url=args.url, queues=queues, size=args.size, rate=args.rate,

@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from .settings import Settings
+from shoal.shared.settings import Settings
 
 log = logging.getLogger("shoal.launcher")
 
@@ -81,7 +81,7 @@ class Cluster:
         s = self.settings
         port = self.router_addr[1] if self.router_addr else s.port
         # Through the shoal command, which can host nodes in the router (inproc:// endpoints).
-        cmd = [sys.executable, "-m", "shoal.shared.cli", "router", "--host", s.host, "--port",
+        cmd = [sys.executable, "-m", "shoal.cli", "router", "--host", s.host, "--port",
                str(port), "--data-dir", str(self.data_dir), *self._common()]
         for node in self.nodes:
             cmd += ["--node", f"{node['id']}={node['endpoint']}"]

@@ -1,0 +1,178 @@
+"""The message handlers of a shard (design.md section 3, seed 002's pull model over the link):
+PUBLISH, CONSUME, CANCEL, CREDIT, SETTLE and GET, each a function ``on_x(shard, peer, msg)``
+that :meth:`Shard.handle <shoal.node.shard.Shard.handle>` calls with the message checked for
+shape. They raise :class:`~shoal.shared.errors.AMQPError` (the shard turns it into a REPLY).
+
+The shard's topology requests (declares, deletes, bindings) and the router link stay in
+node/shard.py and node/peers.py; what these functions need of the shard is :class:`ShardCore`.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from shoal.shared.errors import ACCESS_REFUSED, COMMAND_INVALID, RESOURCE_ERROR, hard_error, \
+    soft_error
+from shoal.shared.wire import OUTCOME_ACK, OUTCOME_REJECT, OUTCOME_REQUEUE, TAG_PUBLISH_RESULT, T
+
+from .consumer import QueueConsumer
+from .deadletter import delivery_count_header
+from .durable import DurableLog
+from .entry import QueueEntry
+from .journal import JournalUnavailable
+from .message import body_size, is_persistent
+from .peers import RouterPeer
+from .queue import Queue
+from .queue_args import parse_consume_arguments
+from .timers import Timers
+
+log = logging.getLogger("shoal.node")
+
+
+class ShardCore(Protocol):
+    """What the message handlers use of the shard (node/shard.py's ``Shard``)."""
+
+    queues: dict[tuple[str, str], Queue]
+    durable: DurableLog | None
+    timers: Timers
+
+    def send(self, identity: bytes, msg: list) -> None: ...
+
+    def queue_for(self, vhost: str, name: str, owner: str | None) -> Queue: ...
+
+    def maybe_auto_delete(self, q: Queue) -> None: ...
+
+
+def delivered_header(entry: QueueEntry) -> bytes:
+    """The content header a delivery of ``entry`` carries: with ``x-delivery-count`` when the
+    queue counts returns (``x-max-delivery-count``; Qpid's delivery limit) and it came back."""
+    if entry.delivery_count > 1 and entry.queue.cfg.max_returns is not None:
+        return delivery_count_header(entry.header, body_size(entry.header),
+                                     entry.delivery_count - 1)
+    return entry.header
+
+
+def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
+    """PUBLISH: enqueue on each named queue that exists; PUBLISH_RESULT if seq != 0;
+    then notify consumers (seed 002)."""
+    _, seq, vhost, names, exchange, routing_key, header, body, publisher = msg
+    queues = shard.queues
+    routed = 0
+    refused = 0
+    lsn = 0
+    for name in names:
+        q = queues.get((vhost, name))
+        if q is not None:
+            e = q.enqueue(exchange, routing_key, header, body, publisher)
+            if e is None:
+                refused += 1
+            elif q.journaled and is_persistent(header):
+                try:
+                    lsn = shard.durable.enqueue(q, e, shard.timers.now)
+                    routed += 1
+                except JournalUnavailable as exc:   # disk failing, buffer full: refuse
+                    log.warning("refusing persistent message for queue '%s': %s", name, exc)
+                    q.discard(e)
+                    refused += 1
+            else:
+                routed += 1
+    if seq:
+        res = [TAG_PUBLISH_RESULT, seq, RESOURCE_ERROR if refused else 0, routed]
+        if lsn:
+            shard.durable.defer(lsn, state.identity, res)   # answered once on disk
+        else:
+            shard.send(state.identity, res)
+    if routed:
+        for name in names:
+            q = queues.get((vhost, name))
+            if q is not None:
+                q.notify_work()
+
+
+def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> None:
+    """CONSUME (spec 1.8.3.3): a consumer with credit 0. Raises 404, 405, 403 (exclusive
+    use), 406 (bad consume arguments: node/queue_args.py), 503 (consumer_id already used
+    by this router)."""
+    _, _, cid, vhost, name, tag, no_ack, exclusive, args, owner = msg
+    q = shard.queue_for(vhost, name, owner)
+    if q.exclusive_consumer is not None or (exclusive and q.consumer_count):
+        raise soft_error(ACCESS_REFUSED, f"queue '{name}' in vhost '{vhost}' in exclusive use")
+    if cid in state.consumers:
+        raise hard_error(COMMAND_INVALID, f"consumer id {cid} already in use")
+    args = args or {}
+    cc = parse_consume_arguments(vhost, name, args)
+    c = QueueConsumer(cid, state, tag, bool(no_ack), bool(exclusive), args, cc.priority)
+    c.configure(cc, owner)
+    q.add_consumer(c)
+    state.consumers[cid] = c
+
+
+def on_cancel(shard: ShardCore, state: RouterPeer, msg: list) -> None:
+    """CANCEL (spec 1.8.3.5): unsettled deliveries stay acquired. Auto-delete queues lose
+    their last consumer -> deleted. Unknown consumer: success."""
+    c = state.consumers.pop(msg[2], None)
+    if c is not None and c.queue.remove_consumer(c):
+        shard.maybe_auto_delete(c.queue)
+
+
+def on_credit(shard: ShardCore, state: RouterPeer, msg: list) -> None:
+    """CREDIT: add credit and pull; drain -> CREDIT_DRAINED; credit 0 -> wants one WORK."""
+    _, cid, credit, drain = msg
+    c = state.consumers.get(cid) if type(cid) is int else None
+    if c is None or type(credit) is not int or credit < 0:
+        return
+    q = c.queue
+    if credit or drain:
+        q.add_credit(c, credit)
+    if drain:
+        shard.send(state.identity, [int(T.CREDIT_DRAINED), cid, q.drain(c)])
+    elif not credit:
+        q.want_work(c)
+
+
+def on_settle(shard: ShardCore, state: RouterPeer, msg: list) -> None:
+    """SETTLE: ACK dequeues, REQUEUE releases (original position, redelivered) and
+    notifies, REJECT drops. Unknown delivery ids are ignored."""
+    _, outcome, ids = msg
+    if type(ids) is not list:
+        log.warning("dropping SETTLE whose delivery ids are not a list")
+        return
+    unsettled = state.unsettled
+    if outcome == OUTCOME_ACK:
+        for i in ids:
+            e = unsettled.pop(i, None)
+            if e is not None:
+                e.queue.dequeue(e)
+    elif outcome == OUTCOME_REQUEUE:
+        touched: dict[Queue, None] = {}
+        for i in ids:
+            e = unsettled.pop(i, None)
+            if e is not None and e.queue.release(e):
+                touched[e.queue] = None
+        for q in touched:
+            q.notify_work()
+    elif outcome == OUTCOME_REJECT:
+        for i in ids:
+            e = unsettled.pop(i, None)
+            if e is not None:
+                e.queue.reject(e)
+    else:
+        log.warning("dropping SETTLE with unknown outcome %r", outcome)
+
+
+def on_get(shard: ShardCore, state: RouterPeer, msg: list) -> list | None:
+    """GET (spec 1.8.3.10) -> None or [delivery_id, redelivered, exchange, routing_key,
+    header, body, message_count]. Raises 404, 405."""
+    _, _, vhost, name, no_ack, owner = msg
+    q = shard.queue_for(vhost, name, owner)
+    e = q.get()
+    if e is None:
+        return None
+    if no_ack:
+        q.dequeue(e)
+    else:
+        state.unsettled[e.entry_id] = e
+        if q.journaled:
+            shard.durable.delivered.append((e.entry_id, True, e.delivery_count))
+    return [e.entry_id, e.redelivered, e.exchange, e.routing_key, delivered_header(e), e.body,
+            q.message_count]

@@ -1,0 +1,125 @@
+"""The routers one node talks to (design.md section 4): who said HELLO, the wire messages
+queued for each of them, heartbeats, and forgetting a router that said GOODBYE or went silent.
+
+:class:`Peers` is sans-IO like the shard that owns it: the caller passes ``now_ms`` and sends
+what :meth:`Peers.take_outbox` returns. What forgetting a router means for the queues (its
+consumers, unsettled deliveries and exclusive queues) is the shard's: it passes ``on_forget``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from shoal.shared.settings import Settings
+from shoal.shared.wire import (TAG_GOODBYE, TAG_HEARTBEAT, TAG_NODE_BLOCKED, WIRE_VERSION,
+                               T)
+
+from .consumer import QueueConsumer
+from .entry import QueueEntry
+
+log = logging.getLogger("shoal.node")
+
+
+class RouterPeer:
+    """What the node knows of one router that said HELLO.
+
+    ``identity``: its ZeroMQ identity (bytes). ``last_seen``: ms of its last message.
+    ``consumers``: consumer_id -> QueueConsumer. ``unsettled``: delivery_id -> QueueEntry it
+    holds acquired (released when it goes away).
+    """
+
+    __slots__ = ("identity", "router_id", "last_seen", "consumers", "unsettled")
+
+    def __init__(self, identity: bytes, router_id: str, now_ms: float) -> None:
+        self.identity = identity
+        self.router_id = router_id
+        self.last_seen = now_ms
+        self.consumers: dict[int, QueueConsumer] = {}
+        self.unsettled: dict[int, QueueEntry] = {}
+
+
+class Peers:
+    """The routers of one node and their outboxes.
+
+    ``by_identity``: ZeroMQ identity -> :class:`RouterPeer`, for routers whose HELLO was
+    accepted. ``on_forget(peer)`` runs after a router is removed (GOODBYE, silence, a new
+    HELLO from the same identity). ``blocked_reason``: told to every router that says HELLO
+    while the node's journal cannot write (NODE_BLOCKED).
+    """
+
+    def __init__(self, node_id: str, incarnation: str, settings: Settings,
+                 on_forget: Callable[[RouterPeer], None]) -> None:
+        self.node_id = node_id
+        self.incarnation = incarnation
+        self.settings = settings
+        self.by_identity: dict[bytes, RouterPeer] = {}
+        self.blocked_reason: str | None = None
+        self._on_forget = on_forget
+        self._outbox: dict[bytes, list[list]] = {}
+        self._last_heartbeat: float | None = None
+
+    def send(self, identity: bytes, msg: list) -> None:
+        """Queue wire message ``msg`` to the router ``identity`` (in order)."""
+        box = self._outbox.get(identity)
+        if box is None:
+            box = self._outbox[identity] = []
+        box.append(msg)
+
+    def take_outbox(self) -> dict[bytes, list[list]]:
+        """Messages to send since the last call: router identity -> wire messages, in order."""
+        out = self._outbox
+        self._outbox = {}
+        return out
+
+    def hello(self, peer: bytes, msg: list, now_ms: float) -> None:
+        """HELLO [version, router_id, expected node id]: answer HELLO_OK always; register the
+        router only if it speaks this WIRE_VERSION and expects this node (a router that said
+        HELLO before from the same identity restarted: it is forgotten first)."""
+        _, version, router_id, expected = msg
+        self.send(peer, [int(T.HELLO_OK), WIRE_VERSION, self.node_id, self.incarnation])
+        if version != WIRE_VERSION or expected != self.node_id:
+            log.error("refusing router %r: wire version %r (mine %d), expects node %r (I am %r)",
+                      router_id, version, WIRE_VERSION, expected, self.node_id)
+            return
+        old = self.by_identity.get(peer)
+        if old is not None:
+            self.forget(old)
+        self.by_identity[peer] = RouterPeer(peer, router_id, now_ms)
+        log.info("router %r connected", router_id)
+        if self.blocked_reason is not None:
+            self.send(peer, [TAG_NODE_BLOCKED, True, self.blocked_reason])
+
+    def forget(self, state: RouterPeer) -> None:
+        """Remove the router, then let the shard clean up after it (``on_forget``)."""
+        self.by_identity.pop(state.identity, None)
+        self._on_forget(state)
+
+    def forget_silent(self, now_ms: float, silence_ms: float) -> int:
+        """Forget every router not heard from for ``silence_ms`` (a connection to this node
+        closed; ZeroMQ does not say whose, and live routers heartbeat every
+        ``link_heartbeat_ms``). Their deliveries are released at once instead of after
+        ``link_timeout_ms``. Returns how many routers were forgotten."""
+        gone = [p for p in self.by_identity.values() if now_ms - p.last_seen > silence_ms]
+        for state in gone:
+            log.warning("router %r disconnected: forgetting it", state.router_id)
+            self.forget(state)
+        return len(gone)
+
+    def tick(self, now_ms: float) -> None:
+        """Queue HEARTBEAT to every router each ``link_heartbeat_ms``; forget routers silent
+        for more than ``link_timeout_ms`` (settings)."""
+        st = self.settings
+        if self._last_heartbeat is None or now_ms - self._last_heartbeat >= st.link_heartbeat_ms:
+            self._last_heartbeat = now_ms
+            for identity in self.by_identity:
+                self.send(identity, [TAG_HEARTBEAT])
+        for state in [p for p in self.by_identity.values()
+                      if now_ms - p.last_seen > st.link_timeout_ms]:
+            log.warning("router %r silent for %d ms: forgetting it", state.router_id,
+                        now_ms - state.last_seen)
+            self.forget(state)
+
+    def goodbye_all(self) -> None:
+        """Queue GOODBYE to every known router (the node is stopping)."""
+        for identity in self.by_identity:
+            self.send(identity, [TAG_GOODBYE])

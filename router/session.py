@@ -1,0 +1,83 @@
+"""What the broker and a channel use of the session layers above them: the Delivery record and
+the Protocols of a client connection and a channel.
+
+A client connection (router/client.py) owns its channels (router/channel.py); a channel calls
+on the broker (router/broker.py), which calls back into channels and connections: a delivery, a
+confirm, a consumer cancelled, a node lost (design.md section 3, "Flow of a message"). Imports
+only go down, client -> channel -> broker -> this module, so what a lower layer uses of a
+higher one is named here as a Protocol, with exactly the members it uses.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Mapping, Protocol
+
+from shoal.shared.errors import AMQPError
+
+from .amqp.connection import AMQPConnection
+from .consumers import Consumer, ConsumerTarget, CreditPool
+
+
+class Delivery:
+    """An unacknowledged delivery: which node holds the message (``delivery_id`` there)."""
+    __slots__ = ("node_id", "delivery_id", "consumer")
+
+    def __init__(self, node_id: str | None, delivery_id: int, target: ConsumerTarget | None):
+        self.node_id = node_id          # None once that node went down (settling is a no-op)
+        self.delivery_id = delivery_id
+        self.consumer = target          # the consumer tag's target; None for basic.get
+
+
+class BrokerChannel(Protocol):
+    """What the broker uses of a channel (router/channel.py's ``Channel``)."""
+
+    number: int
+    vhost: str
+    closed: bool
+    pool: CreditPool
+    unacked: dict[int, Delivery]
+
+    @property
+    def client(self) -> BrokerClient: ...
+
+    def send(self, method: Any) -> None: ...
+
+    def confirmed(self, seq: int, ack: bool) -> None: ...
+
+    def deliver(self, c: Consumer, delivery_id: int, redelivered: bool, exchange: str,
+                routing_key: str, header: bytes, body: bytes) -> None: ...
+
+
+class BrokerClient(Protocol):
+    """What the broker uses of a client connection (router/client.py's ``ClientConnection``),
+    and what the heartbeat clock and the shutdown (router/server.py) use of the connections
+    the broker keeps in ``Broker.connections``."""
+
+    owner: str
+    amqp: AMQPConnection | None
+    transport: asyncio.Transport | None
+    capabilities: dict
+    publisher: bool
+
+    @property
+    def channels(self) -> Mapping[int, BrokerChannel]: ...
+
+    def set_reading(self, on: bool) -> None: ...
+
+    def send_blocked(self, reason: str | None) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def tick(self, now: float) -> None: ...
+
+    def shutdown(self, code: int, text: str) -> None: ...
+
+
+class ChannelClient(BrokerClient, Protocol):
+    """What a channel uses of its client connection besides what the broker uses (a channel
+    hands itself, and so its connection, to the broker)."""
+
+    vhost: str
+    exclusive_queues: set[str]
+
+    def fail(self, channel: int, err: AMQPError) -> None: ...

@@ -1,0 +1,163 @@
+"""The channel methods of the exchange and queue classes (AMQP 0-9-1 spec 1.6 and 1.7):
+declare, delete, bind, unbind, purge.
+
+Each is a request to the node that owns the exchange or queue, which stores it (design.md
+section 1, "Topology lives on the nodes too"); the routers' caches follow the owning node's
+change feed. They are the ``on_<class>_<method>`` handlers of router/channel.py's ``Channel``
+for those classes, run as tasks in the channel's order, and raise AMQPError.
+"""
+from __future__ import annotations
+
+import secrets
+from typing import Any, Protocol
+
+from pamqp import commands as C
+
+from shoal.shared import wire
+from shoal.shared.errors import ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND, hard_error, soft_error
+from shoal.shared.selector import check_arguments as check_selector
+from shoal.shared.wire import T
+
+from .broker import Broker
+from .routing import BUILTIN_EXCHANGES, EXCHANGE_TYPES
+from .session import ChannelClient
+
+
+class TopologyChannel(Protocol):
+    """What these handlers use of a channel (router/channel.py's ``Channel``)."""
+
+    broker: Broker
+    vhost: str
+    last_queue: str   #: the queue an empty queue name means (queue_name)
+
+    @property
+    def client(self) -> ChannelClient: ...
+
+    def send(self, method: Any) -> None: ...
+
+
+# ---- exchanges -------------------------------------------------------------------------------
+async def on_exchange_declare(ch: TopologyChannel, m: C.Exchange.Declare) -> None:
+    b = ch.broker
+    name, type_ = m.exchange, m.exchange_type
+    if name in BUILTIN_EXCHANGES:
+        if name == "" or not (m.passive or type_ == BUILTIN_EXCHANGES[name]):
+            raise soft_error(ACCESS_REFUSED, "operation not permitted on exchange "
+                                             f"'{name}' in vhost '{ch.vhost}'"
+                             if name == "" else
+                             f"exchange name '{name}' contains reserved prefix 'amq.*'")
+    elif not m.passive:
+        if type_ not in EXCHANGE_TYPES:
+            raise hard_error(COMMAND_INVALID, f"unknown exchange type '{type_}'")
+        if name.startswith("amq."):
+            raise soft_error(ACCESS_REFUSED,
+                             f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        await b.exchange_link(ch.vhost, name).request(
+            [T.EXCHANGE_DECLARE, ch.vhost, name, type_, False, m.durable, m.auto_delete,
+             m.internal, m.arguments or {}])
+    else:
+        await b.exchange_link(ch.vhost, name).request(
+            [T.EXCHANGE_DECLARE, ch.vhost, name, type_, True, False, False, False, {}])
+    if not m.nowait:
+        ch.send(C.Exchange.DeclareOk())
+
+
+async def on_exchange_delete(ch: TopologyChannel, m: C.Exchange.Delete) -> None:
+    if m.exchange in BUILTIN_EXCHANGES:
+        raise soft_error(ACCESS_REFUSED, f"operation not permitted on exchange "
+                                         f"'{m.exchange}' in vhost '{ch.vhost}'")
+    await ch.broker.exchange_link(ch.vhost, m.exchange).request(
+        [T.EXCHANGE_DELETE, ch.vhost, m.exchange, m.if_unused])
+    if not m.nowait:
+        ch.send(C.Exchange.DeleteOk())
+
+
+async def on_exchange_bind(ch: TopologyChannel, m: C.Exchange.Bind) -> None:
+    await _bind(ch, T.BIND, m.source, wire.DEST_EXCHANGE, m.destination, m.routing_key,
+                m.arguments)
+    if not m.nowait:
+        ch.send(C.Exchange.BindOk())
+
+
+async def on_exchange_unbind(ch: TopologyChannel, m: C.Exchange.Unbind) -> None:
+    await _bind(ch, T.UNBIND, m.source, wire.DEST_EXCHANGE, m.destination, m.routing_key,
+                m.arguments)
+    if not m.nowait:
+        ch.send(C.Exchange.UnbindOk())
+
+
+async def _bind(ch: TopologyChannel, tag: int, exchange: str, kind: str, dest: str, key: str,
+                arguments: dict | None) -> None:
+    b = ch.broker
+    if exchange == "" or (kind == wire.DEST_EXCHANGE and dest == ""):
+        raise soft_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+    for name in (exchange, dest) if kind == wire.DEST_EXCHANGE else (exchange,):
+        if b.topology.get(ch.vhost, name) is None:
+            raise soft_error(NOT_FOUND, f"no exchange '{name}' in vhost '{ch.vhost}'")
+    if kind == wire.DEST_QUEUE:
+        # The queue must exist and be ours to use (404 / 405), asked of its node.
+        await b.queue_link(ch.vhost, dest).request(
+            [T.QUEUE_DECLARE, ch.vhost, dest, True, False, False, False, {}, ch.client.owner])
+    if tag == T.BIND:
+        check_selector(arguments)   # 406 naming the error position (x-filter-jms-selector)
+    await b.exchange_link(ch.vhost, exchange).request(
+        [tag, ch.vhost, exchange, kind, dest, key, arguments or {}])
+
+
+# ---- queues ----------------------------------------------------------------------------------
+def queue_name(ch: TopologyChannel, name: str) -> str:
+    """The queue a method names: ``name``, or if it is empty the queue last declared on the
+    channel (spec 1.7.2). Raises 404 when there is none."""
+    if name == "":
+        if not ch.last_queue:
+            raise soft_error(NOT_FOUND, "no previously declared queue")
+        return ch.last_queue
+    return name
+
+
+async def on_queue_declare(ch: TopologyChannel, m: C.Queue.Declare) -> None:
+    name = m.queue
+    if name == "":
+        if m.passive:
+            raise soft_error(NOT_FOUND, "no previously declared queue")
+        name = "amq.gen-" + secrets.token_urlsafe(16)
+    elif name.startswith("amq.") and not m.passive:
+        raise soft_error(ACCESS_REFUSED,
+                         f"queue name '{name}' contains reserved prefix 'amq.*'")
+    payload = await ch.broker.queue_link(ch.vhost, name).request(
+        [T.QUEUE_DECLARE, ch.vhost, name, m.passive, m.durable, m.exclusive,
+         m.auto_delete, m.arguments or {}, ch.client.owner])
+    ch.last_queue = name
+    if m.exclusive:
+        ch.client.exclusive_queues.add(name)
+    if not m.nowait:
+        ch.send(C.Queue.DeclareOk(payload[0], payload[1], payload[2]))
+
+
+async def on_queue_bind(ch: TopologyChannel, m: C.Queue.Bind) -> None:
+    await _bind(ch, T.BIND, m.exchange, wire.DEST_QUEUE, queue_name(ch, m.queue),
+                m.routing_key, m.arguments)
+    if not m.nowait:
+        ch.send(C.Queue.BindOk())
+
+
+async def on_queue_unbind(ch: TopologyChannel, m: C.Queue.Unbind) -> None:
+    await _bind(ch, T.UNBIND, m.exchange, wire.DEST_QUEUE, queue_name(ch, m.queue),
+                m.routing_key, m.arguments)
+    ch.send(C.Queue.UnbindOk())
+
+
+async def on_queue_purge(ch: TopologyChannel, m: C.Queue.Purge) -> None:
+    name = queue_name(ch, m.queue)
+    payload = await ch.broker.queue_link(ch.vhost, name).request(
+        [T.QUEUE_PURGE, ch.vhost, name, ch.client.owner])
+    if not m.nowait:
+        ch.send(C.Queue.PurgeOk(payload[0]))
+
+
+async def on_queue_delete(ch: TopologyChannel, m: C.Queue.Delete) -> None:
+    name = queue_name(ch, m.queue)
+    payload = await ch.broker.queue_link(ch.vhost, name).request(
+        [T.QUEUE_DELETE, ch.vhost, name, m.if_unused, m.if_empty, ch.client.owner])
+    if not m.nowait:
+        ch.send(C.Queue.DeleteOk(payload[0]))
