@@ -20,8 +20,8 @@ from shoal.shared.settings import load_settings
 USAGE = """usage: shoal {serve,node,router,cluster,loadtest,report} [options]
 
 commands:
-  serve    run a local cluster: N nodes and one router (node-0 in the router with
-           --embed-node)
+  serve    run a local cluster: N nodes and R routers on one port (node-0 in the
+           router with --embed-node)
   node     run one node process (owns a shard of queues)
   router   run one router process (speaks AMQP 0-9-1 to clients)
   loadtest load any AMQP 0-9-1 broker and write Parquet results (PerfTest-like)
@@ -33,11 +33,14 @@ commands:
 
 def serve_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="shoal serve",
-                                description="Run a local Shoal cluster: N nodes and a router.")
+                                description="Run a local Shoal cluster: N nodes and R routers.")
     p.add_argument("--config", help="YAML settings file")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="AMQP port (default 5672; 0 picks a free one)")
     p.add_argument("--nodes", type=int, help="node processes (default: CPU count)")
+    p.add_argument("--routers", type=int, help="router processes sharing the AMQP port "
+                                               "(SO_REUSEPORT), each linked to every node "
+                                               "(default 1)")
     p.add_argument("--data-dir", help="where nodes keep their data (default "
                                       "~/.local/share/shoal)")
     p.add_argument("--embed-node", action=argparse.BooleanOptionalAction, default=None,
@@ -49,7 +52,7 @@ def serve_main(argv: list[str]) -> int:
     try:
         settings = load_settings(args.config, overrides={
             "host": args.host, "port": args.port, "nodes": args.nodes,
-            "data_dir": args.data_dir, "embed_node": args.embed_node,
+            "routers": args.routers, "data_dir": args.data_dir, "embed_node": args.embed_node,
             "log_level": args.log_level})
     except ConfigError as exc:
         print(f"shoal serve: {exc}", file=sys.stderr)

@@ -1,10 +1,15 @@
-"""``shoal serve``: a local cluster of N node processes and one router, supervised.
+"""``shoal serve``: a local cluster of N node processes and R routers, supervised.
 
-The launcher starts each process as ``python -m shoal.node`` / ``python -m shoal.router``
-(so this package imports neither), waits until the router accepts connections, prints one
+The launcher starts each process as ``python -m shoal.node`` / ``python -m shoal.cli router``
+(so this package imports neither), waits until the routers accept connections, prints one
 ready line, writes ``DATA_DIR/cluster.json`` (pids, ports, endpoints), restarts a child that
-dies, and on SIGINT/SIGTERM stops the router first (clients get ``connection.close`` 320) and
-then the nodes. Children get SIGTERM if the launcher itself dies (``PR_SET_PDEATHSIG``), so
+dies, and on SIGINT/SIGTERM stops the routers first (clients get ``connection.close`` 320) and
+then the nodes.
+
+With ``routers`` > 1 every router listens on the same AMQP port (SO_REUSEPORT: the kernel
+spreads new connections over them) and links to every node; each also opens a direct port that
+reaches it alone (``direct_port``), listed in cluster.json's ``routers`` for tests. A router
+that dies is restarted on the same port while the others keep serving. Children get SIGTERM if the launcher itself dies (``PR_SET_PDEATHSIG``), so
 nothing is orphaned.
 
 With ``embed_node`` node-0 is not a process of its own: the router runs it in its event loop
@@ -19,6 +24,7 @@ import ctypes
 import json
 import logging
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +37,9 @@ from shoal.shared.settings import Settings
 log = logging.getLogger("shoal.launcher")
 
 READY_TIMEOUT_S = 60.0
+#: A router's ready line (router/server.py).
+_READY = re.compile(r"shoal router ready on (?P<host>\S+):(?P<port>\d+)"
+                    r"(?: \(direct port (?P<direct>\d+)\))?")
 STOP_TIMEOUT_S = 10.0
 
 
@@ -61,7 +70,8 @@ class Cluster:
         self.data_dir = Path(settings.data_dir).expanduser().resolve()
         self.run_dir = self.data_dir / "run"
         self.nodes: list[dict] = []
-        self.router: subprocess.Popen | None = None
+        #: one dict per router: id, pid, direct_port (routers > 1)
+        self.routers: list[dict] = []
         self.router_addr: tuple[str, int] | None = None
         self.procs: dict[str, subprocess.Popen] = {}
         self.stopping = False
@@ -77,24 +87,36 @@ class Cluster:
         node["pid"] = proc.pid
         return proc
 
-    def _spawn_router(self) -> subprocess.Popen:
+    def _spawn_router(self, router: dict) -> subprocess.Popen:
         s = self.settings
         port = self.router_addr[1] if self.router_addr else s.port
         # Through the shoal command, which can host nodes in the router (inproc:// endpoints).
         cmd = [sys.executable, "-m", "shoal.cli", "router", "--host", s.host, "--port",
                str(port), "--data-dir", str(self.data_dir), *self._common()]
+        if s.routers > 1:
+            cmd += ["--direct-port", str(router.get("direct_port", 0))]
         for node in self.nodes:
             cmd += ["--node", f"{node['id']}={node['endpoint']}"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
                                 preexec_fn=_die_with_parent)
-        self.router = proc
-        self.procs["router"] = proc
+        self.procs[router["id"]] = proc
+        router["pid"] = proc.pid
         for node in self.nodes:
             if node.get("embedded"):
                 node["pid"] = proc.pid
         return proc
 
-    def _await_ready(self, proc: subprocess.Popen) -> tuple[str, int]:
+    def _start_router(self, router: dict) -> None:
+        """Spawn ``router`` and wait until it accepts connections; the first one fixes the
+        cluster's address (the port chosen for port 0), the others share it."""
+        host, port, direct = self._await_ready(self._spawn_router(router))
+        if self.router_addr is None:
+            self.router_addr = (host, port)
+        if direct is not None:
+            router["direct_port"] = direct
+
+    def _await_ready(self, proc: subprocess.Popen) -> tuple[str, int, int | None]:
+        """Wait for the router's ready line: (host, port, direct port or None)."""
         lines: queue.Queue = queue.Queue()
 
         def reader() -> None:
@@ -110,9 +132,10 @@ class Cluster:
                 continue
             if line is None:
                 raise RuntimeError(f"router exited with code {proc.wait()} before it was ready")
-            if line.startswith("shoal router ready on "):
-                host, _, port = line.rsplit(" ", 1)[1].strip().rpartition(":")
-                return host, int(port)
+            m = _READY.match(line)
+            if m:
+                direct = m["direct"]
+                return m["host"], int(m["port"]), int(direct) if direct else None
         raise RuntimeError(f"router not ready after {READY_TIMEOUT_S:.0f} s")
 
     def start(self) -> None:
@@ -125,12 +148,16 @@ class Cluster:
                 continue
             node["endpoint"] = _endpoint(self.run_dir, node["id"])
             self._spawn_node(node)
-        self.router_addr = self._await_ready(self._spawn_router())
+        for i in range(self.settings.routers):
+            router = {"id": f"router-{i}"}
+            self.routers.append(router)
+            self._start_router(router)
         self._write_state()
 
     def _write_state(self) -> None:
         host, port = self.router_addr
-        state = {"router": {"pid": self.router.pid, "host": host, "port": port},
+        state = {"router": {"pid": self.routers[0]["pid"], "host": host, "port": port},
+                 "routers": [dict(r) for r in self.routers],
                  "nodes": [dict(n) for n in self.nodes]}
         tmp = self.data_dir / "cluster.json.tmp"
         tmp.write_text(json.dumps(state, indent=2))
@@ -146,18 +173,21 @@ class Cluster:
                                 proc.returncode)
                     self._spawn_node(node)
                     self._write_state()
-            if self.router.poll() is not None and not stop.is_set():
-                log.warning("router exited with code %s; restarting it", self.router.returncode)
-                try:
-                    self._await_ready(self._spawn_router())
-                    self._write_state()
-                except RuntimeError as exc:
-                    log.error("%s", exc)
+            for router in self.routers:
+                proc = self.procs[router["id"]]
+                if proc.poll() is not None and not stop.is_set():
+                    log.warning("%s exited with code %s; restarting it", router["id"],
+                                proc.returncode)
+                    try:
+                        self._start_router(router)
+                        self._write_state()
+                    except RuntimeError as exc:
+                        log.error("%s", exc)
 
     def stop(self) -> None:
-        """Router first (clients get 320), then the nodes; SIGKILL what outlives the timeout."""
-        order = [self.router] if self.router else []
-        for group in (order, [self.procs[n["id"]] for n in self.nodes if n["id"] in self.procs]):
+        """Routers first (clients get 320), then the nodes; SIGKILL what outlives the timeout."""
+        routers = [self.procs[r["id"]] for r in self.routers if r["id"] in self.procs]
+        for group in (routers, [self.procs[n["id"]] for n in self.nodes if n["id"] in self.procs]):
             for proc in group:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
@@ -191,8 +221,9 @@ def serve(settings: Settings, config_file: str | None) -> int:
         cluster.stop()
         return 1
     host, port = cluster.router_addr
+    routers = f", {len(cluster.routers)} routers" if len(cluster.routers) > 1 else ""
     print(f"shoal ready: accepting AMQP 0-9-1 connections on {host}:{port} "
-          f"({len(cluster.nodes)} nodes)", flush=True)
+          f"({len(cluster.nodes)} nodes{routers})", flush=True)
     cluster.supervise(stop)
     cluster.stop()
     return 0

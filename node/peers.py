@@ -14,6 +14,8 @@ from shoal.shared.settings import Settings
 from shoal.shared.wire import (TAG_GOODBYE, TAG_HEARTBEAT, TAG_NODE_BLOCKED, WIRE_VERSION,
                                T)
 
+_TOPOLOGY_SYNC = int(T.TOPOLOGY_SYNC)
+
 from .consumer import QueueConsumer
 from .entry import QueueEntry
 
@@ -57,6 +59,9 @@ class Peers:
         self._on_forget = on_forget
         self._outbox: dict[bytes, list[list]] = {}
         self._last_heartbeat: float | None = None
+        #: sync_id -> (routers yet to answer TOPOLOGY_SYNCED, what to run when none is left)
+        self._syncs: dict[int, tuple[set[bytes], Callable[[], None]]] = {}
+        self._next_sync = 0
 
     def send(self, identity: bytes, msg: list) -> None:
         """Queue wire message ``msg`` to the router ``identity`` (in order)."""
@@ -90,9 +95,44 @@ class Peers:
             self.send(peer, [TAG_NODE_BLOCKED, True, self.blocked_reason])
 
     def forget(self, state: RouterPeer) -> None:
-        """Remove the router, then let the shard clean up after it (``on_forget``)."""
+        """Remove the router, then let the shard clean up after it (``on_forget``). A
+        topology sync waits for it no longer."""
         self.by_identity.pop(state.identity, None)
         self._on_forget(state)
+        for sync_id in [k for k, (waiting, _) in self._syncs.items()
+                        if state.identity in waiting]:
+            self._answered(sync_id, state.identity)
+
+    # ---- read-your-writes across routers (wire TOPOLOGY_SYNC) ----------------------------------
+    def sync_topology(self, requester: bytes, done: Callable[[], None]) -> bool:
+        """A topology request of router ``requester`` queued TOPOLOGY_EVENTs to every router:
+        ask every other router to confirm it applied them (TOPOLOGY_SYNC, after the events in
+        its outbox) and run ``done()`` once all answered or were forgotten. Returns False,
+        without calling ``done``, when there is no other router (the requester itself applies
+        the events before the REPLY that follows them on its link)."""
+        others = {i for i in self.by_identity if i != requester}
+        if not others:
+            return False
+        self._next_sync += 1
+        sync_id = self._next_sync
+        self._syncs[sync_id] = (others, done)
+        for identity in others:
+            self.send(identity, [_TOPOLOGY_SYNC, sync_id])
+        return True
+
+    def synced(self, state: RouterPeer, sync_id: int) -> None:
+        """TOPOLOGY_SYNCED from ``state``: it applied the events before that sync."""
+        self._answered(sync_id, state.identity)
+
+    def _answered(self, sync_id: int, identity: bytes) -> None:
+        entry = self._syncs.get(sync_id)
+        if entry is None:
+            return
+        waiting, done = entry
+        waiting.discard(identity)
+        if not waiting:
+            del self._syncs[sync_id]
+            done()
 
     def forget_silent(self, now_ms: float, silence_ms: float) -> int:
         """Forget every router not heard from for ``silence_ms`` (a connection to this node

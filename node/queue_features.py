@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from shoal.shared.selector import selector_fields
+
 from .consumer import QueueConsumer
 from .entry import ACQUIRED, AVAILABLE, HELD, QueueEntry
 from .entry_features import entry_props, not_before, place, read_properties, ttl_ms
@@ -44,8 +46,6 @@ class QueueFeatures:
     last_used: float
     groups: dict[Any, list] | None
     # and its methods _rewind_pointers, release, notify_work
-
-
 
     def _enqueue_featured(self, entry: QueueEntry, flags: int) -> QueueEntry | None:
         cfg = self.cfg
@@ -165,7 +165,6 @@ class QueueFeatures:
         return True
 
     def _fields(self, e: QueueEntry) -> dict:
-        from shoal.shared.selector import selector_fields
         return selector_fields(entry_props(e))
 
     def _acquired(self, e: QueueEntry, c: QueueConsumer | None) -> None:

@@ -83,6 +83,7 @@ class Shard:
         #: ``send(identity, msg)``: queue a wire message to one router (hot: bound once)
         self.send = self.links.send
         self._next_id = itertools.count(1).__next__
+        self._events = 0        #: TOPOLOGY_EVENTs emitted (a request that emits syncs routers)
         if wall_offset_ms is None:
             wall_offset_ms = time.time() * 1000.0 - time.monotonic() * 1000.0
         self.timers = Timers(0.0, wall_offset_ms)
@@ -105,6 +106,7 @@ class Shard:
             T.UNBIND: (8, (int, str, str, str, str, str, _D), cls._on_unbind, True),
             T.UNBIND_DESTINATION: (4, (str, str, str), cls._on_unbind_destination, False),
             T.TOPOLOGY_SNAPSHOT: (2, (int,), cls._on_snapshot, True),
+            T.TOPOLOGY_SYNCED: (2, (int,), cls._on_synced, False),
             T.CONNECTION_CLOSED: (2, (str,), cls._on_connection_closed, False),
             T.PUBLISH: (9, None, M.on_publish, False),      # hot path: count only
             T.CONSUME: (10, (int, int, str, str, str, int, int, _D, _S), M.on_consume, True),
@@ -127,6 +129,7 @@ class Shard:
 
     def _emit(self, event: int, data: list) -> None:
         """Queue a TOPOLOGY_EVENT to every registered router (and journal durable changes)."""
+        self._events += 1
         if self.durable is not None:
             self.durable.topology_event(event, data, self.topology.exchanges)
         for identity in self.peers:
@@ -259,6 +262,7 @@ class Shard:
             return
         state.last_seen = now_ms
         self.timers.now = now_ms
+        events = self._events
         try:
             payload = handler(self, state, msg)
         except AMQPError as err:
@@ -268,12 +272,24 @@ class Shard:
                 log.debug("%s from %r failed: %s", T(tag).name, peer, err.text)
             return
         if is_request:
+            reply = [TAG_REPLY, msg[1], 0, "", payload]
             dl = self.durable
-            if dl is not None and tag in _TOPOLOGY_REQUESTS and \
-                    dl.last_lsn > dl.journal.durable_lsn:
-                dl.defer(dl.last_lsn, peer, [TAG_REPLY, msg[1], 0, "", payload])
-            else:
-                self.send(peer, [TAG_REPLY, msg[1], 0, "", payload])
+            lsn = dl.last_lsn if dl is not None and tag in _TOPOLOGY_REQUESTS and \
+                dl.last_lsn > dl.journal.durable_lsn else 0
+            if self._events == events or \
+                    not self.links.sync_topology(peer, lambda: self._answer(peer, reply, lsn)):
+                self._answer(peer, reply, lsn)
+
+    def _answer(self, peer: bytes, reply: list, lsn: int) -> None:
+        """Send a topology request's REPLY, held until the journal has ``lsn`` on disk (0:
+        nothing to wait for) so that an -ok means the change survives a crash."""
+        if peer not in self.peers:
+            return
+        dl = self.durable
+        if lsn and dl is not None and lsn > dl.journal.durable_lsn:
+            dl.defer(lsn, peer, reply)
+        else:
+            self.send(peer, reply)
 
     def _malformed(self, peer: bytes, msg: list, is_request: bool) -> None:
         name = T(msg[0]).name
@@ -284,6 +300,9 @@ class Shard:
     # ------------------------------------------------------------------ link
     def _on_heartbeat(self, state: RouterPeer, msg: list) -> None:
         pass
+
+    def _on_synced(self, state: RouterPeer, msg: list) -> None:
+        self.links.synced(state, msg[1])
 
     def _on_goodbye(self, state: RouterPeer, msg: list) -> None:
         log.info("router %r said goodbye", state.router_id)

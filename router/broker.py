@@ -293,6 +293,8 @@ class Broker:
             entry = self.consumers.get(msg[1])
             if entry is not None:
                 self._server_cancel(entry[0], entry[1].target)
+        elif tag == T.TOPOLOGY_SYNC:          # the events before it are applied: say so
+            link.send([int(T.TOPOLOGY_SYNCED), msg[1]], urgent=True)
         elif tag == T.REPUBLISH:
             self._republish(*msg[1:])
         elif tag == T.NODE_BLOCKED:

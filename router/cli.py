@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None, host_node=None) -> int:
     p.add_argument("--config", help="YAML settings file")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="AMQP port (default 5672; 0 picks a free one)")
+    p.add_argument("--direct-port", type=int, help="a second AMQP port that reaches this "
+                                                   "router alone (0 picks a free one; default "
+                                                   "none)")
     p.add_argument("--node", action="append", dest="node_endpoints", metavar="[ID=]ENDPOINT",
                    help="a node's ZeroMQ endpoint, repeatable, in node-id order")
     p.add_argument("--data-dir", help="hosted nodes (inproc:// endpoints) keep their journals "
@@ -28,6 +31,7 @@ def main(argv: list[str] | None = None, host_node=None) -> int:
     try:
         settings = load_settings(args.config, overrides={
             "host": args.host, "port": args.port, "node_endpoints": args.node_endpoints,
+            "direct_port": args.direct_port,
             "data_dir": args.data_dir, "log_level": args.log_level})
         if not settings.node_endpoints:
             raise ConfigError("invalid setting 'node_endpoints': the router needs at least one "

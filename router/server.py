@@ -2,8 +2,9 @@
 
 ``run_router(settings)`` blocks until SIGINT/SIGTERM; then every client gets
 ``connection.close`` 320 CONNECTION_FORCED, the nodes get GOODBYE, and it returns 0.
-When it accepts connections it prints ``shoal router ready on HOST:PORT`` to stdout (the local
-launcher reads it to learn the port chosen for ``--port 0``).
+When it accepts connections it prints ``shoal router ready on HOST:PORT`` to stdout, followed by
+`` (direct port P)`` when ``direct_port`` asks for a port of its own (the local launcher reads it
+to learn the ports chosen for 0). Several routers may listen on one ``port`` (SO_REUSEPORT).
 
 Hosted nodes: a node endpoint ``inproc://NAME`` means the node runs inside this process, in
 this event loop (the ``embed_node`` setting of ``shoal serve``). It binds that ZeroMQ
@@ -95,7 +96,13 @@ async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
         lambda: ClientConnection(broker), settings.host, settings.port,
         reuse_port=hasattr(socket, "SO_REUSEPORT"), backlog=1024)
     host, port = server.sockets[0].getsockname()[:2]
-    print(f"shoal router ready on {host}:{port}", flush=True)
+    servers = [server]
+    direct = ""
+    if settings.direct_port >= 0:           # this router alone (tests, diagnostics)
+        servers.append(await loop.create_server(
+            lambda: ClientConnection(broker), settings.host, settings.direct_port, backlog=128))
+        direct = f" (direct port {servers[1].sockets[0].getsockname()[1]})"
+    print(f"shoal router ready on {host}:{port}{direct}", flush=True)
     log.info("router %s accepting AMQP 0-9-1 on %s:%s, %d nodes", broker.router_id, host, port,
              len(broker.links))
     ticker = asyncio.ensure_future(heartbeat_loop(broker))
@@ -105,7 +112,8 @@ async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
     if stats is not None:
         stats.cancel()
     log.info("router stopping: closing %d client connections", len(broker.connections))
-    server.close()
+    for srv in servers:
+        srv.close()
     ticker.cancel()
     for client in list(broker.connections):
         client.shutdown(CONNECTION_FORCED, "CONNECTION_FORCED - broker shutdown")

@@ -19,6 +19,14 @@ import yaml
 from .errors import ConfigError
 
 
+def default_layout(cores: int) -> tuple[int, int]:
+    """``(routers, nodes)`` that ``shoal serve`` runs on a machine of ``cores`` CPUs: half the
+    cores route (AMQP), the other half hold queues, at least one of each (docs/performance.md,
+    "Scaling": a router spends about as much CPU per message as a node)."""
+    routers = max(1, cores // 2)
+    return routers, max(1, cores - routers)
+
+
 def _default_data_dir() -> str:
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local",
                                                            "share")
@@ -32,6 +40,11 @@ class Settings:
     host: str = "127.0.0.1"                  #: router listen address
     port: int = 5672                         #: router AMQP port (0 = pick a free one)
     nodes: int = field(default_factory=lambda: os.cpu_count() or 1)  #: ``serve``: node count
+    routers: int = 1                         #: ``serve``: router processes sharing ``port``
+    #: (SO_REUSEPORT: the kernel spreads connections over them), each linked to every node
+    direct_port: int = -1                    #: router: a second AMQP port that reaches this
+    #: router alone (-1 = none, 0 = pick a free one); ``serve`` opens one per router when
+    #: ``routers`` > 1 and lists them in cluster.json (tests, diagnostics)
     data_dir: str = field(default_factory=_default_data_dir)  #: node journals, runtime files
     embed_node: bool = False                 #: ``serve``: run node-0 inside the router
     #: process, link frames handed over in memory (no socket hop: about half the CPU per
@@ -63,6 +76,13 @@ class Settings:
             raise bad("port", "must be an integer from 0 to 65535")
         if not isinstance(self.nodes, int) or not 1 <= self.nodes <= 256:
             raise bad("nodes", "must be an integer from 1 to 256")
+        if not isinstance(self.routers, int) or not 1 <= self.routers <= 64:
+            raise bad("routers", "must be an integer from 1 to 64")
+        if self.embed_node and self.routers > 1:
+            raise bad("routers", "must be 1 with embed_node (node-0 runs inside the one "
+                                 "router process)")
+        if not isinstance(self.direct_port, int) or not -1 <= self.direct_port <= 65535:
+            raise bad("direct_port", "must be -1 (none) or an integer from 0 to 65535")
         if not isinstance(self.frame_max, int) or not 4096 <= self.frame_max <= 2**31 - 1:
             raise bad("frame_max", "must be an integer from 4096 to 2147483647")
         if not isinstance(self.channel_max, int) or not 1 <= self.channel_max <= 65535:

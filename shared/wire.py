@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 #: Bumped whenever a message's fields change. Checked at connect time (HELLO).
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 
 
 class T(IntEnum):
@@ -75,6 +75,13 @@ class T(IntEnum):
     # EV_BINDING_ADDED    data = [vhost, exchange, dest_kind, destination, routing_key, arguments]
     # EV_BINDING_REMOVED  data = same as EV_BINDING_ADDED
     # EV_QUEUE_REMOVED    data = [vhost, name]   (deleted, auto-deleted, exclusive owner gone)
+    TOPOLOGY_SYNC = 21    # N->R [T, sync_id]: a topology request of another router changed
+                          #   the topology (the TOPOLOGY_EVENTs before this); answer
+                          #   TOPOLOGY_SYNCED once they are applied. The node holds that
+                          #   request's REPLY until every other router answered (or is gone),
+                          #   so a client's declare-ok / bind-ok through one router means
+                          #   every router routes by it (read-your-writes across routers).
+    TOPOLOGY_SYNCED = 22  # R->N [T, sync_id]
 
     # --- messages ---
     PUBLISH = 30          # R->N [T, seq, vhost, queues, exchange, routing_key, header, body,

@@ -39,7 +39,7 @@ import pytest
 
 READY_RE = re.compile(
     r"shoal ready: accepting AMQP 0-9-1 connections on (?P<host>\S+):(?P<port>\d+) "
-    r"\((?P<nodes>\d+) nodes\)")
+    r"\((?P<nodes>\d+) nodes(?:, (?P<routers>\d+) routers)?\)")
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 20.0
 EXTERNAL_URL = os.environ.get("SHOAL_E2E_URL", "").strip()
@@ -76,6 +76,14 @@ class NodeInfo:
 
 
 @dataclass
+class RouterInfo:
+    id: str
+    pid: int
+    direct_port: int | None = None   #: reaches this router alone (clusters of several routers)
+    start_time: str | None = None
+
+
+@dataclass
 class Cluster:
     """What a test sees of a running broker."""
 
@@ -95,11 +103,24 @@ class Cluster:
     router_start: str | None = None
     killed: bool = False      #: a test killed a process: the launcher may exit non-zero
     stopped: bool = False
+    routers: list[RouterInfo] = field(default_factory=list)
 
     @property
     def url(self) -> str:
         return (f"amqp://{self.user}:{self.password}@{self.host}:{self.port}/"
                 f"{urllib.parse.quote(self.vhost, safe='')}")
+
+    def router_url(self, index: int) -> str:
+        """The URL of router ``index`` alone (its direct port; clusters of several routers)."""
+        port = self.routers[index].direct_port
+        assert port, "this cluster has one router: use url"
+        return (f"amqp://{self.user}:{self.password}@{self.host}:{port}/"
+                f"{urllib.parse.quote(self.vhost, safe='')}")
+
+    def kill_router(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Kill router ``index`` (the launcher restarts it on the same ports)."""
+        self.killed = True
+        os.kill(self.routers[index].pid, sig)
 
     def node(self, node_id: str) -> NodeInfo:
         return next(n for n in self.nodes if n.id == node_id)
@@ -160,9 +181,11 @@ def _reader(stream, lines: "queue.Queue[str | None]", keep: list[str]) -> None:
     lines.put(None)
 
 
-def start_cluster(data_dir: Path, nodes: int, embed: bool = EMBED) -> Cluster:
-    """Start ``shoal serve`` (``--embed-node`` when ``embed``) and wait (bounded) until it is
-    ready and cluster.json is written."""
+def start_cluster(data_dir: Path, nodes: int, embed: bool = EMBED, routers: int = 1) -> Cluster:
+    """Start ``shoal serve`` (``--embed-node`` when ``embed``; ``--routers`` when ``routers``
+    > 1, which ``--embed-node`` refuses, so such clusters run without it) and wait (bounded)
+    until it is ready and cluster.json is written."""
+    embed = embed and routers == 1
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "launcher.stderr.log"
     log = open(log_path, "wb")
@@ -170,7 +193,8 @@ def start_cluster(data_dir: Path, nodes: int, embed: bool = EMBED) -> Cluster:
     prefix = os.environ.get("SHOAL_E2E_SERVE_CMD", "").split() or [
         sys.executable, "-m", "shoal.cli"]
     cmd = prefix + ["serve", "--host", "127.0.0.1", "--port", "0", "--nodes", str(nodes),
-                    "--data-dir", str(data_dir), *(["--embed-node"] if embed else [])]
+                    "--data-dir", str(data_dir), *(["--embed-node"] if embed else []),
+                    *(["--routers", str(routers)] if routers > 1 else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                             text=True, bufsize=1, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1",
@@ -204,6 +228,8 @@ def start_cluster(data_dir: Path, nodes: int, embed: bool = EMBED) -> Cluster:
         match = READY_RE.search(line)
     if int(match["nodes"]) != nodes:
         fail(f"ready line announces {match['nodes']} nodes, expected {nodes}")
+    if int(match["routers"] or 1) != routers:
+        fail(f"ready line announces {match['routers'] or 1} routers, expected {routers}")
     port = int(match["port"])
     if port == 0:
         fail("ready line shows port 0, expected the port actually bound")
@@ -230,6 +256,13 @@ def start_cluster(data_dir: Path, nodes: int, embed: bool = EMBED) -> Cluster:
     partial.nodes = node_infos
     partial.router_pid = int(info["router"]["pid"])
     partial.router_start = _proc_start_time(partial.router_pid)
+    partial.routers = [RouterInfo(r["id"], int(r["pid"]), r.get("direct_port"),
+                                  _proc_start_time(int(r["pid"])))
+                       for r in info.get("routers", [])]
+    if len(partial.routers) != routers or (routers > 1 and not all(
+            r.direct_port for r in partial.routers)):
+        fail(f"cluster.json lists routers {info.get('routers')}, expected {routers} "
+             "(each with a direct port when several)")
     return partial
 
 
@@ -242,11 +275,13 @@ def stop_cluster(cluster: Cluster, require_clean_exit: bool = True,
     problems = []
     children = [(f"router pid {cluster.router_pid}", cluster.router_pid,
                  cluster.router_start)]
+    children += [(f"{r.id} pid {r.pid}", r.pid, r.start_time) for r in cluster.routers
+                 if r.pid != cluster.router_pid]
     children += [(f"{n.id} pid {n.pid}", n.pid, n.start_time) for n in cluster.nodes]
-    # The launcher may have replaced a dead node: look at cluster.json again.
+    # The launcher may have replaced a dead node or router: look at cluster.json again.
     try:
         info = json.loads((cluster.data_dir / "cluster.json").read_text())
-        for n in info["nodes"]:
+        for n in info["nodes"] + info.get("routers", []):
             if all(int(n["pid"]) != c[1] for c in children):
                 children.append((f"{n['id']} pid {n['pid']} (restarted)", int(n["pid"]),
                                  _proc_start_time(int(n["pid"]))))
@@ -312,6 +347,29 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
 def cluster3(tmp_path_factory) -> Iterator[Cluster]:
     """A 3-node cluster shared by one module."""
     yield from _cluster_fixture(tmp_path_factory, 3)
+
+
+@pytest.fixture(scope="module")
+def routers2(tmp_path_factory) -> Iterator[Cluster]:
+    """A cluster of 2 routers and 2 nodes shared by one module (``router_url(i)`` reaches
+    router i alone). Never external; with SHOAL_E2E_EMBED it runs without --embed-node."""
+    if EXTERNAL_URL:
+        pytest.skip("needs a cluster of several routers; SHOAL_E2E_URL points at one broker")
+    c = start_cluster(tmp_path_factory.mktemp("shoal-2r"), 2, routers=2)
+    yield c
+    stop_cluster(c)
+
+
+@pytest.fixture
+def own_routers2(tmp_path) -> Iterator[Cluster]:
+    """A private cluster of 2 routers and 2 nodes, for tests that kill a router."""
+    if EXTERNAL_URL:
+        pytest.skip("needs the cluster's own processes; SHOAL_E2E_URL points at an external "
+                    "broker")
+    c = start_cluster(tmp_path / "cluster", 2, routers=2)
+    yield c
+    if not c.stopped:
+        stop_cluster(c, require_clean_exit=not c.killed)
 
 
 @pytest.fixture

@@ -21,7 +21,11 @@ def _first_python_block() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_example_runs_as_pasted(cluster, tmp_path):
+@pytest.mark.parametrize("fixture", ["cluster", "routers2"])
+def test_readme_example_runs_as_pasted(fixture, request, tmp_path):
+    """Against the default cluster, and against ``shoal serve --routers 2`` (its shared port:
+    the kernel picks the router)."""
+    cluster = request.getfixturevalue(fixture)
     code = _first_python_block()
     assert "5672" in code
     assert len(code.strip().splitlines()) <= 25

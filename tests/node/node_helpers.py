@@ -13,14 +13,30 @@ class Net:
         self.settings = Settings(node_id=node_id, link_heartbeat_ms=100, link_timeout_ms=300)
         self.shard = Shard(node_id, "inc-1", self.settings)
         self.inbox: dict[bytes, list[list]] = {}
+        self.auto_sync: set[bytes] = set()     #: routers that answer TOPOLOGY_SYNC at once
         self.now = 0.0
 
     def pump(self) -> None:
-        for peer, msgs in self.shard.take_outbox().items():
-            self.inbox.setdefault(peer, []).extend(msgs)
+        """Move what the shard sent to the routers' inboxes. A router that syncs by itself
+        answers TOPOLOGY_SYNC at once, as a real one does after applying the events before
+        it (the sync itself does not reach its inbox)."""
+        while True:
+            syncs = []
+            for peer, msgs in self.shard.take_outbox().items():
+                if peer in self.auto_sync:
+                    syncs += [(peer, m[1]) for m in msgs if m[0] == T.TOPOLOGY_SYNC]
+                    msgs = [m for m in msgs if m[0] != T.TOPOLOGY_SYNC]
+                self.inbox.setdefault(peer, []).extend(msgs)
+            if not syncs:
+                return
+            for peer, sync_id in syncs:
+                self.shard.handle(peer, [T.TOPOLOGY_SYNCED, sync_id], self.now)
 
-    def router(self, name: str = "r1", hello: bool = True) -> "FakeRouter":
+    def router(self, name: str = "r1", hello: bool = True,
+               auto_sync: bool = True) -> "FakeRouter":
         r = FakeRouter(self, name)
+        if auto_sync:
+            self.auto_sync.add(r.identity)
         if hello:
             r.send(T.HELLO, WIRE_VERSION, name, self.shard.node_id)
             assert r.take() == [[T.HELLO_OK, WIRE_VERSION, self.shard.node_id, "inc-1"]]

@@ -36,6 +36,9 @@ def test_env_lists_and_users():
     ({"SHOAL_LOG_LEVEL": "loud"}, "'log_level'"),
     ({"SHOAL_NODE_ENDPOINTS": "nowhere"}, "'node_endpoints'"),
     ({"SHOAL_EMBED_NODE": "ture"}, "'embed_node'"),
+    ({"SHOAL_ROUTERS": "0"}, "'routers'"),
+    ({"SHOAL_ROUTERS": "2", "SHOAL_EMBED_NODE": "1"}, "must be 1 with embed_node"),
+    ({"SHOAL_DIRECT_PORT": "-2"}, "'direct_port'"),
 ])
 def test_invalid_setting_names_the_setting(env, needle):
     with pytest.raises(ConfigError) as exc:
@@ -51,6 +54,15 @@ def test_embed_node_from_file_env_and_flag(tmp_path):
     assert load_settings(cfg, env={"SHOAL_EMBED_NODE": "off"}).embed_node is False
     assert load_settings(cfg, env={"SHOAL_EMBED_NODE": "0"},
                          overrides={"embed_node": True}).embed_node is True
+
+
+def test_routers_from_file_env_and_flag(tmp_path):
+    assert load_settings(env={}).routers == 1                 # one router unless asked
+    cfg = tmp_path / "shoal.yaml"
+    cfg.write_text("routers: 3\n")
+    assert load_settings(cfg, env={}).routers == 3
+    assert load_settings(cfg, env={"SHOAL_ROUTERS": "2"}).routers == 2
+    assert load_settings(cfg, env={"SHOAL_ROUTERS": "2"}, overrides={"routers": 4}).routers == 4
 
 
 def test_bad_config_files(tmp_path):
