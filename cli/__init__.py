@@ -37,10 +37,12 @@ def serve_main(argv: list[str]) -> int:
     p.add_argument("--config", help="YAML settings file")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="AMQP port (default 5672; 0 picks a free one)")
-    p.add_argument("--nodes", type=int, help="node processes (default: CPU count)")
+    p.add_argument("--nodes", type=int, help="node processes (default: half the CPUs, at least "
+                                             "1)")
     p.add_argument("--routers", type=int, help="router processes sharing the AMQP port "
                                                "(SO_REUSEPORT), each linked to every node "
-                                               "(default 1)")
+                                               "(default: half the CPUs, at least 1; 1 with "
+                                               "--embed-node)")
     p.add_argument("--data-dir", help="where nodes keep their data (default "
                                       "~/.local/share/shoal)")
     p.add_argument("--embed-node", action=argparse.BooleanOptionalAction, default=None,

@@ -93,7 +93,7 @@ class Cluster:
         # Through the shoal command, which can host nodes in the router (inproc:// endpoints).
         cmd = [sys.executable, "-m", "shoal.cli", "router", "--host", s.host, "--port",
                str(port), "--data-dir", str(self.data_dir), *self._common()]
-        if s.routers > 1:
+        if s.serve_routers() > 1:
             cmd += ["--direct-port", str(router.get("direct_port", 0))]
         for node in self.nodes:
             cmd += ["--node", f"{node['id']}={node['endpoint']}"]
@@ -148,7 +148,7 @@ class Cluster:
                 continue
             node["endpoint"] = _endpoint(self.run_dir, node["id"])
             self._spawn_node(node)
-        for i in range(self.settings.routers):
+        for i in range(self.settings.serve_routers()):
             router = {"id": f"router-{i}"}
             self.routers.append(router)
             self._start_router(router)

@@ -219,16 +219,31 @@ class Broker:
         for t in list(ch.pool.targets.values()):
             self.replenish(ch, t)
 
-    def cancel_consumer(self, ch: BrokerChannel, t: ConsumerTarget) -> None:
+    def cancel_consumer(self, ch: BrokerChannel, t: ConsumerTarget) -> list[asyncio.Future]:
         """Client basic.cancel or channel close: every node forgets its part of ``t``;
-        deliveries already made stay unacked (spec 1.8.3.5)."""
+        deliveries already made stay unacked (spec 1.8.3.5). Returns the nodes' CANCEL
+        replies: until each arrives, deliveries the node sent before it still reach the
+        client (spec 1.8.3.5: "the client may receive an arbitrary number of messages in
+        between sending the cancel method and receiving the cancel-ok reply"), so a no-ack
+        delivery in flight is never dropped; basic.cancel-ok waits for them."""
         t.cancelled = True
         ch.pool.targets.pop(t.tag, None)
+        replies = []
         for c in t.consumers:
-            self.consumers.pop(c.consumer_id, None)
             link = self.links[c.node_id]
-            if link.up:
-                link.request([T.CANCEL, c.consumer_id]).add_done_callback(_ignore)
+            if not link.up:
+                self.consumers.pop(c.consumer_id, None)
+                continue
+            fut = link.request([T.CANCEL, c.consumer_id])
+            fut.add_done_callback(self._cancelled(c.consumer_id))
+            replies.append(fut)
+        return replies
+
+    def _cancelled(self, consumer_id: int):
+        def done(fut: asyncio.Future) -> None:
+            _ignore(fut)
+            self.consumers.pop(consumer_id, None)
+        return done
 
     def settle(self, ch: BrokerChannel, deliveries: list[Delivery], outcome: int) -> None:
         """Forward settlements to the nodes (one SETTLE per node) and free their credit."""

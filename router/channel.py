@@ -286,10 +286,14 @@ class Channel:
             self.send(C.Basic.ConsumeOk(tag))
         b.replenish(self, t)
 
-    def on_basic_cancel(self, m: C.Basic.Cancel) -> None:
+    async def on_basic_cancel(self, m: C.Basic.Cancel) -> None:
+        """basic.cancel (spec 1.8.3.5): cancel-ok once every node forgot the consumer, so
+        that whatever it delivered before reaches the client first."""
         t = self.pool.targets.get(m.consumer_tag)
         if t is not None:
-            self.broker.cancel_consumer(self, t)
+            replies = self.broker.cancel_consumer(self, t)
+            if replies:
+                await asyncio.gather(*replies, return_exceptions=True)
         if not m.nowait:
             self.send(C.Basic.CancelOk(m.consumer_tag))
 

@@ -21,8 +21,9 @@ from .errors import ConfigError
 
 def default_layout(cores: int) -> tuple[int, int]:
     """``(routers, nodes)`` that ``shoal serve`` runs on a machine of ``cores`` CPUs: half the
-    cores route (AMQP), the other half hold queues, at least one of each (docs/performance.md,
-    "Scaling": a router spends about as much CPU per message as a node)."""
+    cores route (AMQP), the other half hold queues, at least one of each. Measured with
+    tests/benchmarks/scaling.py on 4 emulated cores (docs/performance.md, "Scaling across
+    cores"): 2 routers + 2 nodes delivered 2.1x what 1 + 3 or 3 + 1 did."""
     routers = max(1, cores // 2)
     return routers, max(1, cores - routers)
 
@@ -39,9 +40,11 @@ class Settings:
 
     host: str = "127.0.0.1"                  #: router listen address
     port: int = 5672                         #: router AMQP port (0 = pick a free one)
-    nodes: int = field(default_factory=lambda: os.cpu_count() or 1)  #: ``serve``: node count
-    routers: int = 1                         #: ``serve``: router processes sharing ``port``
-    #: (SO_REUSEPORT: the kernel spreads connections over them), each linked to every node
+    nodes: int = field(default_factory=lambda: default_layout(os.cpu_count() or 1)[1])
+    #: ``serve``: node count (default: half the CPUs, see :func:`default_layout`)
+    routers: int = 0                         #: ``serve``: router processes sharing ``port``
+    #: (SO_REUSEPORT: the kernel spreads connections over them), each linked to every node;
+    #: 0 = half the CPUs (:func:`default_layout`), 1 with ``embed_node``
     direct_port: int = -1                    #: router: a second AMQP port that reaches this
     #: router alone (-1 = none, 0 = pick a free one); ``serve`` opens one per router when
     #: ``routers`` > 1 and lists them in cluster.json (tests, diagnostics)
@@ -76,8 +79,8 @@ class Settings:
             raise bad("port", "must be an integer from 0 to 65535")
         if not isinstance(self.nodes, int) or not 1 <= self.nodes <= 256:
             raise bad("nodes", "must be an integer from 1 to 256")
-        if not isinstance(self.routers, int) or not 1 <= self.routers <= 64:
-            raise bad("routers", "must be an integer from 1 to 64")
+        if not isinstance(self.routers, int) or not 0 <= self.routers <= 64:
+            raise bad("routers", "must be an integer from 0 (by CPU count) to 64")
         if self.embed_node and self.routers > 1:
             raise bad("routers", "must be 1 with embed_node (node-0 runs inside the one "
                                  "router process)")
@@ -110,6 +113,13 @@ class Settings:
         if "://" not in self.node_bind:
             raise bad("node_bind", "must be a ZeroMQ endpoint like tcp://host:port")
         return self
+
+    def serve_routers(self) -> int:
+        """How many routers ``shoal serve`` runs: ``routers``, or when 0, half the CPUs
+        (:func:`default_layout`), or 1 with ``embed_node`` (node-0 lives in the one router)."""
+        if self.routers:
+            return self.routers
+        return 1 if self.embed_node else default_layout(os.cpu_count() or 1)[0]
 
     def node_map(self) -> list[tuple[str, str]]:
         """``node_endpoints`` as ``[(node_id, endpoint), ...]`` in order."""

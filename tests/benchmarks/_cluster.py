@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,19 @@ def start_cluster(data_dir: str, nodes: int, env: dict[str, str] | None = None
         proc.kill()
         raise SystemExit(f"cluster did not start: {line!r}")
     return proc, int(m.group(1))
+
+
+def stop_serve(proc: subprocess.Popen | None, timeout_s: float = 30.0) -> None:
+    """SIGTERM a ``shoal serve`` started with ``start_new_session``; SIGKILL its whole process
+    group when it has not stopped within ``timeout_s``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
 
 
 def name_on(node_id: str, node_count: int, template: str) -> str:

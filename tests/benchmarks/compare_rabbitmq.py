@@ -40,7 +40,7 @@ import time
 import uuid
 from pathlib import Path
 
-from _cluster import PACKAGES, cli_module
+from _cluster import PACKAGES, cli_module, stop_serve
 from compare_table import FIXED_RATE, best_of, paired, render
 
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -182,13 +182,7 @@ class Shoal:
         return [self.proc.pid, *self.child_pids]
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop_serve(self.proc)
         self.proc = None
 
 

@@ -21,24 +21,35 @@ def connect(url: str) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.URLParameters(url))
 
 
-@pytest.fixture
-def a(routers2):
-    conn = connect(routers2.router_url(0))
+def _connection_to(cluster, index: int):
+    conn = connect(cluster.router_url(index))
     yield conn
     if conn.is_open:
         conn.close()
+
+
+@pytest.fixture
+def a(routers2):
+    """A connection to router 0 alone."""
+    yield from _connection_to(routers2, 0)
 
 
 @pytest.fixture
 def b(routers2):
-    conn = connect(routers2.router_url(1))
-    yield conn
-    if conn.is_open:
-        conn.close()
+    """A connection to router 1 alone."""
+    yield from _connection_to(routers2, 1)
 
 
 def name(prefix: str) -> str:
     return f"r2-{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def pump(*conns, until, timeout: float = 10.0) -> None:
+    """Run the connections' callbacks until ``until()`` is true (bounded by ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while not until() and time.monotonic() < deadline:
+        for conn in conns:
+            conn.process_data_events(time_limit=0.02)
 
 
 def get_one(ch, queue: str, timeout: float = 10.0):
@@ -138,16 +149,11 @@ def test_single_active_consumer_spans_routers(a, b):
     chb.basic_consume(q, lambda c, m, p, body: got_b.append(body), auto_ack=True)
     for i in range(5):
         chb.basic_publish("", q, str(i).encode())
-    deadline = time.monotonic() + 10
-    while len(got_a) < 5 and time.monotonic() < deadline:
-        a.process_data_events(time_limit=0.05)
-        b.process_data_events(time_limit=0.05)
+    pump(a, b, until=lambda: len(got_a) == 5)
     assert (len(got_a), got_b) == (5, [])
     cha.basic_cancel(tag_a)              # B's consumer becomes the active one
     chb.basic_publish("", q, b"after")
-    deadline = time.monotonic() + 10
-    while not got_b and time.monotonic() < deadline:
-        b.process_data_events(time_limit=0.05)
+    pump(b, until=lambda: got_b)
     assert got_b == [b"after"]
     chb.queue_delete(q)
 
@@ -163,10 +169,7 @@ def test_consumer_priorities_span_routers(a, b):
                       arguments={"x-priority": 1})
     for i in range(10):
         chb.basic_publish("", q, str(i).encode())
-    deadline = time.monotonic() + 10
-    while len(high) < 10 and time.monotonic() < deadline:
-        a.process_data_events(time_limit=0.02)
-        b.process_data_events(time_limit=0.05)
+    pump(a, b, until=lambda: len(high) == 10)
     a.process_data_events(time_limit=0.1)
     assert (len(high), low) == (10, [])
     cha.queue_delete(q)
@@ -180,9 +183,7 @@ def test_queue_deleted_through_b_cancels_the_consumer_on_a(a, b):
     cha.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
     tag = cha.basic_consume(q, lambda *args: None)
     assert chb.queue_delete(q).method.message_count == 0
-    deadline = time.monotonic() + 10
-    while not cancelled and time.monotonic() < deadline:
-        a.process_data_events(time_limit=0.05)
+    pump(a, until=lambda: cancelled)
     assert cancelled == [tag]
 
 
@@ -303,3 +304,4 @@ def test_a_killed_router_is_restarted_on_the_same_ports(own_routers2):
         conn.close()
     c.routers[0].pid = info["routers"][0]["pid"]
     c.stop()                                # Ctrl-C still stops every process, exit 0
+

@@ -36,7 +36,7 @@ def test_env_lists_and_users():
     ({"SHOAL_LOG_LEVEL": "loud"}, "'log_level'"),
     ({"SHOAL_NODE_ENDPOINTS": "nowhere"}, "'node_endpoints'"),
     ({"SHOAL_EMBED_NODE": "ture"}, "'embed_node'"),
-    ({"SHOAL_ROUTERS": "0"}, "'routers'"),
+    ({"SHOAL_ROUTERS": "-1"}, "'routers'"),
     ({"SHOAL_ROUTERS": "2", "SHOAL_EMBED_NODE": "1"}, "must be 1 with embed_node"),
     ({"SHOAL_DIRECT_PORT": "-2"}, "'direct_port'"),
 ])
@@ -56,8 +56,14 @@ def test_embed_node_from_file_env_and_flag(tmp_path):
                          overrides={"embed_node": True}).embed_node is True
 
 
-def test_routers_from_file_env_and_flag(tmp_path):
-    assert load_settings(env={}).routers == 1                 # one router unless asked
+def test_routers_from_file_env_and_flag(tmp_path, monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    s = load_settings(env={})                                  # by CPU count: half and half
+    assert (s.serve_routers(), s.nodes) == (4, 4)
+    s = load_settings(env={"SHOAL_EMBED_NODE": "1"})          # node-0 in the one router
+    assert (s.serve_routers(), s.nodes) == (1, 4)
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert (load_settings(env={}).serve_routers(), load_settings(env={}).nodes) == (1, 1)
     cfg = tmp_path / "shoal.yaml"
     cfg.write_text("routers: 3\n")
     assert load_settings(cfg, env={}).routers == 3
