@@ -9,8 +9,8 @@ then the nodes.
 With ``routers`` > 1 every router listens on the same AMQP port (SO_REUSEPORT: the kernel
 spreads new connections over them) and links to every node; each also opens a direct port that
 reaches it alone (``direct_port``), listed in cluster.json's ``routers`` for tests. A router
-that dies is restarted on the same port while the others keep serving. Children get SIGTERM if the launcher itself dies (``PR_SET_PDEATHSIG``), so
-nothing is orphaned.
+that dies is restarted on the same port while the others keep serving. Children get SIGTERM if
+the launcher itself dies (``PR_SET_PDEATHSIG``), so nothing is orphaned.
 
 With ``embed_node`` node-0 is not a process of its own: the router runs it in its event loop
 (endpoint ``inproc://node-0``; the router's link hands it frames in memory; docs/performance.md

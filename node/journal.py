@@ -31,10 +31,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .journal_format import (HEADER_BYTES, RECORD_OVERHEAD, TOPOLOGY_TYPES, Batch, BindingAdded, BindingRemoved, DeliveryState, Enqueue,
-                             ExchangeDeclared, ExchangeDeleted, JournalCorrupt, JournalError,
-                             JournalUnavailable, QueueDeclared, QueueDeleted, Record, RecordType,
-                             Settle, decode_record, encode_payload, frame, scan, segment_header,
+from .journal_format import (HEADER_BYTES, RECORD_OVERHEAD, TOPOLOGY_TYPES, Batch, BindingAdded,
+                             BindingRemoved, DeliveryState, Enqueue, ExchangeDeclared,
+                             ExchangeDeleted, JournalCorrupt, JournalError, JournalUnavailable,
+                             QueueDeclared, QueueDeleted, Record, RecordType, Settle,
+                             decode_record, encode_payload, frame, scan, segment_header,
                              unavailable)
 from .journal_compact import (Job, JournalConfig, JournalStats, Kind, Pending, Segment, fsync_dir,
                               plan_compaction)

@@ -21,7 +21,8 @@ a batch once Spark asks for the batch after it, which assumes synchronous commit
 The sink publishes every row with publisher confirms (RabbitMQ extension ``confirm.select``) and
 returns its commit message only when the broker has confirmed every row of the partition; a
 ``basic.nack`` (or a ``basic.return`` with ``mandatory=true``) fails the task. Options:
-:class:`~shoal.pipeline.spark.options.SourceOptions`, :class:`~shoal.pipeline.spark.options.SinkOptions`.
+:class:`~shoal.pipeline.spark.options.SourceOptions`,
+:class:`~shoal.pipeline.spark.options.SinkOptions`.
 """
 from __future__ import annotations
 
