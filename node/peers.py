@@ -14,12 +14,12 @@ from shoal.shared.settings import Settings
 from shoal.shared.wire import (TAG_GOODBYE, TAG_HEARTBEAT, TAG_NODE_BLOCKED, WIRE_VERSION,
                                T)
 
-_TOPOLOGY_SYNC = int(T.TOPOLOGY_SYNC)
-
 from .consumer import QueueConsumer
 from .entry import QueueEntry
 
 log = logging.getLogger("shoal.node")
+
+_TOPOLOGY_SYNC = int(T.TOPOLOGY_SYNC)
 
 
 class RouterPeer:

@@ -63,10 +63,10 @@ def get_one(ch, queue: str, timeout: float = 10.0):
     return None
 
 
-def consume(conn, ch, queue: str, count: int, timeout: float = 10.0, **kw) -> list:
+def consume(conn, ch, queue: str, count: int, timeout: float = 10.0) -> list:
     """Consume ``count`` deliveries (no ack) from ``queue``; returns (method, body) pairs."""
     got = []
-    tag = ch.basic_consume(queue, lambda c, m, p, body: got.append((m, body)), **kw)
+    tag = ch.basic_consume(queue, lambda c, m, p, body: got.append((m, body)))
     deadline = time.monotonic() + timeout
     while len(got) < count and time.monotonic() < deadline:
         conn.process_data_events(time_limit=0.05)
