@@ -16,7 +16,8 @@ With ``embed_node`` node-0 is not a process of its own: the router runs it in it
 (endpoint ``inproc://node-0``; the router's link hands it frames in memory; docs/performance.md
 says why). cluster.json then gives node-0 the router's pid and ``"embedded": true``;
 restarting the router restarts it, and it recovers from its journal in ``DATA_DIR/node-0``
-like a node process.
+like a node process. With several routers node-0 lives in router-0, which also binds the ipc
+endpoint (``shared_endpoint``) where the other routers link to it over ZeroMQ.
 """
 from __future__ import annotations
 
@@ -96,13 +97,18 @@ class Cluster:
         if s.serve_routers() > 1:
             cmd += ["--direct-port", str(router.get("direct_port", 0))]
         for node in self.nodes:
-            cmd += ["--node", f"{node['id']}={node['endpoint']}"]
+            endpoint = node["endpoint"]
+            if node.get("embedded") and router["id"] != "router-0":
+                endpoint = node["shared_endpoint"]      # node-0 lives in router-0
+            elif node.get("embedded") and "shared_endpoint" in node:
+                cmd += ["--embed-bind", node["shared_endpoint"]]
+            cmd += ["--node", f"{node['id']}={endpoint}"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
                                 preexec_fn=_die_with_parent)
         self.procs[router["id"]] = proc
         router["pid"] = proc.pid
         for node in self.nodes:
-            if node.get("embedded"):
+            if node.get("embedded") and router["id"] == "router-0":
                 node["pid"] = proc.pid
         return proc
 
@@ -145,6 +151,8 @@ class Cluster:
             self.nodes.append(node)
             if i == 0 and self.settings.embed_node:
                 node.update(endpoint=f"inproc://{node['id']}", embedded=True)
+                if self.settings.serve_routers() > 1:
+                    node["shared_endpoint"] = _endpoint(self.run_dir, node["id"])
                 continue
             node["endpoint"] = _endpoint(self.run_dir, node["id"])
             self._spawn_node(node)

@@ -35,7 +35,9 @@ def hosted_node(settings: Settings, node_id: str, endpoint: str,
                 ctx: zmq.Context) -> NodeServer:
     """A node to run inside another process's event loop (the router's, for an ``inproc://``
     endpoint): its journal in ``<settings.data_dir>/<node_id>/journal`` is opened and the shard
-    rebuilt, and its ROUTER socket is bound to ``endpoint`` in ``ctx``. The caller awaits
+    rebuilt, and its ROUTER socket is bound to ``endpoint`` in ``ctx`` and, when
+    ``settings.embed_bind`` is set, to that endpoint too (other routers' links; ``shoal
+    serve --embed-node --routers R``). The caller awaits
     :meth:`NodeServer.serve` and later calls :meth:`NodeServer.stop` and
     :meth:`NodeServer.close` (which leaves ``ctx`` to its owner).
 
@@ -51,11 +53,16 @@ def hosted_node(settings: Settings, node_id: str, endpoint: str,
     except (JournalCorrupt, JournalUnavailable) as exc:
         server.sock.close(linger=0)
         raise StartupError(f"cannot open the journal of {node_id}: {exc}", 3) from None
-    try:
-        server.bind()
-    except zmq.ZMQError as exc:
-        server.close()
-        raise StartupError(f"cannot bind {endpoint} for {node_id}: {exc}", 1) from None
+    for bind in (endpoint, settings.embed_bind):
+        try:
+            if bind == endpoint:
+                server.bind()
+            elif bind:
+                server.sock.bind(bind)
+                log.info("shoal node %s also listening on %s", node_id, bind)
+        except zmq.ZMQError as exc:
+            server.close()
+            raise StartupError(f"cannot bind {bind} for {node_id}: {exc}", 1) from None
     return server
 
 

@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None, host_node=None) -> int:
                                                    "none)")
     p.add_argument("--node", action="append", dest="node_endpoints", metavar="[ID=]ENDPOINT",
                    help="a node's ZeroMQ endpoint, repeatable, in node-id order")
+    p.add_argument("--embed-bind", metavar="ENDPOINT",
+                   help="a second endpoint the hosted node (inproc://) binds, where other "
+                        "routers reach it (shoal serve --embed-node --routers R)")
     p.add_argument("--data-dir", help="hosted nodes (inproc:// endpoints) keep their journals "
                                       "in DATA_DIR/NODE_ID (default ~/.local/share/shoal)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -31,7 +34,7 @@ def main(argv: list[str] | None = None, host_node=None) -> int:
     try:
         settings = load_settings(args.config, overrides={
             "host": args.host, "port": args.port, "node_endpoints": args.node_endpoints,
-            "direct_port": args.direct_port,
+            "direct_port": args.direct_port, "embed_bind": args.embed_bind,
             "data_dir": args.data_dir, "log_level": args.log_level})
         if not settings.node_endpoints:
             raise ConfigError("invalid setting 'node_endpoints': the router needs at least one "

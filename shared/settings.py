@@ -44,7 +44,8 @@ class Settings:
     #: ``serve``: node count (default: half the CPUs, see :func:`default_layout`)
     routers: int = 0                         #: ``serve``: router processes sharing ``port``
     #: (SO_REUSEPORT: the kernel spreads connections over them), each linked to every node;
-    #: 0 = half the CPUs (:func:`default_layout`), 1 with ``embed_node``
+    #: 0 = half the CPUs (:func:`default_layout`), 1 with ``embed_node`` (router-0 then
+    #: hosts node-0, which the other routers reach over ``embed_bind``)
     direct_port: int = -1                    #: router: a second AMQP port that reaches this
     #: router alone (-1 = none, 0 = pick a free one); ``serve`` opens one per router when
     #: ``routers`` > 1 and lists them in cluster.json (tests, diagnostics)
@@ -52,6 +53,9 @@ class Settings:
     embed_node: bool = False                 #: ``serve``: run node-0 inside the router
     #: process, link frames handed over in memory (no socket hop: about half the CPU per
     #: message and latency like RabbitMQ's for node-0's queues; the other nodes stay processes)
+    embed_bind: str = ""                     #: router: a second endpoint that the node it
+    #: hosts (an ``inproc://`` endpoint) binds, where the other routers reach it (``serve``
+    #: with ``embed_node`` and ``routers`` > 1: node-0 lives in router-0)
     node_endpoints: list[str] = field(default_factory=list)  #: router: ZeroMQ node endpoints,
     #: in node-id order; ``ID=ENDPOINT`` names the node, a bare endpoint is ``node-<index>``
     node_id: str = "node-0"                  #: node: its id (placement hashes over ids)
@@ -81,9 +85,6 @@ class Settings:
             raise bad("nodes", "must be an integer from 1 to 256")
         if not isinstance(self.routers, int) or not 0 <= self.routers <= 64:
             raise bad("routers", "must be an integer from 0 (by CPU count) to 64")
-        if self.embed_node and self.routers > 1:
-            raise bad("routers", "must be 1 with embed_node (node-0 runs inside the one "
-                                 "router process)")
         if not isinstance(self.direct_port, int) or not -1 <= self.direct_port <= 65535:
             raise bad("direct_port", "must be -1 (none) or an integer from 0 to 65535")
         if not isinstance(self.frame_max, int) or not 4096 <= self.frame_max <= 2**31 - 1:
@@ -110,6 +111,8 @@ class Settings:
             if "://" not in ep:
                 raise bad("node_endpoints", "each entry must be a ZeroMQ endpoint like "
                                             "tcp://host:port or ipc:///path")
+        if self.embed_bind and "://" not in self.embed_bind:
+            raise bad("embed_bind", "must be a ZeroMQ endpoint like ipc:///path")
         if "://" not in self.node_bind:
             raise bad("node_bind", "must be a ZeroMQ endpoint like tcp://host:port")
         return self

@@ -182,10 +182,9 @@ def _reader(stream, lines: "queue.Queue[str | None]", keep: list[str]) -> None:
 
 
 def start_cluster(data_dir: Path, nodes: int, embed: bool = EMBED, routers: int = 1) -> Cluster:
-    """Start ``shoal serve`` (``--embed-node`` when ``embed``; ``--routers`` when ``routers``
-    > 1, which ``--embed-node`` refuses, so such clusters run without it) and wait (bounded)
-    until it is ready and cluster.json is written."""
-    embed = embed and routers == 1
+    """Start ``shoal serve`` (``--embed-node`` when ``embed``: node-0 then lives in router-0;
+    ``--routers`` when ``routers`` > 1) and wait (bounded) until it is ready and cluster.json
+    is written."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "launcher.stderr.log"
     log = open(log_path, "wb")
@@ -352,7 +351,7 @@ def cluster3(tmp_path_factory) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def routers2(tmp_path_factory) -> Iterator[Cluster]:
     """A cluster of 2 routers and 2 nodes shared by one module (``router_url(i)`` reaches
-    router i alone). Never external; with SHOAL_E2E_EMBED it runs without --embed-node."""
+    router i alone). Never external; with SHOAL_E2E_EMBED node-0 lives in router-0."""
     if EXTERNAL_URL:
         pytest.skip("needs a cluster of several routers; SHOAL_E2E_URL points at one broker")
     c = start_cluster(tmp_path_factory.mktemp("shoal-2r"), 2, routers=2)

@@ -194,15 +194,15 @@ class AMQPClient(asyncio.Protocol):
                        commands.Connection.OpenOk, channel=0)
         await self.rpc(commands.Channel.Open(), commands.Channel.OpenOk)
 
-    async def close(self) -> None:
-        """Close politely (bounded), then drop the socket."""
+    async def close(self, timeout: float = 5.0) -> None:
+        """Close politely (waiting ``timeout`` s at most for close-ok), then drop the socket."""
         if self.transport is None or self.transport.is_closing():
             return
         if self.closed is None:
             try:
                 await self.rpc(commands.Connection.Close(reply_code=200, reply_text="bye",
                                                          class_id=0, method_id=0),
-                               commands.Connection.CloseOk, channel=0, timeout=5)
+                               commands.Connection.CloseOk, channel=0, timeout=timeout)
             except BrokerClosed:
                 pass
         self.transport.close()

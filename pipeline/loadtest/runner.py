@@ -19,7 +19,7 @@ from array import array
 from datetime import UTC, datetime
 
 from . import schema as S
-from .workers import DONE, ERROR, READY, SECOND, Config, run_worker
+from .workers import CLOSE_S, DONE, ERROR, READY, SECOND, Config, run_worker
 from .writer import RunWriter, loss_and_duplicates, merge_counts, received_runs
 
 READY_TIMEOUT_S = 60.0
@@ -165,7 +165,7 @@ class Runner:
                 writer.abort()
             raise
         for p in procs:
-            p.join(10)
+            p.join(CLOSE_S + 10)       # the workers' connection.close (see workers.CLOSE_S)
             if p.is_alive():
                 p.terminate()
         summary = self.summarize(writer)

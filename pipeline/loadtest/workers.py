@@ -25,6 +25,9 @@ from .schema import BODY_HEADER, ROLE_CONSUMER, ROLE_PRODUCER
 READY, SECOND, DONE, ERROR = "ready", "second", "done", "error"
 CONFIRM_DRAIN_S = 10.0      #: how long a producer waits for outstanding confirms at the end
 ACK_FLUSH_S = 0.02          #: a consumer acks what it holds at least this often (s)
+CLOSE_S = 30.0              #: how long a worker waits for connection.close-ok at the end: the
+#: broker answers it after every publish written before it (no-confirm loads leave a backlog
+#: in the sockets), so giving up earlier would drop publishes the tool counted as sent
 TICK_S = 0.001              #: rate-limited producers wake this often (s)
 MAX_BATCH = 256             #: messages per socket write
 
@@ -116,7 +119,7 @@ class _Worker:
             ticker.cancel()
         self.report_second(final=True)
         self.reports.put((DONE, self.role, self.index, self.totals()))
-        await self.client.close()
+        await self.client.close(CLOSE_S)
 
     async def _ticker(self) -> None:
         while True:
@@ -225,7 +228,12 @@ class Producer(_Worker):
                     continue
                 n = min(n, room)
             if not client.can_write.is_set():
-                await client.can_write.wait()
+                # the broker stopped reading (RabbitMQ's flow control, a full socket): wait,
+                # but never past the end of the sending window
+                try:
+                    await asyncio.wait_for(client.can_write.wait(), (end_ns - now) / 1e9)
+                except TimeoutError:
+                    pass
                 continue
             parts = []
             append = parts.append

@@ -178,15 +178,29 @@ class RabbitK:
         self.cg.release()
 
 
-def left_in_queues(url: str, pattern: str, queues: int) -> int:
+def left_in_queues(url: str, pattern: str, queues: int, settle_s: float = 3.0,
+                   limit_s: float = 180.0) -> int:
     """Messages still in the load's queues (a backlog the load tool stopped draining after
-    its ``DRAIN_MAX_S``: not lost, just not consumed yet)."""
+    its ``DRAIN_MAX_S``: not lost, just not consumed yet), counted once the count has not
+    changed for ``settle_s`` (a no-confirm load leaves publishes in the socket buffers that a
+    throttled broker is still parsing when the tool exits), or after ``limit_s``."""
+    import time
+
     import pika
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
         ch = conn.channel()
-        return sum(ch.queue_declare(pattern % i, passive=True).method.message_count
-                   for i in range(1, queues + 1))
+
+        def count() -> int:
+            return sum(ch.queue_declare(pattern % i, passive=True).method.message_count
+                       for i in range(1, queues + 1))
+        last, since, deadline = count(), time.monotonic(), time.monotonic() + limit_s
+        while time.monotonic() - since < settle_s and time.monotonic() < deadline:
+            conn.sleep(0.5)
+            now = count()
+            if now != last:
+                last, since = now, time.monotonic()
+        return last
     finally:
         conn.close()
 

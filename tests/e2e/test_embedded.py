@@ -210,3 +210,40 @@ def test_turning_the_flag_on_and_off_keeps_node0s_data(tmp_path, uid):
         assert [b for b, _ in drain(cl, q, 3)] == [b"layout-0", b"layout-1", b"layout-2"]
     finally:
         stop_cluster(cl)
+
+
+def test_with_two_routers_node0_lives_in_router0_and_router1_reaches_it(tmp_path, uid):
+    """``--embed-node --routers 2``: node-0 runs in router-0, router-1 links to it over its
+    ipc endpoint; a persistent message published through router-1 to node-0 survives a kill -9
+    of router-0 (node-0 restarts with it) and is read through router-1 again."""
+    if EXTERNAL_URL:
+        pytest.skip("needs the cluster's own processes; SHOAL_E2E_URL points at an external "
+                    "broker")
+    c = start_cluster(tmp_path / "cluster", 2, embed=True, routers=2)
+    try:
+        node0 = c.node("node-0")
+        assert node0.embedded and node0.pid == c.routers[0].pid != c.routers[1].pid
+        q = c.queue_on("node-0", "emb2")
+        b = pika.BlockingConnection(pika.URLParameters(c.router_url(1)))
+        ch = b.channel()
+        ch.queue_declare(q, durable=True)
+        ch.confirm_delivery()
+        ch.basic_publish("", q, b"kept", PERSISTENT)
+        b.close()
+        c.kill_router(0)
+        deadline = time.monotonic() + 30
+        while True:             # router-1 answers for node-0 again once router-0 is back
+            try:
+                b = pika.BlockingConnection(pika.URLParameters(c.router_url(1)))
+                method, _props, body = b.channel().basic_get(q, auto_ack=True)
+                if method is not None:
+                    break
+                b.close()
+            except pika.exceptions.AMQPError:
+                pass
+            assert time.monotonic() < deadline, "node-0's message did not come back"
+            time.sleep(0.3)
+        assert body == b"kept"
+        b.close()
+    finally:
+        stop_cluster(c, require_clean_exit=False)

@@ -187,6 +187,31 @@ def test_queue_deleted_through_b_cancels_the_consumer_on_a(a, b):
     assert cancelled == [tag]
 
 
+def test_exchange_deleted_through_b_is_gone_for_a_and_its_queue_consumer_stays(a, b):
+    """RabbitMQ's exchange.delete removes the exchange and its bindings, not the bound queues'
+    consumers: A's consumer keeps its queue, and A's next publish to the exchange is 404."""
+    cha, chb = a.channel(), b.channel()
+    x, q = name("xdel"), name("q")
+    cha.exchange_declare(x, "fanout")
+    cha.queue_declare(q)
+    cha.queue_bind(q, x)
+    got, cancelled = [], []
+    cha.add_on_cancel_callback(lambda frame: cancelled.append(frame))
+    cha.basic_consume(q, lambda c, m, p, body: got.append(body), auto_ack=True)
+    cha.basic_publish(x, "", b"before")
+    pump(a, until=lambda: got)
+    chb.exchange_delete(x)
+    pub = a.channel()
+    pub.confirm_delivery()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        pub.basic_publish(x, "", b"after")
+    assert err.value.reply_code == 404
+    chb.basic_publish("", q, b"direct")
+    pump(a, until=lambda: len(got) == 2)
+    assert (got, cancelled) == ([b"before", b"direct"], [])
+    chb.queue_delete(q)
+
+
 def test_confirms_and_tx_through_either_router(a, b):
     cha, chb = a.channel(), b.channel()
     q = name("conf")
@@ -248,7 +273,7 @@ def test_multiqueue_consumer_pool_holds_with_consumers_on_the_other_router(a, b,
 def test_exclusive_queue_goes_when_its_router_is_killed(own_routers2):
     c = own_routers2
     a = connect(c.router_url(0))
-    q = name("excl")
+    q = c.queue_on("node-1", "excl")     # node-0 may live in router-0 (--embed-node)
     a.channel().queue_declare(q, exclusive=True)
     c.kill_router(0)
     b = connect(c.router_url(1))
@@ -271,7 +296,7 @@ def test_unacked_deliveries_of_a_killed_router_come_back_redelivered(own_routers
     c = own_routers2
     a, b = connect(c.router_url(0)), connect(c.router_url(1))
     cha, chb = a.channel(), b.channel()
-    q = name("redeliver")
+    q = c.queue_on("node-1", "redeliver")    # node-0 may live in router-0 (--embed-node)
     chb.queue_declare(q, durable=True)
     chb.confirm_delivery()
     for i in range(5):
@@ -305,3 +330,58 @@ def test_a_killed_router_is_restarted_on_the_same_ports(own_routers2):
     c.routers[0].pid = info["routers"][0]["pid"]
     c.stop()                                # Ctrl-C still stops every process, exit 0
 
+
+
+def _await_queue_gone(conn, q: str, why: str, timeout: float = 20.0) -> None:
+    """Passive-declare ``q`` through ``conn`` until it answers 404 (bounded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn.channel().queue_declare(q, passive=True)
+        except pika.exceptions.ChannelClosedByBroker as err:
+            if err.reply_code == 404:
+                return
+            assert err.reply_code == 405, f"passive declare of {q}: {err.reply_code}"
+        assert time.monotonic() < deadline, why
+        time.sleep(0.2)
+
+
+def test_auto_delete_queue_goes_when_its_only_consumers_router_is_killed(own_routers2):
+    c = own_routers2              # the queues on node-1: node-0 may live in router-0
+    a, b = connect(c.router_url(0)), connect(c.router_url(1))
+    gone, kept = c.queue_on("node-1", "ad"), c.queue_on("node-1", "ad")
+    cha, chb = a.channel(), b.channel()
+    for q in (gone, kept):
+        chb.queue_declare(q, auto_delete=True)
+        cha.basic_consume(q, lambda *args: None)
+    chb.basic_consume(kept, lambda *args: None)      # kept has a consumer on B as well
+    c.kill_router(0)
+    _await_queue_gone(b, gone, "the dead router's consumer still holds the auto-delete queue")
+    assert b.channel().queue_declare(kept, passive=True).method.consumer_count == 1
+    b.close()
+
+
+def test_a_killed_router_loses_no_confirmed_message(own_routers2):
+    """A publisher with confirms on A is cut off by kill -9 mid-stream: every message it had
+    a confirm for is in the queue, read through B (at most the one in flight is extra)."""
+    c = own_routers2
+    q = c.queue_on("node-1", "noloss")
+    b = connect(c.router_url(1))
+    b.channel().queue_declare(q, durable=True)
+    a = connect(c.router_url(0))
+    cha = a.channel()
+    cha.confirm_delivery()
+    confirmed: list[int] = []
+    with pytest.raises(pika.exceptions.AMQPError):
+        for i in range(100_000):
+            cha.basic_publish("", q, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+            confirmed.append(i)
+            if i == 300:
+                c.kill_router(0)
+    assert 300 <= len(confirmed) < 100_000
+    chb = b.channel()
+    held = chb.queue_declare(q, passive=True).method.message_count
+    assert len(confirmed) <= held <= len(confirmed) + 1
+    bodies = {int(body) for _, body in consume(b, chb, q, held)}
+    assert set(confirmed) <= bodies
+    b.close()

@@ -37,7 +37,7 @@ def test_env_lists_and_users():
     ({"SHOAL_NODE_ENDPOINTS": "nowhere"}, "'node_endpoints'"),
     ({"SHOAL_EMBED_NODE": "ture"}, "'embed_node'"),
     ({"SHOAL_ROUTERS": "-1"}, "'routers'"),
-    ({"SHOAL_ROUTERS": "2", "SHOAL_EMBED_NODE": "1"}, "must be 1 with embed_node"),
+    ({"SHOAL_EMBED_BIND": "nowhere"}, "'embed_bind'"),
     ({"SHOAL_DIRECT_PORT": "-2"}, "'direct_port'"),
 ])
 def test_invalid_setting_names_the_setting(env, needle):
