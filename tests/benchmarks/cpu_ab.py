@@ -119,8 +119,8 @@ def main() -> None:
     base = str(Path(a.base).resolve())
     shim = Path(base, "shoal")
     shim.mkdir(exist_ok=True)
-    for sub in ("node", "router", "shared"):
-        if not (shim / sub).exists():
+    for sub in ("node", "router", "shared", "cli", "deploy", "pipeline"):
+        if Path(base, sub).is_dir() and not (shim / sub).exists():
             (shim / sub).symlink_to(Path(base, sub))
     res: dict[str, list[dict]] = {"base": [], "installed": []}
     for i in range(a.runs):

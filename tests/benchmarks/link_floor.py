@@ -1,6 +1,7 @@
 """The floor of a router<->node hop: what one round trip costs before any broker code runs.
 
     python tests/benchmarks/link_floor.py [--rate 5000] [--burst 5] [--time 5]
+        [--transports zmq,zmq-tcp,zmq-pinned,unix]
 
 A "router" process sends, every ``burst / rate`` seconds (1 ms by default, like the load
 tool's pacing), one msgpack batch of ``--burst`` PUBLISH-shaped wire messages (100-byte body)
@@ -11,6 +12,10 @@ measured in the same run, alternating:
 
 - ``zmq``: ZeroMQ DEALER -> ROUTER over ``ipc://`` (design.md section 4), the FD read on
   ZMQ_EVENTS as router/link.py and node/server.py do;
+- ``zmq-tcp``: the same over ``tcp://127.0.0.1`` (what a pod's link uses);
+- ``zmq-pinned``: ``zmq`` with each process (its Python thread and the ZeroMQ I/O thread it
+  starts) held to one CPU of its own (``sched_setaffinity``), so that the hand-off between a
+  process's two threads never crosses CPUs;
 - ``unix``: a plain Unix-domain stream socket, length-prefixed batches, read by the loop.
 
 Prints CPU (utime + stime of both processes, every thread, from /proc) per message and the
@@ -59,7 +64,14 @@ def _answer(frame: bytes) -> bytes:
 
 
 # ---- node side ----------------------------------------------------------------------------
-def node_zmq(endpoint: str) -> None:
+def _pin(cpu: int | None) -> None:
+    """Hold this thread (and the threads it starts from now on) to ``cpu``."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+
+
+def node_zmq(endpoint: str, cpu: int | None = None) -> None:
+    _pin(cpu)
     loop = _loop()
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
@@ -114,13 +126,25 @@ def node_unix(path: str) -> None:
 def run_router(transport: str, address: str, rate: int, burst: int, seconds: float,
                node_pid: int) -> tuple[float, float, float]:
     """Drive the node; returns (CPU µs per message of both processes, p50 ms, p99 ms)."""
+    everywhere = os.sched_getaffinity(0)
+    try:
+        if transport == "zmq-pinned":
+            _pin(0)
+        return _drive(transport, address, rate, burst, seconds, node_pid)
+    finally:
+        os.sched_setaffinity(0, everywhere)
+
+
+def _drive(transport: str, address: str, rate: int, burst: int, seconds: float,
+           node_pid: int) -> tuple[float, float, float]:
     loop = _loop()
     asyncio.set_event_loop(loop)
     sent_at: list[float] = []
     rtts: list[float] = []
     body = b"x" * 100
     header = b"h" * 20
-    if transport == "zmq":
+    ctx = None
+    if transport.startswith("zmq"):
         ctx = zmq.Context()
         sock = ctx.socket(zmq.DEALER)
         sock.connect(address)
@@ -178,6 +202,9 @@ def run_router(transport: str, address: str, rate: int, burst: int, seconds: flo
     loop.call_soon(tick, state["start"])
     loop.run_until_complete(done)
     cpu = cpu_s(me) + cpu_s(node_pid) - state["cpu0"]
+    if ctx is not None:
+        ctx.destroy(linger=0)
+    loop.close()
     q = statistics.quantiles(rtts, n=100)
     return cpu / state["n"] * 1e6, q[49] * 1e3, q[98] * 1e3
 
@@ -188,33 +215,48 @@ def main() -> None:
     p.add_argument("--burst", type=int, default=5, help="messages per batch")
     p.add_argument("--time", type=float, default=5.0, help="measured seconds per run")
     p.add_argument("--runs", type=int, default=3, help="runs per transport")
+    p.add_argument("--transports", default="zmq,unix",
+                   help="comma-separated: zmq, zmq-tcp, zmq-pinned, unix")
+    p.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     p.add_argument("--role", help=argparse.SUPPRESS)
     p.add_argument("--address", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.role == "node-zmq":
-        node_zmq(a.address)
+        node_zmq(a.address, a.cpu)
         return
     if a.role == "node-unix":
         node_unix(a.address)
         return
+    import socket
     import subprocess
-    results: dict[str, list[tuple[float, float, float]]] = {"zmq": [], "unix": []}
+    transports = a.transports.split(",")
+    bad = set(transports) - {"zmq", "zmq-tcp", "zmq-pinned", "unix"}
+    if bad:
+        p.error(f"unknown transport {sorted(bad)[0]!r}")
+    results: dict[str, list[tuple[float, float, float]]] = {t: [] for t in transports}
     for i in range(a.runs):
-        for transport in ("zmq", "unix") if i % 2 == 0 else ("unix", "zmq"):
+        for transport in transports if i % 2 == 0 else transports[::-1]:
             d = tempfile.mkdtemp(prefix="shoal-floor-")
-            address = f"ipc://{d}/n.sock" if transport == "zmq" else f"{d}/n.sock"
-            node = subprocess.Popen([sys.executable, __file__, "--role", f"node-{transport}",
-                                     "--address", address])
+            address = f"ipc://{d}/n.sock" if transport in ("zmq", "zmq-pinned") \
+                else f"{d}/n.sock"
+            if transport == "zmq-tcp":
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+            role = "node-unix" if transport == "unix" else "node-zmq"
+            pin = ["--cpu", "1"] if transport == "zmq-pinned" else []
+            node = subprocess.Popen([sys.executable, __file__, "--role", role,
+                                     "--address", address, *pin])
             try:
                 r = run_router(transport, address, a.rate, a.burst, a.time, node.pid)
             finally:
                 node.kill()
                 node.wait()
             results[transport].append(r)
-            print(f"{transport:5} {r[0]:6.1f} µs CPU/msg  round trip p50 {r[1]:.3f} ms  "
+            print(f"{transport:10} {r[0]:6.1f} µs CPU/msg  round trip p50 {r[1]:.3f} ms  "
                   f"p99 {r[2]:.3f} ms", flush=True)
     for transport, rs in results.items():
-        print(f"{transport:5} median {statistics.median(r[0] for r in rs):6.1f} µs CPU/msg, "
+        print(f"{transport:10} median {statistics.median(r[0] for r in rs):6.1f} µs CPU/msg, "
               f"p50 {statistics.median(r[1] for r in rs):.3f} ms, "
               f"p99 {statistics.median(r[2] for r in rs):.3f} ms "
               f"({a.rate} msg/s in batches of {a.burst})")

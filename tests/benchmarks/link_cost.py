@@ -1,0 +1,210 @@
+"""Where the link's CPU goes (issue 20, point 1): per message and per wake-up, on each side.
+
+    python tests/benchmarks/link_cost.py [--rate 5000] [--time 8] [--strace] [--pyspy]
+
+Starts ``shoal serve --nodes 2`` (the default layout: the queue on node-1, a process behind
+ZeroMQ ``ipc://``), runs load 3's shape (1 producer, 1 consumer, 1 queue, 100 B, qos 200, at
+``--rate`` msg/s) and prints, per process (router, node-1) and thread (the Python thread and
+ZeroMQ's I/O thread ``ZMQbg/IO/0``):
+
+1. always, with no tracer attached: user and system CPU in µs per message and voluntary
+   context switches (each one is a sleep, so a wake-up) per message, from /proc/PID/task;
+2. ``--strace``, a second run under ``strace -f``: system calls per message by thread and
+   name (strace slows the processes, so only its counts are used);
+3. ``--pyspy``, a third run under ``py-spy record``: the Python thread's busy samples by
+   stage (client I/O and AMQP, routing, link send, link receive, the queue model, pyzmq calls,
+   the event loop), as % of that thread's busy time and as µs per message (scaled by the
+   thread's CPU from pass 1).
+
+Needs ptrace permission for passes 2 and 3 (root here); ``pip install py-spy`` for pass 3.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _cluster import name_on, start_cluster, stop_serve
+from cpu_ab import TCK, _children, _threads
+
+#: py-spy frames (file name or function) -> stage; the first match wins, searched from the
+#: leaf up, so the innermost Shoal stage gets the sample.
+STAGES = [
+    ("pyzmq calls", ("zmq/sugar", "zmq/backend", "socket.py:send", "socket.py:recv")),
+    ("link send (batch, msgpack)", ("link.py:_flush", "link.py:_send_now", "link.py:send",
+                                    "wire.py:encode_batch", "peers.py")),
+    ("link receive (decode, dispatch)", ("link.py:_drain", "link.py:_handle",
+                                         "wire.py:decode_batch", "server.py:_drain",
+                                         "server.py:_on_frame", "server.py:_handle")),
+    ("queue model (node)", ("node/queue", "node/messages", "node/shard", "node/consumer",
+                            "node/entries", "node/credit", "node/journal")),
+    ("deliveries to clients", ("fastpath.py", "consumers.py", "delivery", "deliver")),
+    ("client I/O and AMQP (router)", ("router/client.py", "router/amqp", "router/channel",
+                                      "router/broker.py", "pamqp")),
+    ("event loop, other", ("",)),
+]
+
+
+def _stage(stack: list[str]) -> str:
+    for frame in reversed(stack):
+        m = re.match(r"(\w+) \(([^:)]*)", frame)
+        key = f"{m.group(2)}:{m.group(1)}" if m else frame
+        for stage, needles in STAGES[:-1]:
+            if any(n in key for n in needles):
+                return stage
+    return STAGES[-1][0]
+
+
+def _roles(launcher_pid: int) -> dict[int, str]:
+    """pid -> "router" / "node-N" for the launcher's children."""
+    out = {}
+    for k in _children(launcher_pid):
+        cmd = Path(f"/proc/{k}/cmdline").read_text().split("\0")
+        if "router" in cmd:
+            out[k] = "router"
+        elif "--node-id" in cmd:
+            out[k] = cmd[cmd.index("--node-id") + 1]
+        else:
+            out[k] = next((a for a in cmd if a.startswith("node-")), "node")
+    return out
+
+
+def _run(rate: int, time_s: float, tracer=None) -> dict:
+    """One cluster and one load run; ``tracer(pids, seconds) -> Popen`` runs beside the load.
+    Returns received count, per-thread CPU rows and the tracer's output folder."""
+    d = tempfile.mkdtemp(prefix="shoal-linkcost-")
+    proc, port = start_cluster(d, 2)
+    try:
+        roles = _roles(proc.pid)
+        pids = [p for p, r in roles.items() if r in ("router", "node-1")]
+        queue = name_on("node-1", 2, "lc-{}")
+        load = subprocess.Popen(
+            [sys.executable, "-m", "shoal.cli", "loadtest", "--url",
+             f"amqp://guest:guest@127.0.0.1:{port}/", "--producers", "1", "--consumers", "1",
+             "--queues", "1", "--queue-pattern", queue, "--size", "100", "--rate", str(rate),
+             "--time", str(time_s), "--qos", "200", "--out", d + "/lt"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(2.0)                      # connections up and the rate reached
+        before = {p: _threads(p) for p in pids}
+        t0 = time.monotonic()
+        tr = tracer(pids, max(1.0, time_s - 4.0), d) if tracer else None
+        if tr is not None:
+            tr.wait()
+        else:
+            time.sleep(max(1.0, time_s - 4.0))
+        after = {p: _threads(p) for p in pids}
+        window = time.monotonic() - t0
+        out, _ = load.communicate(timeout=time_s + 120)
+    finally:
+        stop_serve(proc)
+    per_s = re.findall(r"^\s*\d+\s+(\d+)\s", out, re.M)
+    summary = next((ln for ln in out.splitlines() if ln.startswith("summary")), "")
+    m = re.search(r"\((\d+) msg/s\)", summary)
+    msgs = (int(m.group(1)) if m else rate) * window
+    rows = []
+    for p in pids:
+        for (tid, name), (u1, s1, z1) in after[p].items():
+            u0, s0, z0 = before[p].get((tid, name), (0, 0, 0))
+            rows.append((roles[p], name, tid, (u1 - u0) / TCK * 1e6 / msgs,
+                         (s1 - s0) / TCK * 1e6 / msgs, (z1 - z0) / msgs))
+    return {"msgs": msgs, "rows": rows, "dir": d, "roles": roles, "summary": summary,
+            "per_s": per_s}
+
+
+def _strace(pids, secs, d):
+    args = ["timeout", "-s", "INT", str(secs), "strace", "-f", "-qq", "-o", f"{d}/strace"]
+    for p in pids:
+        args += ["-p", str(p)]
+    return subprocess.Popen(args, stderr=subprocess.DEVNULL)
+
+
+def _pyspy(pids, secs, d):
+    procs = [subprocess.Popen(["py-spy", "record", "--pid", str(p), "--duration",
+                               str(int(secs)), "--rate", "250", "--format", "raw",
+                               "--output", f"{d}/spy-{p}.txt", "--nonblocking"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for p in pids]
+
+    class Both:
+        def wait(self):
+            for pr in procs:
+                pr.wait()
+    return Both()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=int, default=5000)
+    p.add_argument("--time", type=float, default=8.0)
+    p.add_argument("--strace", action="store_true")
+    p.add_argument("--pyspy", action="store_true")
+    a = p.parse_args()
+    clean = _run(a.rate, a.time)
+    print(f"## {a.rate} msg/s, {clean['msgs']:.0f} messages in the window\n")
+    print("| process | thread | user µs/msg | sys µs/msg | wake-ups/msg |")
+    print("|---|---|---|---|---|")
+    cpu = {}
+    for role, name, _tid, u, s, z in sorted(clean["rows"]):
+        if u + s + z >= 0.05:
+            print(f"| {role} | {name} | {u:.1f} | {s:.1f} | {z:.2f} |")
+            cpu[(role, name)] = cpu.get((role, name), 0.0) + u + s
+    print(f"| all | | | total {sum(cpu.values()):.1f} µs/msg | |\n")
+    if a.strace:
+        if not shutil.which("strace"):
+            print("strace not found: apt-get install strace", file=sys.stderr)
+            return 2
+        r = _run(a.rate, a.time, _strace)
+        names = {}
+        for pid, role in r["roles"].items():
+            for (tid, name) in _threads(pid) if Path(f"/proc/{pid}").exists() else []:
+                names[tid] = (role, name)
+        counts: collections.Counter = collections.Counter()
+        for line in Path(r["dir"], "strace").read_text(errors="replace").splitlines():
+            m = re.match(r"(\d+)\s+(\w+)\(", line)
+            if m:
+                counts[(m.group(1), m.group(2))] += 1
+        # thread names are gone once the cluster stopped: group by tid, label by the clean
+        # run's pattern (the first tid of a process is its Python thread)
+        main_tids = {str(pid): role for pid, role in r["roles"].items()}
+        print("| thread (tid) | system call | calls/msg |\n|---|---|---|")
+        for (tid, call), n in sorted(counts.items(), key=lambda kv: -kv[1]):
+            if n / r["msgs"] >= 0.05:
+                who = main_tids.get(tid, "other thread")
+                label = f"{who} Python" if tid in main_tids else names.get(tid, (who,))[0]
+                print(f"| {label} ({tid}) | {call} | {n / r['msgs']:.2f} |")
+        print()
+    if a.pyspy:
+        if not shutil.which("py-spy"):
+            print("py-spy not found: pip install py-spy", file=sys.stderr)
+            return 2
+        r = _run(a.rate, a.time, _pyspy)
+        print("| process | stage | % of busy Python samples | µs/msg |\n|---|---|---|---|")
+        for pid, role in sorted(r["roles"].items(), key=lambda kv: kv[1]):
+            f = Path(r["dir"], f"spy-{pid}.txt")
+            if not f.exists():
+                continue
+            stages: collections.Counter = collections.Counter()
+            for line in f.read_text().splitlines():
+                stack, _, n = line.rpartition(" ")
+                frames = stack.split(";")
+                if "MainThread" not in frames[0] and "process" not in frames[0]:
+                    continue
+                stages[_stage(frames[1:])] += int(n)
+            total = sum(stages.values()) or 1
+            py_cpu = max((v for (ro, nm), v in cpu.items()
+                          if ro == role and not nm.startswith("ZMQ")), default=0.0)
+            for stage, n in stages.most_common():
+                print(f"| {role} | {stage} | {100 * n / total:.0f} % | "
+                      f"{py_cpu * n / total:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
