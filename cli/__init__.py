@@ -49,12 +49,17 @@ def serve_main(argv: list[str]) -> int:
                    help="run node-0 inside the router process, its link's frames handed over "
                         "in memory (lower CPU per message and latency for its queues; default "
                         "off)")
+    p.add_argument("--pin-cpus", action=argparse.BooleanOptionalAction, default=None,
+                   help="hold each router and node process to one CPU, routers on the first "
+                        "share, nodes on the rest (default on; a link hand-off then never "
+                        "crosses CPUs)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     try:
         settings = load_settings(args.config, overrides={
             "host": args.host, "port": args.port, "nodes": args.nodes,
             "routers": args.routers, "data_dir": args.data_dir, "embed_node": args.embed_node,
+            "pin_cpus": args.pin_cpus,
             "log_level": args.log_level})
     except ConfigError as exc:
         print(f"shoal serve: {exc}", file=sys.stderr)

@@ -18,12 +18,17 @@ says why). cluster.json then gives node-0 the router's pid and ``"embedded": tru
 restarting the router restarts it, and it recovers from its journal in ``DATA_DIR/node-0``
 like a node process. With several routers node-0 lives in router-0, which also binds the ipc
 endpoint (``shared_endpoint``) where the other routers link to it over ZeroMQ.
+
+With ``pin_cpus`` (the default) each process is held to one CPU from before it starts
+(``sched_setaffinity`` in the child), routers on the first share of the CPUs and nodes on the
+rest (``shoal.shared.settings.cpu_plan``); cluster.json gives each its ``cpu``.
 """
 from __future__ import annotations
 
 import ctypes
 import json
 import logging
+import os
 import queue
 import re
 import signal
@@ -52,6 +57,19 @@ def _die_with_parent() -> None:
         pass
 
 
+def _child_setup(cpu: int | None):
+    """Child pre-exec: :func:`_die_with_parent`, and hold the process to ``cpu`` before it
+    starts any thread, so that ZeroMQ's I/O thread runs on its Python thread's CPU."""
+    def setup() -> None:
+        _die_with_parent()
+        if cpu is not None:
+            try:
+                os.sched_setaffinity(0, {cpu})
+            except OSError:
+                pass
+    return setup
+
+
 def _endpoint(run_dir: Path, node_id: str) -> str:
     path = run_dir / f"{node_id}.sock"
     if len(str(path)) < 100:  # sun_path limit
@@ -76,6 +94,10 @@ class Cluster:
         self.router_addr: tuple[str, int] | None = None
         self.procs: dict[str, subprocess.Popen] = {}
         self.stopping = False
+        routers = settings.serve_routers()
+        processes = settings.nodes - (1 if settings.embed_node else 0)
+        #: the CPU of router i and of node process i (pin_cpus; empty lists: not pinned)
+        self.router_cpus, self.node_cpus = settings.serve_cpus(routers, processes)
 
     def _common(self) -> list[str]:
         return ["--config", self.config_file] if self.config_file else []
@@ -83,7 +105,8 @@ class Cluster:
     def _spawn_node(self, node: dict) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "shoal.node", "--node-id", node["id"], "--bind",
                node["endpoint"], "--data-dir", str(self.data_dir / node["id"]), *self._common()]
-        proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+        cpu = node.get("cpu")
+        proc = subprocess.Popen(cmd, preexec_fn=_child_setup(cpu))
         self.procs[node["id"]] = proc
         node["pid"] = proc.pid
         return proc
@@ -104,7 +127,7 @@ class Cluster:
                 cmd += ["--embed-bind", node["shared_endpoint"]]
             cmd += ["--node", f"{node['id']}={endpoint}"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=_child_setup(router.get("cpu")))
         self.procs[router["id"]] = proc
         router["pid"] = proc.pid
         for node in self.nodes:
@@ -155,9 +178,13 @@ class Cluster:
                     node["shared_endpoint"] = _endpoint(self.run_dir, node["id"])
                 continue
             node["endpoint"] = _endpoint(self.run_dir, node["id"])
+            if self.node_cpus:
+                node["cpu"] = self.node_cpus[i - (1 if self.settings.embed_node else 0)]
             self._spawn_node(node)
         for i in range(self.settings.serve_routers()):
             router = {"id": f"router-{i}"}
+            if self.router_cpus:
+                router["cpu"] = self.router_cpus[i]
             self.routers.append(router)
             self._start_router(router)
         self._write_state()

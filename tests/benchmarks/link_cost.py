@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
+
 import re
 import shutil
 import subprocess
@@ -101,10 +101,10 @@ def _run(rate: int, time_s: float, tracer=None) -> dict:
             time.sleep(max(1.0, time_s - 4.0))
         after = {p: _threads(p) for p in pids}
         window = time.monotonic() - t0
+        names = {tid: (roles[p], name) for p in pids for (tid, name) in after[p]}
         out, _ = load.communicate(timeout=time_s + 120)
     finally:
         stop_serve(proc)
-    per_s = re.findall(r"^\s*\d+\s+(\d+)\s", out, re.M)
     summary = next((ln for ln in out.splitlines() if ln.startswith("summary")), "")
     m = re.search(r"\((\d+) msg/s\)", summary)
     msgs = (int(m.group(1)) if m else rate) * window
@@ -115,7 +115,7 @@ def _run(rate: int, time_s: float, tracer=None) -> dict:
             rows.append((roles[p], name, tid, (u1 - u0) / TCK * 1e6 / msgs,
                          (s1 - s0) / TCK * 1e6 / msgs, (z1 - z0) / msgs))
     return {"msgs": msgs, "rows": rows, "dir": d, "roles": roles, "summary": summary,
-            "per_s": per_s}
+            "names": names}
 
 
 def _strace(pids, secs, d):
@@ -161,24 +161,18 @@ def main() -> int:
             print("strace not found: apt-get install strace", file=sys.stderr)
             return 2
         r = _run(a.rate, a.time, _strace)
-        names = {}
-        for pid, role in r["roles"].items():
-            for (tid, name) in _threads(pid) if Path(f"/proc/{pid}").exists() else []:
-                names[tid] = (role, name)
+        names = r["names"]
         counts: collections.Counter = collections.Counter()
         for line in Path(r["dir"], "strace").read_text(errors="replace").splitlines():
             m = re.match(r"(\d+)\s+(\w+)\(", line)
             if m:
                 counts[(m.group(1), m.group(2))] += 1
-        # thread names are gone once the cluster stopped: group by tid, label by the clean
-        # run's pattern (the first tid of a process is its Python thread)
-        main_tids = {str(pid): role for pid, role in r["roles"].items()}
-        print("| thread (tid) | system call | calls/msg |\n|---|---|---|")
-        for (tid, call), n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        print("| process | thread | system call | calls/msg |\n|---|---|---|---|")
+        for (tid, call), n in sorted(counts.items(), key=lambda kv: (names.get(kv[0], ("?",)),
+                                                                      -kv[1])):
             if n / r["msgs"] >= 0.05:
-                who = main_tids.get(tid, "other thread")
-                label = f"{who} Python" if tid in main_tids else names.get(tid, (who,))[0]
-                print(f"| {label} ({tid}) | {call} | {n / r['msgs']:.2f} |")
+                role, name = names.get(tid, ("?", tid))
+                print(f"| {role} | {name} | {call} | {n / r['msgs']:.2f} |")
         print()
     if a.pyspy:
         if not shutil.which("py-spy"):
@@ -193,10 +187,7 @@ def main() -> int:
             stages: collections.Counter = collections.Counter()
             for line in f.read_text().splitlines():
                 stack, _, n = line.rpartition(" ")
-                frames = stack.split(";")
-                if "MainThread" not in frames[0] and "process" not in frames[0]:
-                    continue
-                stages[_stage(frames[1:])] += int(n)
+                stages[_stage(stack.split(";"))] += int(n)
             total = sum(stages.values()) or 1
             py_cpu = max((v for (ro, nm), v in cpu.items()
                           if ro == role and not nm.startswith("ZMQ")), default=0.0)

@@ -35,6 +35,29 @@ def test_cluster_processes_match_cluster_json(cluster):
     assert all(n.endpoint for n in cluster.nodes), "node endpoints missing in cluster.json"
 
 
+def _allowed_cpus(pid: int) -> set[int]:
+    return os.sched_getaffinity(pid)
+
+
+def test_each_process_and_its_threads_hold_the_cpu_cluster_json_gives_it(cluster):
+    """pin_cpus (the default): every router and node process, with all its threads (ZeroMQ's
+    I/O thread included), runs on the one CPU cluster.json names; routers and nodes apart."""
+    if cluster.external:
+        pytest.skip("external broker: no cluster processes to inspect")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: shoal serve does not pin")
+    import json
+    info = json.loads((cluster.data_dir / "cluster.json").read_text())
+    procs = info["routers"] + [n for n in info["nodes"] if not n.get("embedded")]
+    for p in procs:
+        assert isinstance(p.get("cpu"), int), p
+        for tid in os.listdir(f"/proc/{p['pid']}/task"):
+            assert _allowed_cpus(int(tid)) == {p["cpu"]}, (p, tid)
+    router_cpus = {r["cpu"] for r in info["routers"]}
+    node_cpus = {n["cpu"] for n in info["nodes"] if not n.get("embedded")}
+    assert not router_cpus & node_cpus
+
+
 def test_placement_spreads_queues(cluster):
     """Sanity check of the placement function the router uses (no broker involved)."""
     owners = {cluster.owner(f"spread-{i}") for i in range(64)}

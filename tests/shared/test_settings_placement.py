@@ -3,7 +3,7 @@ import pytest
 
 from shoal.shared.errors import ConfigError
 from shoal.shared.placement import owner
-from shoal.shared.settings import load_settings
+from shoal.shared.settings import cpu_plan, load_settings
 
 
 def test_defaults_are_what_the_readme_promises():
@@ -100,3 +100,22 @@ def test_placement_adding_a_node_moves_only_its_share():
     moved = [n for n in names if before[n] != after[n]]
     assert all(after[n] == "node-3" for n in moved)
     assert len(moved) < 400
+
+
+@pytest.mark.parametrize("cpus,routers,nodes,expect", [
+    ([0], 1, 1, ([], [])),                          # one CPU: nothing to pin
+    ([0, 1], 1, 1, ([0], [1])),
+    ([0, 1], 1, 2, ([0], [1, 1])),                  # compare_rabbitmq's layout
+    ([0, 1, 2, 3], 2, 2, ([0, 1], [2, 3])),         # the default layout
+    ([4, 5, 6, 7], 1, 3, ([4], [5, 6, 7])),
+    ([0, 1], 4, 4, ([0, 0, 0, 0], [1, 1, 1, 1])),   # more processes than CPUs
+    ([0, 1, 2], 1, 1, ([0], [2])),                  # an odd count: routers get 2 CPUs
+])
+def test_cpu_plan_puts_routers_and_nodes_on_cpus_of_their_own(cpus, routers, nodes, expect):
+    assert cpu_plan(cpus, routers, nodes) == expect
+
+
+def test_pin_cpus_from_env_and_flag():
+    assert load_settings(env={}).pin_cpus is True
+    assert load_settings(env={"SHOAL_PIN_CPUS": "0"}).pin_cpus is False
+    assert load_settings(env={}, overrides={"pin_cpus": False}).serve_cpus(1, 1) == ([], [])
