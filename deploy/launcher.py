@@ -94,10 +94,11 @@ class Cluster:
         self.router_addr: tuple[str, int] | None = None
         self.procs: dict[str, subprocess.Popen] = {}
         self.stopping = False
-        routers = settings.serve_routers()
-        processes = settings.nodes - (1 if settings.embed_node else 0)
+        #: nodes that run inside router-0 (embed_node: node-0) rather than as processes
+        self.embedded = 1 if settings.embed_node else 0
         #: the CPU of router i and of node process i (pin_cpus; empty lists: not pinned)
-        self.router_cpus, self.node_cpus = settings.serve_cpus(routers, processes)
+        self.router_cpus, self.node_cpus = settings.serve_cpus(
+            settings.serve_routers(), settings.nodes - self.embedded)
 
     def _common(self) -> list[str]:
         return ["--config", self.config_file] if self.config_file else []
@@ -105,8 +106,7 @@ class Cluster:
     def _spawn_node(self, node: dict) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "shoal.node", "--node-id", node["id"], "--bind",
                node["endpoint"], "--data-dir", str(self.data_dir / node["id"]), *self._common()]
-        cpu = node.get("cpu")
-        proc = subprocess.Popen(cmd, preexec_fn=_child_setup(cpu))
+        proc = subprocess.Popen(cmd, preexec_fn=_child_setup(node.get("cpu")))
         self.procs[node["id"]] = proc
         node["pid"] = proc.pid
         return proc
@@ -179,7 +179,7 @@ class Cluster:
                 continue
             node["endpoint"] = _endpoint(self.run_dir, node["id"])
             if self.node_cpus:
-                node["cpu"] = self.node_cpus[i - (1 if self.settings.embed_node else 0)]
+                node["cpu"] = self.node_cpus[i - self.embedded]
             self._spawn_node(node)
         for i in range(self.settings.serve_routers()):
             router = {"id": f"router-{i}"}

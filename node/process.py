@@ -53,16 +53,16 @@ def hosted_node(settings: Settings, node_id: str, endpoint: str,
     except (JournalCorrupt, JournalUnavailable) as exc:
         server.sock.close(linger=0)
         raise StartupError(f"cannot open the journal of {node_id}: {exc}", 3) from None
-    for bind in (endpoint, settings.embed_bind):
-        try:
-            if bind == endpoint:
-                server.bind()
-            elif bind:
-                server.sock.bind(bind)
-                log.info("shoal node %s also listening on %s", node_id, bind)
-        except zmq.ZMQError as exc:
-            server.close()
-            raise StartupError(f"cannot bind {bind} for {node_id}: {exc}", 1) from None
+    bind = endpoint
+    try:
+        server.bind()
+        if settings.embed_bind:
+            bind = settings.embed_bind
+            server.sock.bind(bind)
+            log.info("shoal node %s also listening on %s", node_id, bind)
+    except zmq.ZMQError as exc:
+        server.close()
+        raise StartupError(f"cannot bind {bind} for {node_id}: {exc}", 1) from None
     return server
 
 

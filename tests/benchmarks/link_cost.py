@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-
 import re
 import shutil
 import subprocess

@@ -35,10 +35,6 @@ def test_cluster_processes_match_cluster_json(cluster):
     assert all(n.endpoint for n in cluster.nodes), "node endpoints missing in cluster.json"
 
 
-def _allowed_cpus(pid: int) -> set[int]:
-    return os.sched_getaffinity(pid)
-
-
 def test_each_process_and_its_threads_hold_the_cpu_cluster_json_gives_it(cluster):
     """pin_cpus (the default): every router and node process, with all its threads (ZeroMQ's
     I/O thread included), runs on the one CPU cluster.json names; routers and nodes apart."""
@@ -52,7 +48,7 @@ def test_each_process_and_its_threads_hold_the_cpu_cluster_json_gives_it(cluster
     for p in procs:
         assert isinstance(p.get("cpu"), int), p
         for tid in os.listdir(f"/proc/{p['pid']}/task"):
-            assert _allowed_cpus(int(tid)) == {p["cpu"]}, (p, tid)
+            assert os.sched_getaffinity(int(tid)) == {p["cpu"]}, (p, tid)
     router_cpus = {r["cpu"] for r in info["routers"]}
     node_cpus = {n["cpu"] for n in info["nodes"] if not n.get("embedded")}
     assert not router_cpus & node_cpus
