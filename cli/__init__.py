@@ -53,13 +53,16 @@ def serve_main(argv: list[str]) -> int:
                    help="hold each router and node process to one CPU, routers on the first "
                         "share, nodes on the rest (default on; a link hand-off then never "
                         "crosses CPUs)")
+    p.add_argument("--max-message-size", type=int, metavar="BYTES",
+                   help="largest message body accepted (default 134217728 = 128 MiB, "
+                        "RabbitMQ's; at most 536870912)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     try:
         settings = load_settings(args.config, overrides={
             "host": args.host, "port": args.port, "nodes": args.nodes,
             "routers": args.routers, "data_dir": args.data_dir, "embed_node": args.embed_node,
-            "pin_cpus": args.pin_cpus,
+            "pin_cpus": args.pin_cpus, "max_message_size": args.max_message_size,
             "log_level": args.log_level})
     except ConfigError as exc:
         print(f"shoal serve: {exc}", file=sys.stderr)

@@ -116,7 +116,8 @@ class Cluster:
         port = self.router_addr[1] if self.router_addr else s.port
         # Through the shoal command, which can host nodes in the router (inproc:// endpoints).
         cmd = [sys.executable, "-m", "shoal.cli", "router", "--host", s.host, "--port",
-               str(port), "--data-dir", str(self.data_dir), *self._common()]
+               str(port), "--data-dir", str(self.data_dir), "--max-message-size",
+               str(s.max_message_size), *self._common()]
         if s.serve_routers() > 1:
             cmd += ["--direct-port", str(router.get("direct_port", 0))]
         for node in self.nodes:

@@ -29,6 +29,7 @@ from typing import ClassVar
 import msgpack
 
 from shoal.shared.errors import ShoalError
+from shoal.shared.wire import Packer
 
 SEGMENT_MAGIC = b"SHOALJ1\n"
 SEGMENT_HEADER = struct.Struct("<8sI")          # magic, salt: 12 bytes
@@ -242,7 +243,7 @@ TOPOLOGY_TYPES = frozenset({RecordType.QUEUE_DECLARED, RecordType.QUEUE_DELETED,
                             RecordType.TOPOLOGY_SNAPSHOT})
 _TYPE_BYTE = {t: bytes((t,)) for t in RECORD_CLASSES}
 
-_packb = msgpack.Packer(use_bin_type=True).pack
+_packb = Packer().pack    # drops its buffer after a large message (shared/wire.py)
 
 
 def encode_payload(record: Record) -> bytes:

@@ -168,11 +168,13 @@ def on_get(shard: ShardCore, state: RouterPeer, msg: list) -> list | None:
     e = q.get()
     if e is None:
         return None
+    reply = [e.entry_id, e.redelivered, e.exchange, e.routing_key, delivered_header(e), e.body,
+             0]
     if no_ack:
-        q.dequeue(e)
+        q.dequeue(e)        # drops the entry's bytes: the reply holds them
     else:
         state.unsettled[e.entry_id] = e
         if q.journaled:
             shard.durable.delivered.append((e.entry_id, True, e.delivery_count))
-    return [e.entry_id, e.redelivered, e.exchange, e.routing_key, delivered_header(e), e.body,
-            q.message_count]
+    reply[6] = q.message_count
+    return reply

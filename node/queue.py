@@ -242,6 +242,7 @@ class Queue(QueueFeatures):
                 self._unacquired(entry, c)
                 self.entries.entry_dead(entry)
                 self._dead_letter(entry, DELIVERY_LIMIT)
+                _forget(entry)
             return False
         if not entry.release():
             return False
@@ -264,6 +265,7 @@ class Queue(QueueFeatures):
         if self.groups is not None:
             self._unacquired(entry, c)
         self.entries.entry_dead(entry)
+        _forget(entry)
         return True
 
     def reject(self, entry: QueueEntry) -> bool:
@@ -276,6 +278,7 @@ class Queue(QueueFeatures):
             self._unacquired(entry, c)
         self.entries.entry_dead(entry)
         self._dead_letter(entry, REJECTED)
+        _forget(entry)
         return True
 
     def purge(self) -> int:
@@ -425,3 +428,9 @@ class Queue(QueueFeatures):
     def __repr__(self) -> str:
         return f"Queue({self.vhost!r}, {self.name!r}, available={self.available})"
 
+
+def _forget(entry: QueueEntry) -> None:
+    """Drop a dead entry's message bytes once nothing needs them (after any dead-lettering):
+    the entry stays linked until the list scavenges it (consumer pointers may rest on it,
+    seed 000), but must not keep a large body resident meanwhile."""
+    entry.header = entry.body = b""

@@ -123,6 +123,7 @@ class QueueFeatures:
         self.entries.entry_dead(e)
         if reason is not None:
             self._dead_letter(e, reason)
+        e.header = e.body = b""     # dead: its bytes are not needed any more (queue._forget)
 
     def _dead_letter(self, e: QueueEntry, reason: str) -> None:
         if self.cfg.dlx is not None and self.sink is not None:

@@ -320,8 +320,10 @@ class NodeServer:
                 continue
             sent = True
             try:
-                # Copying a batch this small is cheaper than tracking a zero-copy frame.
-                self.sock.send_multipart([peer, frame], _NOBLOCK)
+                # Copying a small batch is cheaper than tracking a zero-copy frame; a large
+                # message's frame goes without a copy.
+                self.sock.send_multipart([peer, frame], _NOBLOCK,
+                                         copy=len(frame) < wire.LARGE_FRAME)
             except zmq.ZMQError as exc:
                 log.warning("cannot send %d messages to %r: %s", len(msgs), peer, exc)
         return sent

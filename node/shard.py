@@ -24,8 +24,9 @@ import time
 import uuid
 from typing import Any, Callable
 
-from shoal.shared.errors import (NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, SYNTAX_ERROR,
-                                 AMQPError, soft_error)
+from shoal.shared.errors import (INTERNAL_ERROR, NOT_FOUND, PRECONDITION_FAILED,
+                                 RESOURCE_LOCKED, SYNTAX_ERROR, AMQPError, InjectedFault,
+                                 injected_faults, soft_error)
 from shoal.shared.settings import Settings
 from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_REMOVED, TAG_DELIVER, TAG_GOODBYE, TAG_HELLO,
                                TAG_NODE_BLOCKED, TAG_REPLY, TAG_REPUBLISH, TAG_TOPOLOGY_EVENT,
@@ -115,7 +116,9 @@ class Shard:
             T.SETTLE: (3, None, M.on_settle, False),        # hot: checked inside
             T.GET: (6, (int, str, str, int, _S), M.on_get, True),
         }
-        self._spec = {int(k): v for k, v in spec.items()}
+        faults = injected_faults("node")        # tests only: SHOAL_INJECT_FAULTS
+        self._spec = {int(k): (v if T(k).name.lower() not in faults else
+                               (v[0], v[1], _faulty, v[3])) for k, v in spec.items()}
 
     # ------------------------------------------------------------------ plumbing
     def take_outbox(self) -> dict[bytes, list[list]]:
@@ -271,6 +274,13 @@ class Shard:
             else:
                 log.debug("%s from %r failed: %s", T(tag).name, peer, err.text)
             return
+        except Exception:  # noqa: BLE001 - a bug answers 541, never leaves a request hanging
+            log.exception("internal error handling %s from %r", T(tag).name, peer)
+            if is_request:
+                self.send(peer, [TAG_REPLY, msg[1], INTERNAL_ERROR,
+                                 f"internal error handling {T(tag).name.lower()} on node "
+                                 f"{self.node_id}; see the node's log", None])
+            return
         if is_request:
             reply = [TAG_REPLY, msg[1], 0, "", payload]
             dl = self.durable
@@ -364,7 +374,8 @@ class Shard:
 
     def _on_queue_declare(self, state: RouterPeer, msg: list) -> list:
         """QUEUE_DECLARE (spec 1.7.2.1) -> [name, message_count, consumer_count]. Raises 404
-        (passive, missing), 405 (exclusive to another owner), 406 (inequivalent)."""
+        (passive, missing), 405 (exclusive to another owner; redeclared with another
+        exclusivity, as RabbitMQ 3.10), 406 (inequivalent durable, auto_delete, x- args)."""
         _, _, vhost, name, passive, durable, exclusive, auto_delete, args, owner = msg
         q = self.queues.get((vhost, name))
         if q is None:
@@ -378,21 +389,25 @@ class Shard:
             if durable and not exclusive and self.durable is not None:
                 self.durable.declare_queue(q)
             return [name, 0, 0]
-        self._check_owner(q, owner)
-        if not passive:
+        if passive:
+            self._check_owner(q, owner)
+        else:
+            # RabbitMQ's strict check_exclusive_access: the redeclare's exclusivity must match
+            # (same owner, or non-exclusive on both sides), else 405, before the 406 checks.
+            if q.exclusive_owner != (owner if exclusive else None):
+                raise soft_error(RESOURCE_LOCKED, f"cannot obtain exclusive access to locked "
+                                 f"queue '{name}' in vhost '{vhost}'. It could be originally "
+                                 f"declared on another connection or the exclusive property "
+                                 f"value does not match that of the original declaration.")
             q.touch()       # a redeclare is a use (x-expires); a passive one is not
-        if not passive:
-            self._check_equivalent(q, bool(durable), bool(exclusive), bool(auto_delete),
-                                   args or {})
+            self._check_equivalent(q, bool(durable), bool(auto_delete), args or {})
         return [name, q.message_count, q.consumer_count]
 
     @staticmethod
-    def _check_equivalent(q: Queue, durable: bool, exclusive: bool, auto_delete: bool,
-                          args: dict) -> None:
-        """406 "inequivalent arg" as RabbitMQ: durable, exclusive, auto_delete, x- arguments."""
-        checks = [("durable", durable, q.durable),
-                  ("exclusive", exclusive, q.exclusive_owner is not None),
-                  ("auto_delete", auto_delete, q.auto_delete)]
+    def _check_equivalent(q: Queue, durable: bool, auto_delete: bool, args: dict) -> None:
+        """406 "inequivalent arg" as RabbitMQ: durable, auto_delete, x- arguments (exclusive
+        is checked before, 405)."""
+        checks = [("durable", durable, q.durable), ("auto_delete", auto_delete, q.auto_delete)]
         keys = sorted(k for k in set(args) | set(q.arguments) if str(k).startswith("x-"))
         checks += [(k, args.get(k), q.arguments.get(k)) for k in keys]
         check_equivalent("queue", q.vhost, q.name, checks)
@@ -461,3 +476,8 @@ class Shard:
 
     def _on_snapshot(self, state: RouterPeer, msg: list) -> list:
         return self.topology.snapshot()
+
+
+def _faulty(shard: Shard, state: Any, msg: list) -> None:
+    """The handler of a wire message named in SHOAL_INJECT_FAULTS (tests only)."""
+    raise InjectedFault(f"fault injected into {T(msg[0]).name} (SHOAL_INJECT_FAULTS)")

@@ -15,7 +15,7 @@ import zmq
 from pamqp import commands as C
 
 from shoal.shared import placement, wire
-from shoal.shared.errors import NO_ROUTE
+from shoal.shared.errors import INTERNAL_ERROR, NO_ROUTE
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH, TAG_SETTLE
 
@@ -276,7 +276,10 @@ class Broker:
                 return
             ch, c = entry
             self.stats["delivered"] += 1
-            ch.deliver(c, delivery_id, redelivered, exchange, routing_key, header, body)
+            try:
+                ch.deliver(c, delivery_id, redelivered, exchange, routing_key, header, body)
+            except Exception:  # noqa: BLE001 - a bug costs this connection, not the message
+                self._delivery_failed(link, ch, delivery_id)
             self.mark_dirty(ch.client)
         elif tag == T.PUBLISH_RESULT:
             _, pid, code, routed = msg
@@ -323,6 +326,19 @@ class Broker:
                         l.send([T.UNBIND_DESTINATION, msg[2][0], wire.DEST_EXCHANGE, msg[2][1]])
         else:
             log.warning("unexpected message %r from node %s", tag, link.node_id)
+
+    def _delivery_failed(self, link: NodeLink, ch: BrokerChannel, delivery_id: int) -> None:
+        """A bug while writing a delivery (called from an ``except`` block): log it with its
+        traceback, give the message back to its queue unless the channel already holds it as
+        unacked (then closing the connection requeues it), and close the client's connection
+        with 541 INTERNAL_ERROR (spec 1.2: a connection exception)."""
+        log.exception("internal error delivering to channel %d of connection %s",
+                      ch.number, ch.client.owner)
+        if not any(d.delivery_id == delivery_id and d.node_id == link.node_id
+                   for d in ch.unacked.values()):
+            link.send([TAG_SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
+        ch.client.shutdown(INTERNAL_ERROR, "INTERNAL_ERROR - internal error delivering a "
+                                           "message; see the broker log")
 
     def _republish(self, vhost: str, exchange: str, routing_key: str, header: bytes,
                    body: bytes) -> None:

@@ -17,8 +17,9 @@ from typing import Any
 from pamqp import commands as C
 
 from shoal.shared import wire
-from shoal.shared.errors import (ACCESS_REFUSED, NOT_ALLOWED, NOT_FOUND, NOT_IMPLEMENTED,
-                                 PRECONDITION_FAILED, AMQPError, hard_error, soft_error)
+from shoal.shared.errors import (ACCESS_REFUSED, INTERNAL_ERROR, NOT_ALLOWED, NOT_FOUND,
+                                 NOT_IMPLEMENTED, PRECONDITION_FAILED, AMQPError, InjectedFault,
+                                 hard_error, injected_faults, soft_error)
 from shoal.shared.wire import T, TAG_SETTLE
 
 from . import consumers as credit
@@ -71,6 +72,8 @@ class Channel:
             self.publish(ev)
         except AMQPError as err:
             self.client.fail(self.number, err)
+        except Exception:   # noqa: BLE001 - a bug costs this connection, never the router
+            self._internal_error("basic.publish")
 
     def _dispatch(self, item: Any) -> None:
         if isinstance(item, MessagePublished):
@@ -86,7 +89,7 @@ class Channel:
             return
         if is_async:
             self._busy = True
-            asyncio.ensure_future(self._run(fn(self, item)))
+            asyncio.ensure_future(self._run(fn(self, item), item.name))
         else:
             self._guard(fn.__get__(self), item)
 
@@ -95,17 +98,34 @@ class Channel:
             fn(arg)
         except AMQPError as err:
             self.client.fail(self.number, err)
+        except Exception:   # noqa: BLE001 - a bug costs this connection, never the router
+            self._internal_error(getattr(arg, "name", type(arg).__name__))
 
-    async def _run(self, coro) -> None:
+    async def _run(self, coro, what: str) -> None:
         try:
             await coro
         except AMQPError as err:
             if not self.closed:
                 self.client.fail(self.number, err)
+        except Exception:   # noqa: BLE001 - a task must never die unseen, leaving a client
+            self._internal_error(what)  # waiting for its -ok forever
         finally:
             self._busy = False
         while self._backlog and not self._busy and not self.closed:
             self._dispatch(self._backlog.popleft())
+        self.client.flush()
+
+    def _internal_error(self, what: str) -> None:
+        """An unexpected exception while handling ``what`` (a method name): log it with its
+        traceback and close the connection with 541 INTERNAL_ERROR, a connection exception
+        (spec 1.2; RabbitMQ closes the connection when a channel process crashes). Called
+        from an ``except`` block."""
+        what = what.lower()
+        log.exception("internal error handling %s on channel %d of connection %s", what,
+                      self.number, self.client.owner)
+        err = hard_error(INTERNAL_ERROR, f"internal error handling {what} on channel "
+                                         f"{self.number}; see the broker log")
+        self.client.fail(self.number, err)
         self.client.flush()
 
     def send(self, method: Any) -> None:
@@ -418,10 +438,27 @@ _HANDLERS: dict[type, tuple[Any, bool]] = {}
 
 def _handler_for(method: Any) -> tuple[Any, bool]:
     """The handler for a pamqp method (cached by class): ``Channel.on_<class>_<method>``, or
-    the function of that name in :mod:`.topology_methods` (the exchange and queue classes)."""
+    the function of that name in :mod:`.topology_methods` (the exchange and queue classes).
+    A method named in ``SHOAL_INJECT_FAULTS`` (``router:queue.purge``; tests only) gets a
+    handler of the same kind that raises InjectedFault."""
     name = "on_" + method.name.replace(".", "_").lower()
     fn = getattr(Channel, name, None) or getattr(topology_methods, name, None)
-    return fn, fn is not None and asyncio.iscoroutinefunction(fn)
+    is_async = fn is not None and asyncio.iscoroutinefunction(fn)
+    if fn is not None and method.name.lower() in _FAULTS:
+        fn = _faulty_async if is_async else _faulty
+    return fn, is_async
+
+
+_FAULTS = injected_faults("router")
+
+
+def _faulty(ch: Channel, m: Any) -> None:
+    raise InjectedFault(f"fault injected into {m.name} (SHOAL_INJECT_FAULTS)")
+
+
+async def _faulty_async(ch: Channel, m: Any) -> None:
+    await asyncio.sleep(0)
+    _faulty(ch, m)
 
 
 def _queue_list(value: Any) -> list[str]:

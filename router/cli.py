@@ -29,13 +29,17 @@ def main(argv: list[str] | None = None, host_node=None) -> int:
                         "routers reach it (shoal serve --embed-node --routers R)")
     p.add_argument("--data-dir", help="hosted nodes (inproc:// endpoints) keep their journals "
                                       "in DATA_DIR/NODE_ID (default ~/.local/share/shoal)")
+    p.add_argument("--max-message-size", type=int, metavar="BYTES",
+                   help="largest message body accepted (default 134217728 = 128 MiB, "
+                        "RabbitMQ's; at most 536870912)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     try:
         settings = load_settings(args.config, overrides={
             "host": args.host, "port": args.port, "node_endpoints": args.node_endpoints,
             "direct_port": args.direct_port, "embed_bind": args.embed_bind,
-            "data_dir": args.data_dir, "log_level": args.log_level})
+            "data_dir": args.data_dir, "max_message_size": args.max_message_size,
+            "log_level": args.log_level})
         if not settings.node_endpoints:
             raise ConfigError("invalid setting 'node_endpoints': the router needs at least one "
                               "node endpoint (--node or SHOAL_NODE_ENDPOINTS)")

@@ -252,8 +252,10 @@ class NodeLink:
     def _send_now(self, batch: list[list]) -> bool:
         """Send one batch now; False when it could not be queued (node full or down)."""
         try:
-            # Copying a batch this small is cheaper than tracking a zero-copy frame.
-            self._sock.send(wire.encode_batch(batch), _NOBLOCK)
+            # Copying a small batch is cheaper than tracking a zero-copy frame; a large
+            # message's frame goes without a copy.
+            frame = wire.encode_batch(batch)
+            self._sock.send(frame, _NOBLOCK, copy=len(frame) < wire.LARGE_FRAME)
             self._last_send = time.monotonic()
             return True
         except zmq.Again:
@@ -281,23 +283,23 @@ class NodeLink:
             try:
                 if not sock.get(_EVENTS) & _POLLIN:
                     return
-                data = sock.recv(_NOBLOCK)
-            except zmq.Again:
+                batch = self._decode(sock.recv(_NOBLOCK))  # the frame is freed here,
+            except zmq.Again:                              # before its batch is handled
                 return
             except zmq.ZMQError:  # socket closed during shutdown
                 return
-            self._handle_frame(data)
+            if batch is not None:
+                self._handle_batch(batch)
         if not self._drain_scheduled:  # more than a turn's worth: yield, then go on
             self._drain_scheduled = True
             self._running_loop().call_soon(self._drain)
 
-    def _handle_frame(self, data: bytes) -> None:
+    def _decode(self, data: bytes) -> list[list] | None:
         try:
-            batch = wire.decode_batch(data)
+            return wire.decode_batch(data)
         except ValueError as exc:
             log.error("dropping frame from node %s: %s", self.node_id, exc)
-            return
-        self._handle_batch(batch)
+            return None
 
     def _handle_batch(self, batch: list[list]) -> None:
         """Handle the wire messages of one batch from the node, in order."""

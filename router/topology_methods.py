@@ -18,6 +18,7 @@ from shoal.shared.errors import ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND, hard
 from shoal.shared.selector import check_arguments as check_selector
 from shoal.shared.wire import T
 
+from .amqp.methods import QueueDeclareOk
 from .broker import Broker
 from .routing import BUILTIN_EXCHANGES, EXCHANGE_TYPES
 from .session import ChannelClient
@@ -49,9 +50,7 @@ async def on_exchange_declare(ch: TopologyChannel, m: C.Exchange.Declare) -> Non
     elif not m.passive:
         if type_ not in EXCHANGE_TYPES:
             raise hard_error(COMMAND_INVALID, f"unknown exchange type '{type_}'")
-        if name.startswith("amq."):
-            raise soft_error(ACCESS_REFUSED,
-                             f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        check_name("exchange", name)
         await b.exchange_link(ch.vhost, name).request(
             [T.EXCHANGE_DECLARE, ch.vhost, name, type_, False, m.durable, m.auto_delete,
              m.internal, m.arguments or {}])
@@ -104,6 +103,17 @@ async def _bind(ch: TopologyChannel, tag: int, exchange: str, kind: str, dest: s
         [tag, ch.vhost, exchange, kind, dest, key, arguments or {}])
 
 
+# ---- names -----------------------------------------------------------------------------------
+def check_name(kind: str, name: str) -> None:
+    """The broker's rule for a new exchange or queue name (RabbitMQ's ``check_name``): any
+    UTF-8 string of at most 255 octets (the shortstr limit, so the frame reader already holds
+    it), except the reserved prefix ``amq.``: 403 ACCESS_REFUSED (soft), worded as RabbitMQ.
+    The 0-9-1 spec's narrower name patterns are not applied, as RabbitMQ does not."""
+    if name.startswith("amq."):
+        raise soft_error(ACCESS_REFUSED,
+                         f"{kind} name '{name}' contains reserved prefix 'amq.*'")
+
+
 # ---- queues ----------------------------------------------------------------------------------
 def queue_name(ch: TopologyChannel, name: str) -> str:
     """The queue a method names: ``name``, or if it is empty the queue last declared on the
@@ -121,9 +131,8 @@ async def on_queue_declare(ch: TopologyChannel, m: C.Queue.Declare) -> None:
         if m.passive:
             raise soft_error(NOT_FOUND, "no previously declared queue")
         name = "amq.gen-" + secrets.token_urlsafe(16)
-    elif name.startswith("amq.") and not m.passive:
-        raise soft_error(ACCESS_REFUSED,
-                         f"queue name '{name}' contains reserved prefix 'amq.*'")
+    elif not m.passive:
+        check_name("queue", name)
     payload = await ch.broker.queue_link(ch.vhost, name).request(
         [T.QUEUE_DECLARE, ch.vhost, name, m.passive, m.durable, m.exclusive,
          m.auto_delete, m.arguments or {}, ch.client.owner])
@@ -131,7 +140,7 @@ async def on_queue_declare(ch: TopologyChannel, m: C.Queue.Declare) -> None:
     if m.exclusive:
         ch.client.exclusive_queues.add(name)
     if not m.nowait:
-        ch.send(C.Queue.DeclareOk(payload[0], payload[1], payload[2]))
+        ch.send(QueueDeclareOk(payload[0], payload[1], payload[2]))
 
 
 async def on_queue_bind(ch: TopologyChannel, m: C.Queue.Bind) -> None:

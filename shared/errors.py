@@ -95,3 +95,24 @@ def soft_error(code: int, text: str) -> AMQPError:
 def hard_error(code: int, text: str) -> AMQPError:
     """A connection-closing error with ``code`` (e.g. ``FRAME_ERROR``)."""
     return AMQPError(code, text, soft=False)
+
+
+# ---- injected faults (tests) -----------------------------------------------------------------
+#: ``SHOAL_INJECT_FAULTS``: a test hook, never set in production. A comma list of
+#: ``router:<amqp method>`` (``router:queue.purge``) and ``node:<wire request>``
+#: (``node:queue_purge``): the handler of each named method raises :class:`InjectedFault`,
+#: so that tests can see an unexpected exception become 541 INTERNAL_ERROR (issue 21).
+FAULTS_ENV = "SHOAL_INJECT_FAULTS"
+
+
+class InjectedFault(RuntimeError):
+    """The unexpected exception an injected fault raises (not a ShoalError: a "bug")."""
+
+
+def injected_faults(side: str) -> frozenset[str]:
+    """The method names of ``side`` ("router" or "node") with an injected fault, lower case."""
+    import os
+    prefix = side + ":"
+    return frozenset(item.strip()[len(prefix):].lower()
+                     for item in os.environ.get(FAULTS_ENV, "").split(",")
+                     if item.strip().startswith(prefix))

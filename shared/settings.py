@@ -19,6 +19,10 @@ import yaml
 from .errors import ConfigError
 
 
+#: RabbitMQ's upper bound for ``max_message_size`` (rabbit.app: 512 MiB).
+MAX_MESSAGE_SIZE_LIMIT = 512 * 1024 * 1024
+
+
 def default_layout(cores: int) -> tuple[int, int]:
     """``(routers, nodes)`` that ``shoal serve`` runs on a machine of ``cores`` CPUs: half the
     cores route (AMQP), the other half hold queues, at least one of each. Measured with
@@ -82,7 +86,8 @@ class Settings:
     users: dict[str, str] = field(default_factory=lambda: {"guest": "guest"})
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])  #: loopback-only users
     vhosts: list[str] = field(default_factory=lambda: ["/"])
-    max_message_size: int = 16 * 1024 * 1024  #: bytes; larger publishes get 406 / 311
+    max_message_size: int = 128 * 1024 * 1024  #: bytes (RabbitMQ 3.x's default and name);
+    #: a larger publish closes the channel with 406 PRECONDITION_FAILED; at most 512 MiB
     frame_max: int = 131072                  #: bytes, offered in connection.tune
     channel_max: int = 2047                  #: offered in connection.tune
     heartbeat: int = 60                      #: seconds, offered in connection.tune
@@ -112,8 +117,11 @@ class Settings:
             raise bad("channel_max", "must be an integer from 1 to 65535")
         if not isinstance(self.heartbeat, int) or not 0 <= self.heartbeat <= 65535:
             raise bad("heartbeat", "must be an integer from 0 to 65535 (seconds)")
-        if not isinstance(self.max_message_size, int) or self.max_message_size < 1:
-            raise bad("max_message_size", "must be a positive integer (bytes)")
+        if not isinstance(self.max_message_size, int) or \
+                not 1 <= self.max_message_size <= MAX_MESSAGE_SIZE_LIMIT:
+            raise bad("max_message_size", f"must be an integer from 1 to "
+                                          f"{MAX_MESSAGE_SIZE_LIMIT} (bytes, 512 MiB as in "
+                                          f"RabbitMQ)")
         for name in ("link_heartbeat_ms", "link_timeout_ms", "max_output_buffer"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise bad(name, "must be a positive integer")

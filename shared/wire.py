@@ -171,8 +171,36 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__} on the wire")
 
 
-_packer = msgpack.Packer(use_bin_type=True, default=_default)
 log = logging.getLogger("shoal.wire")
+
+#: A frame at least this large (bytes) is a large message's: the sender hands it to ZeroMQ
+#: without a copy (``copy=False``), and :class:`Packer` drops the msgpack packer that made it.
+LARGE_FRAME = 1 << 20
+
+
+class Packer:
+    """A reusable msgpack packer (``use_bin_type``) that does not keep a large message.
+
+    msgpack never shrinks a packer's internal buffer: after one 100 MiB message, a reused
+    packer would keep 100 MiB resident for the life of the process. ``pack(obj) -> bytes``
+    starts a new packer after any output of :data:`LARGE_FRAME` bytes or more
+    (docs/performance.md "Large messages"). Raises TypeError for what msgpack cannot carry.
+    """
+
+    __slots__ = ("_packer", "_default")
+
+    def __init__(self, default: Any = None) -> None:
+        self._default = default
+        self._packer = msgpack.Packer(use_bin_type=True, default=default)
+
+    def pack(self, obj: Any) -> bytes:
+        data = self._packer.pack(obj)
+        if len(data) >= LARGE_FRAME:
+            self._packer = msgpack.Packer(use_bin_type=True, default=self._default)
+        return data
+
+
+_packer = Packer(_default)
 
 
 def encode_batch(messages: list[list[Any]]) -> bytes:

@@ -181,10 +181,11 @@ def _reader(stream, lines: "queue.Queue[str | None]", keep: list[str]) -> None:
     lines.put(None)
 
 
-def start_cluster(data_dir: Path, nodes: int, embed: bool = EMBED, routers: int = 1) -> Cluster:
+def start_cluster(data_dir: Path, nodes: int, embed: bool = EMBED, routers: int = 1,
+                  env: dict[str, str] | None = None) -> Cluster:
     """Start ``shoal serve`` (``--embed-node`` when ``embed``: node-0 then lives in router-0;
-    ``--routers`` when ``routers`` > 1) and wait (bounded) until it is ready and cluster.json
-    is written."""
+    ``--routers`` when ``routers`` > 1; ``env``: extra environment) and wait (bounded) until
+    it is ready and cluster.json is written."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "launcher.stderr.log"
     log = open(log_path, "wb")
@@ -197,7 +198,7 @@ def start_cluster(data_dir: Path, nodes: int, embed: bool = EMBED, routers: int 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                             text=True, bufsize=1, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                 "SHOAL_WIRE_CHECK": "1"})
+                                 "SHOAL_WIRE_CHECK": "1", **(env or {})})
     log.close()
     lines: queue.Queue[str | None] = queue.Queue()
     kept: list[str] = []

@@ -57,7 +57,7 @@ class AMQPConnection(ControlFrames):
     def __init__(self, authenticate: Callable[[str, str], bool],
                  vhosts: Container[str] = ("/",), server_properties: dict | None = None,
                  frame_max: int = 131072, channel_max: int = 2047, heartbeat: int = 60,
-                 max_message_size: int = 16 * 1024 * 1024, peer_is_loopback: bool = True,
+                 max_message_size: int = 128 * 1024 * 1024, peer_is_loopback: bool = True,
                  loopback_users: Iterable[str] = ("guest",), *,
                  handshake_timeout: float = 10.0, close_timeout: float = 30.0) -> None:
         self._authenticate = authenticate

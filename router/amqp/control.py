@@ -15,7 +15,7 @@ from typing import Callable, Container
 from pamqp import commands
 
 from shoal.shared.errors import (CHANNEL_ERROR, COMMAND_INVALID, FRAME_ERROR, NOT_ALLOWED,
-                                 NOT_IMPLEMENTED, UNEXPECTED_FRAME, AMQPError, hard_error)
+                                 UNEXPECTED_FRAME, AMQPError, hard_error)
 
 from . import fastpath
 from .channel import CLOSING as _CLOSING, Channel
@@ -119,9 +119,11 @@ class ControlFrames:
             if mid != CHANNEL_OPEN:
                 raise hard_error(CHANNEL_ERROR, f"expected 'channel.open' on channel {ch}, "
                                                 f"got {name(mid)}")
-            if ch > self.channel_max:
-                raise hard_error(CHANNEL_ERROR, f"channel {ch} is above channel_max "
-                                                f"{self.channel_max}")
+            if self.channel_max and len(self._channels) >= self.channel_max:
+                # channel_max counts open channels; any number 1-65535 may be used (RabbitMQ)
+                raise hard_error(NOT_ALLOWED, f"number of channels opened "
+                                              f"({len(self._channels)}) has reached the "
+                                              f"negotiated channel_max ({self.channel_max})")
             self._channels[ch] = Channel()
             self._write(method_frame(ch, commands.Channel.OpenOk()))
             events.append(ChannelOpened(ch))
@@ -169,7 +171,8 @@ class ControlFrames:
         event = _CONNECTION_INPUTS.get(mid)
         if event is None:
             if mid == CONNECTION_UPDATE_SECRET:
-                raise hard_error(NOT_IMPLEMENTED, "connection.update-secret is not supported")
+                self._update_secret(decode_method(mid, buf[start + 4:fend]))
+                return
             require_known(mid)
             raise hard_error(COMMAND_INVALID, f"{name(mid)} is not sent by clients")
         nxt = connection_next(self._state, event)  # 503 when out of order
@@ -216,6 +219,23 @@ class ControlFrames:
         frame_max, channel_max, heartbeat = self._offer
         self._write(method_frame(0, commands.Connection.Tune(channel_max, frame_max,
                                                              heartbeat)))
+
+    def _update_secret(self, method: commands.Connection.UpdateSecret) -> None:
+        """``connection.update-secret`` (RabbitMQ's extension to 0-9-1, used by OAuth 2 clients
+        to refresh a token): the user logged in on this connection authenticates again with
+        ``new_secret``; ``update-secret-ok`` when it is accepted. Raises 503 COMMAND_INVALID
+        before ``connection.open``, 530 NOT_ALLOWED (hard) when the new secret is refused,
+        with RabbitMQ's wording (rabbit_reader ``handle_method0``)."""
+        if self._state != _CONN_OPEN:
+            raise hard_error(COMMAND_INVALID, "connection.update-secret before connection.open")
+        secret = method.new_secret
+        try:
+            password = secret if isinstance(secret, str) else bytes(secret).decode("utf-8")
+        except UnicodeDecodeError:
+            password = None
+        if password is None or self.user is None or not self._authenticate(self.user, password):
+            raise hard_error(NOT_ALLOWED, "New secret was refused by one of the backends")
+        self._write(method_frame(0, commands.Connection.UpdateSecretOk()))
 
     def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
         frame_max, channel_max, _ = self._offer

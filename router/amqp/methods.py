@@ -67,3 +67,18 @@ def close_frame(channel: int, close_mid: int, reply_code: int, reply_text: str,
     payload = b"".join((_CLOSE_ARGS.pack(close_mid, reply_code), bytes((len(raw),)), raw,
                         _CLASS_METHOD.pack(class_id, method_id)))
     return pack_frame_header(FRAME_METHOD, channel, len(payload)) + payload + FRAME_END_BYTE
+
+
+class QueueDeclareOk(commands.Queue.DeclareOk):
+    """``queue.declare-ok`` (spec 1.7.2.2) without pamqp's client-side name check.
+
+    pamqp checks a queue name against the 0-9-1 spec's ``queue-name`` pattern
+    (``^[a-zA-Z0-9-_.:]*$``), which RabbitMQ never enforced: it accepts any UTF-8 string of at
+    most 255 octets (``ünïcode``, ``q#*``). The broker's own rule is checked where the name
+    comes in (:func:`shoal.router.topology_methods.check_name`); here only the shortstr limit.
+    Raises ValueError for a name longer than 255 octets (a programming error).
+    """
+
+    def validate(self) -> None:
+        if len(self.queue.encode("utf-8")) > 255:
+            raise ValueError("queue name longer than 255 octets")

@@ -105,7 +105,7 @@ class Link(NodeLink):
         for _peer, msgs in self.shard.take_outbox().items():
             self.moved += len(msgs)
             if self.frames:
-                self._handle_frame(wire.encode_batch(msgs))
+                self._handle_batch(self._decode(wire.encode_batch(msgs)))
             else:
                 self._handle_batch(wire.handover(msgs))
 

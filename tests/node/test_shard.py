@@ -90,8 +90,12 @@ def test_declare_inequivalent(net: Net):
 def test_exclusive_queue_is_locked_to_its_owner(net: Net):
     r = net.router()
     r.declare("q1", exclusive=True, owner="r1/c1")
-    locked = "cannot obtain exclusive access to locked queue 'q1' in vhost '/'"
+    locked = ("cannot obtain exclusive access to locked queue 'q1' in vhost '/'. It could be "
+              "originally declared on another connection or the exclusive property value does "
+              "not match that of the original declaration.")
     assert r.declare("q1", exclusive=True, owner="r1/c2")[2:4] == [RESOURCE_LOCKED, locked]
+    # RabbitMQ 3.10's strict check: the owner redeclaring it non-exclusive is 405 as well
+    assert r.declare("q1", exclusive=False, owner="r1/c1")[2:4] == [RESOURCE_LOCKED, locked]
     assert r.declare("q1", passive=True, owner="r1/c2")[2] == RESOURCE_LOCKED
     assert r.request(T.QUEUE_PURGE, "/", "q1", "r1/c2")[2] == RESOURCE_LOCKED
     assert r.request(T.GET, "/", "q1", False, "r1/c2")[2] == RESOURCE_LOCKED

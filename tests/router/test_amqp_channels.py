@@ -115,7 +115,6 @@ def hard_close(conn):
 @pytest.mark.parametrize("frame,code,ids", [
     (m(commands.Channel.Open(), 1), 504, (20, 10)),                  # already open
     (m(commands.Channel.Open(), 0), 504, (20, 10)),                  # channel 0
-    (m(commands.Channel.Open(), 100), 504, (20, 10)),                # above channel_max
     (m(commands.Queue.Declare(queue="q"), 2), 504, (50, 10)),        # not open
     (m(commands.Channel.CloseOk(), 1), 504, (20, 41)),               # close-ok not asked
     (m(commands.Connection.Close(200, "", 0, 0), 1), 503, (10, 50)),  # connection on ch 1
@@ -130,7 +129,7 @@ def hard_close(conn):
     (raw_frame(1, 1, struct.pack(">HH", 60, 80) + b"\x00" * 4), 501, (60, 80)),  # short ack
     (raw_frame(1, 1, struct.pack(">HHH", 60, 40, 0) + b"\x05ab"), 501, (60, 40)),  # publish
     (raw_frame(1, 1, struct.pack(">HHH", 60, 40, 0) + b"\x01\xff\x00\x00"), 501, (60, 40)),
-    (raw_frame(1, 0, struct.pack(">HH", 10, 70) + b"\x00" * 8), 540, (10, 70)),  # update-secret
+    (raw_frame(1, 0, struct.pack(">HH", 10, 70) + b"\x00" * 8), 530, (10, 70)),  # bad secret
 ])
 def test_method_errors_close_the_connection(frame, code, ids):
     conn = open_conn(channel_max=10)
@@ -159,6 +158,28 @@ def test_channel_max_is_the_negotiated_one():
     conn = open_conn(channel_max=2047)
     assert conn.channel_max == 2047
     assert conn.receive_data(m(commands.Channel.Open(), 2047)) == [ChannelOpened(2047)]
+
+
+def test_channel_max_counts_open_channels_not_channel_numbers():
+    """RabbitMQ's rule (rabbit_reader create_channel): any channel number 1-65535 may be
+    opened while fewer than channel_max channels are open; one more is 530 NOT_ALLOWED and
+    closes the connection."""
+    conn = open_conn(channel_max=2)
+    assert conn.receive_data(m(commands.Channel.Open(), 65535)) == [ChannelOpened(65535)]
+    assert conn.receive_data(m(commands.Channel.Open(), 3000)) == [ChannelOpened(3000)]
+    conn.data_to_send()
+    conn.receive_data(m(commands.Channel.Open(), 1))
+    close = hard_close(conn)
+    assert close.reply_code == 530
+    assert "reached the negotiated channel_max (2)" in close.reply_text
+    assert (close.class_id, close.method_id) == (20, 10)
+
+
+def test_a_closed_channel_frees_its_place_under_channel_max():
+    conn = open_conn(channel_max=1)
+    open_channel(conn, 7)
+    conn.receive_data(m(commands.Channel.Close(200, "", 0, 0), 7))
+    assert conn.receive_data(m(commands.Channel.Open(), 9)) == [ChannelOpened(9)]
 
 
 def test_basic_cancel_ok_from_client_is_ignored():

@@ -354,3 +354,33 @@ def test_amqplain_undecodable_table_is_502():
     conn.receive_data(start_ok_raw("AMQPLAIN", b"\x05LOGINZ\x00"))
     _, close = last_close(conn)
     assert close.reply_code == 502
+
+
+def test_update_secret_with_the_users_secret_is_accepted():
+    """RabbitMQ's connection.update-secret: the connection's user authenticates again with
+    the new secret; update-secret-ok, and the connection stays open."""
+    conn = make_conn()
+    handshake(conn, user="alice", password="secret")
+    conn.receive_data(m(commands.Connection.UpdateSecret("secret", "token refresh")))
+    [(ch, ok)] = methods(conn)
+    assert ch == 0 and isinstance(ok, commands.Connection.UpdateSecretOk)
+    assert not conn.closing
+
+
+def test_update_secret_refused_closes_the_connection_with_530():
+    conn = make_conn()
+    handshake(conn, user="alice", password="secret")
+    conn.receive_data(m(commands.Connection.UpdateSecret("guest", "token refresh")))
+    ch, close = last_close(conn)
+    assert ch == 0 and close.reply_code == 530 and conn.closing
+    assert close.reply_text == "NOT_ALLOWED - New secret was refused by one of the backends"
+    assert (close.class_id, close.method_id) == (10, 70)
+
+
+def test_update_secret_before_open_is_a_command_error():
+    conn = make_conn()
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.receive_data(m(start_ok_plain("guest", "guest")))
+    conn.data_to_send()
+    conn.receive_data(m(commands.Connection.UpdateSecret("guest", "early")))
+    assert last_close(conn)[1].reply_code == 503

@@ -10,7 +10,7 @@ def test_defaults_are_what_the_readme_promises():
     s = load_settings(env={})
     assert (s.host, s.port, s.frame_max, s.channel_max, s.heartbeat) == \
         ("127.0.0.1", 5672, 131072, 2047, 60)
-    assert s.users == {"guest": "guest"} and s.max_message_size == 16 * 1024 * 1024
+    assert s.users == {"guest": "guest"} and s.max_message_size == 128 * 1024 * 1024
 
 
 def test_file_then_env_then_flags(tmp_path):

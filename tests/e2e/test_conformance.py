@@ -1,0 +1,228 @@
+"""Issue 21: what standard clients and their own test suites found Shoal doing differently from
+RabbitMQ 3.10, each checked end to end with the client library that exposed it.
+
+Queue names RabbitMQ accepts, an unexpected exception becoming 541 INTERNAL_ERROR (never a
+client waiting forever), ``connection.update-secret``, ``channel_max`` as a count of channels,
+405 for an exclusive queue redeclared with another exclusivity, and RabbitMQ's 128 MiB
+``max_message_size``. The side-by-side comparison with a running RabbitMQ is test_parity.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+
+import aiormq
+import pika
+import pika.exceptions
+import pytest
+from pamqp import commands
+
+from .amqp_raw import PROTOCOL_HEADER, RawAMQP
+from .clients import BrokerError
+from .conftest import unsupported
+
+pytestmark = pytest.mark.e2e
+
+#: Names RabbitMQ 3.10 accepts and the 0-9-1 spec's queue-name pattern (and pamqp) does not:
+#: any UTF-8 string of at most 255 octets.
+NAMES = ["ünïcode-{}", "q#*-{}", "{}" + "é" * 121 + "x"]
+
+
+@pytest.mark.parametrize("template", NAMES, ids=["unicode", "hash-star", "255-octets"])
+def test_queue_names_rabbitmq_accepts(client, uid, template):
+    name = template.format(uid)
+    assert len(name.encode()) <= 255
+    declared = _declare(client, name)
+    assert declared[0] == name
+    client.publish("", name, b"hello")
+    d = client.get(name, no_ack=True)
+    assert d is not None and d.body == b"hello"
+    client.delete_queue(name)
+
+
+def _declare(client, name: str):
+    """queue.declare ``name``; skip when the client library refuses the name itself."""
+    try:
+        return unsupported(client.declare_queue, name)
+    except ValueError as exc:       # raised by the client before anything is sent
+        pytest.skip(f"the client library refuses this name itself (pamqp's spec pattern): "
+                    f"{exc}; pika and kombu send it")
+
+
+def test_amq_prefix_is_still_reserved_for_unicode_names(client, uid):
+    with pytest.raises(BrokerError) as e:
+        _declare(client, f"amq.ünï-{uid}")
+        client.declare_queue("", exclusive=True)
+    assert e.value.code == 403 and not e.value.hard
+    client.reopen()
+
+
+# ---- 541 INTERNAL_ERROR ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    """A cluster whose router fails in queue.purge and whose nodes fail in QUEUE_DELETE with
+    an unexpected exception (SHOAL_INJECT_FAULTS, a test hook)."""
+    from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
+    if EXTERNAL_URL:
+        pytest.skip("injects faults into the cluster's own processes")
+    c = start_cluster(tmp_path_factory.mktemp("shoal-faults"), 2,
+                      env={"SHOAL_INJECT_FAULTS": "router:queue.purge,node:queue_delete"})
+    yield c
+    stop_cluster(c)
+
+
+def _closed_541(fn) -> pika.exceptions.ConnectionClosedByBroker:
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as e:
+        fn()
+    assert e.value.reply_code == 541, e.value
+    assert e.value.reply_text.startswith("INTERNAL_ERROR - "), e.value
+    return e.value
+
+
+def test_an_unexpected_exception_in_a_channel_task_closes_with_541(faulty, uid):
+    conn = pika.BlockingConnection(pika.URLParameters(faulty.url))
+    ch = conn.channel()
+    q = f"fault-{uid}"
+    ch.queue_declare(q)
+    err = _closed_541(lambda: ch.queue_purge(q))
+    assert "queue.purge" in err.reply_text
+    # The router is fine: a new connection works, and the log has the traceback.
+    conn = pika.BlockingConnection(pika.URLParameters(faulty.url))
+    ch = conn.channel()
+    assert ch.queue_declare(q, passive=True).method.queue == q
+    conn.close()
+    log = faulty.log_path.read_text(errors="replace")
+    assert "internal error handling queue.purge" in log and "InjectedFault" in log
+    assert "Task exception was never retrieved" not in log
+
+
+def test_an_unexpected_exception_on_a_node_answers_541(faulty, uid):
+    conn = pika.BlockingConnection(pika.URLParameters(faulty.url))
+    ch = conn.channel()
+    q = f"fault-node-{uid}"
+    ch.queue_declare(q)
+    err = _closed_541(lambda: ch.queue_delete(q))
+    assert "queue_delete" in err.reply_text
+    conn = pika.BlockingConnection(pika.URLParameters(faulty.url))
+    ch = conn.channel()
+    ch.basic_publish("", q, b"still here")
+    assert ch.basic_get(q, auto_ack=True)[2] == b"still here"
+    conn.close()
+    assert "internal error handling QUEUE_DELETE" in faulty.log_path.read_text(
+        errors="replace")
+
+
+# ---- connection.update-secret (aiormq, which aio-pika uses, implements it) ------------------
+def test_update_secret_is_accepted_and_checked(cluster):
+    async def run():
+        conn = await aiormq.connect(cluster.url)
+        ok = await conn.update_secret(cluster.password, reason="token refresh")
+        assert isinstance(ok, commands.Connection.UpdateSecretOk)
+        ch = await conn.channel()                 # the connection still works
+        await ch.queue_declare("", exclusive=True)
+        with pytest.raises(aiormq.exceptions.ConnectionClosed) as e:
+            await conn.update_secret("not-the-password", reason="bad token")
+            await conn.channel()
+        assert "530" in str(e.value) or "NOT_ALLOWED" in str(e.value), e.value
+        await conn.close()
+    asyncio.run(asyncio.wait_for(run(), 30))
+
+
+# ---- channel_max ---------------------------------------------------------------------------
+def test_channel_max_counts_channels_not_channel_numbers(cluster):
+    """RabbitMQ: channel_max caps how many channels are open; any number 1-65535 may be
+    used. One channel over the negotiated count closes the connection with 530."""
+    raw = RawAMQP(cluster.host, cluster.port)
+    raw.send(PROTOCOL_HEADER)
+    raw.expect(commands.Connection.Start, 0)
+    raw.send_frame(commands.Connection.StartOk(
+        client_properties={}, mechanism="PLAIN",
+        response=f"\0{cluster.user}\0{cluster.password}", locale="en_US"))
+    tune = raw.expect(commands.Connection.Tune, 0)
+    assert tune.channel_max == 2047
+    raw.send_frame(commands.Connection.TuneOk(channel_max=2, frame_max=131072, heartbeat=0))
+    raw.send_frame(commands.Connection.Open(virtual_host=cluster.vhost))
+    raw.expect(commands.Connection.OpenOk, 0)
+    raw.open_channel(65535)
+    raw.open_channel(3000)
+    raw.send_frame(commands.Channel.Open(), 1)
+    close = raw.expect(commands.Connection.Close, 0)
+    assert close.reply_code == 530
+    assert "negotiated channel_max (2)" in close.reply_text
+
+
+def test_pika_proposing_channel_max_65535_opens_channels(cluster):
+    params = pika.URLParameters(cluster.url)
+    params.channel_max = 65535
+    conn = pika.BlockingConnection(params)
+    assert conn._impl.params.channel_max == 2047          # the lower of the two
+    ch = conn.channel(channel_number=2047)
+    ch.queue_declare("", exclusive=True)
+    conn.close()
+
+
+# ---- exclusive redeclare: 405 as RabbitMQ 3.10 --------------------------------------------
+def test_405_exclusive_queue_redeclared_non_exclusive_on_its_connection(client, names):
+    q = names("excl")
+    client.declare_queue(q, exclusive=True)
+    with pytest.raises(BrokerError) as e:
+        client.declare_queue(q, exclusive=False)
+        client.declare_queue("", exclusive=True)
+    assert e.value.code == 405 and not e.value.hard, e.value
+    client.reopen()
+
+
+# ---- max_message_size: RabbitMQ's 128 MiB default ------------------------------------------
+def test_a_message_over_16_mib_is_accepted(cluster, uid):
+    body = os.urandom(1024) * (20 * 1024)                 # 20 MiB
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = f"big-{uid}"
+    ch.queue_declare(q)
+    ch.basic_publish("", q, body)
+    got = ch.basic_get(q, auto_ack=True)[2]
+    assert got == body
+    ch.queue_delete(q)
+    conn.close()
+
+
+def test_a_message_over_max_message_size_closes_the_channel_with_406(cluster):
+    """The content header's body size alone decides (RabbitMQ's wording); the body is never
+    sent."""
+    raw = RawAMQP(cluster.host, cluster.port).open()
+    raw.open_channel(1)
+    size = 128 * 1024 * 1024 + 1
+    from pamqp import frame, header
+    raw.send(frame.marshal(commands.Basic.Publish(exchange="", routing_key="nowhere"), 1)
+             + frame.marshal(header.ContentHeader(0, size, commands.Basic.Properties()), 1))
+    close = raw.expect(commands.Channel.Close, 1)
+    assert close.reply_code == 406
+    assert close.reply_text == (f"PRECONDITION_FAILED - message size {size} is larger than "
+                                f"configured max size {128 * 1024 * 1024}")
+
+
+# ---- heartbeats ----------------------------------------------------------------------------
+def test_a_silent_client_is_closed_and_its_unacked_message_redelivered(cluster, uid):
+    """Heartbeat 1 s negotiated, then silence: the broker drops the socket after two missed
+    intervals (RabbitMQ's rule), and the message the silent client held comes back
+    redelivered to another consumer."""
+    q = f"hb-{uid}"
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url))
+    ch = conn.channel()
+    ch.queue_declare(q)
+    ch.basic_publish("", q, b"held")
+    raw = RawAMQP(cluster.host, cluster.port).open(heartbeat=1)
+    raw.open_channel(1)
+    raw.send_frame(commands.Basic.Get(queue=q, no_ack=False), 1)
+    raw.expect(commands.Basic.GetOk, 1)
+    # Silent from here on: the broker sends heartbeats and then closes the socket (bounded).
+    raw.read_until_closed(timeout=30)
+    for _ in range(100):
+        method, _, body = ch.basic_get(q, auto_ack=True)
+        if method is not None:
+            break
+        conn.sleep(0.1)
+    assert body == b"held" and method.redelivered
+    ch.queue_delete(q)
+    conn.close()
