@@ -73,11 +73,13 @@ def entry_props(entry: QueueEntry) -> Any:
 
 def place(cfg: QueueConfig, entry: QueueEntry, props: Any) -> None:
     """Set the entry's order key (priority, sorted), last-value key and message group.
-    A priority outside the queue's levels is clamped; no priority property means 4 (the JMS
+    A priority outside the queue's levels is clamped; no priority property means 0 on an
+    ``x-max-priority`` queue (RabbitMQ) and 4 on an ``x-qpid-priorities`` one (the JMS
     default, as Qpid; docs/queues.md)."""
     qtype = cfg.type
     if qtype is QueueType.PRIORITY:
-        prio = props.priority if props is not None and props.priority is not None else 4
+        prio = props.priority if props is not None and props.priority is not None \
+            else cfg.default_priority
         level = min(max(prio - cfg.priority_offset, 0), cfg.max_priority)
         entry.order = (-level, entry.entry_id)
     elif qtype is QueueType.SORTED:

@@ -49,7 +49,8 @@ class QueueConfig:
     """The checked features of one queue. ``plain`` is True when none is set (the FIFO fast
     path). Times in ms, sizes in bytes; None means "not set"."""
 
-    __slots__ = ("type", "max_priority", "priority_offset", "sort_key", "lvq_key",
+    __slots__ = ("type", "max_priority", "priority_offset", "default_priority", "sort_key",
+                 "lvq_key",
                  "group_key", "shared_groups", "default_group", "message_ttl", "expires",
                  "max_length", "max_length_bytes", "overflow", "dlx", "dlrk",
                  "max_returns", "consumer_timeout", "single_active", "plain", "needs_props")
@@ -58,6 +59,7 @@ class QueueConfig:
         self.type = QueueType.STANDARD
         self.max_priority = 0          # highest priority level (levels 0..max_priority)
         self.priority_offset = 0       # x-qpid-priorities: level = priority - offset
+        self.default_priority = 0      # a message without one: 0 (RabbitMQ), 4 (Qpid, JMS)
         self.sort_key: str | None = None
         self.lvq_key: str | None = None
         self.group_key: str | None = None
@@ -141,6 +143,7 @@ def parse_queue_arguments(vhost: str, name: str, args: dict | None) -> QueueConf
         # Qpid maps JMS priorities 0-9 onto n levels around the default 4 (PriorityQueueList)
         cfg.max_priority = qpid_prio - 1
         cfg.priority_offset = 5 - (qpid_prio + 1) // 2
+        cfg.default_priority = 4
         kinds.append("priority")
     cfg.sort_key = as_str(args, "qpid.queue_sort_key", w)
     if cfg.sort_key is not None:
@@ -159,6 +162,9 @@ def parse_queue_arguments(vhost: str, name: str, args: dict | None) -> QueueConf
     if kinds:
         cfg.type = {"priority": QueueType.PRIORITY, "sorted": QueueType.SORTED,
                     "last-value": QueueType.LAST_VALUE}[kinds[0]]
+    qtype = as_str(args, "x-queue-type", w)
+    if qtype is not None and qtype not in ("classic", "quorum", "stream"):
+        raise soft_error(PRECONDITION_FAILED, f"unsupported queue type '{qtype}'")
     cfg.group_key = as_str(args, "qpid.group_header_key", w)
     shared = as_bool(args, "qpid.shared_msg_group", w)
     cfg.shared_groups = bool(shared)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 from collections import deque
 from typing import Any
@@ -89,7 +90,7 @@ class Channel:
             return
         if is_async:
             self._busy = True
-            asyncio.ensure_future(self._run(fn(self, item), item.name))
+            asyncio.ensure_future(self._run(fn(self, item), item))
         else:
             self._guard(fn.__get__(self), item)
 
@@ -97,18 +98,18 @@ class Channel:
         try:
             fn(arg)
         except AMQPError as err:
-            self.client.fail(self.number, err)
+            self.client.fail(self.number, _with_method(err, arg))
         except Exception:   # noqa: BLE001 - a bug costs this connection, never the router
             self._internal_error(getattr(arg, "name", type(arg).__name__))
 
-    async def _run(self, coro, what: str) -> None:
+    async def _run(self, coro, method: Any) -> None:
         try:
             await coro
         except AMQPError as err:
             if not self.closed:
-                self.client.fail(self.number, err)
+                self.client.fail(self.number, _with_method(err, method))
         except Exception:   # noqa: BLE001 - a task must never die unseen, leaving a client
-            self._internal_error(what)  # waiting for its -ok forever
+            self._internal_error(method.name)  # waiting for its -ok forever
         finally:
             self._busy = False
         while self._backlog and not self._busy and not self.closed:
@@ -408,12 +409,14 @@ class Channel:
                     wire.OUTCOME_REQUEUE if m.requeue else wire.OUTCOME_REJECT)
 
     def on_basic_recover(self, m: Any) -> None:
-        """basic.recover (spec 1.8.3.16): every unacked delivery is requeued and redelivered
-        (requeue=false is treated like true, as RabbitMQ does)."""
-        self.settle(self._take(0, True), wire.OUTCOME_REQUEUE)
+        """basic.recover (spec 1.8.3.16): every unacked delivery is requeued and redelivered.
+        Raises 540 NOT_IMPLEMENTED (hard) for requeue=false, as RabbitMQ 3.10 does."""
+        self.on_basic_recover_async(m)
         self.send(C.Basic.RecoverOk())
 
     def on_basic_recover_async(self, m: Any) -> None:
+        if not m.requeue:
+            raise hard_error(NOT_IMPLEMENTED, "requeue=false")
         self.settle(self._take(0, True), wire.OUTCOME_REQUEUE)
 
     # ---- teardown ----------------------------------------------------------------------------
@@ -441,7 +444,7 @@ def _handler_for(method: Any) -> tuple[Any, bool]:
     the function of that name in :mod:`.topology_methods` (the exchange and queue classes).
     A method named in ``SHOAL_INJECT_FAULTS`` (``router:queue.purge``; tests only) gets a
     handler of the same kind that raises InjectedFault."""
-    name = "on_" + method.name.replace(".", "_").lower()
+    name = "on_" + _SNAKE.sub("_", method.name.replace(".", "_")).lower()  # RecoverAsync
     fn = getattr(Channel, name, None) or getattr(topology_methods, name, None)
     is_async = fn is not None and asyncio.iscoroutinefunction(fn)
     if fn is not None and method.name.lower() in _FAULTS:
@@ -450,6 +453,7 @@ def _handler_for(method: Any) -> tuple[Any, bool]:
 
 
 _FAULTS = injected_faults("router")
+_SNAKE = re.compile(r"(?<=[a-z])(?=[A-Z])")
 
 
 def _faulty(ch: Channel, m: Any) -> None:
@@ -459,6 +463,15 @@ def _faulty(ch: Channel, m: Any) -> None:
 async def _faulty_async(ch: Channel, m: Any) -> None:
     await asyncio.sleep(0)
     _faulty(ch, m)
+
+
+def _with_method(err: AMQPError, method: Any) -> AMQPError:
+    """The error, naming the failing method's class and method ids in the close (spec
+    1.5.2.5) unless it names one already."""
+    index = getattr(method, "index", 0)
+    if not err.class_id and index:
+        err.class_id, err.method_id = index >> 16, index & 0xFFFF
+    return err
 
 
 def _queue_list(value: Any) -> list[str]:

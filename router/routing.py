@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from shoal.shared import wire
-from shoal.shared.errors import AMQPError
+from shoal.shared.errors import PRECONDITION_FAILED, AMQPError, soft_error
 from shoal.shared.selector import Selector, check_arguments, selector_fields
 
 from shoal.shared.topology import BUILTIN_EXCHANGES, EXCHANGE_TYPES  # noqa: F401 (re-exported)
@@ -90,13 +90,42 @@ def headers_match(arguments: dict, headers: dict | None) -> bool:
     headers = headers or {}
     mode = arguments.get("x-match", "all")
     if isinstance(mode, bytes):
-        mode = mode.decode()
+        mode = mode.decode(errors="replace")
+    if not isinstance(mode, str):       # refused at bind (check_x_match); never crash here
+        mode = "all"
     with_x = mode.endswith("-with-x")
     wanted = [(k, v) for k, v in arguments.items()
               if k != "x-match" and (with_x or not str(k).startswith("x-"))]
     if mode.startswith("any"):
-        return any(k in headers and (v is None or headers[k] == v) for k, v in wanted)
-    return all(k in headers and (v is None or headers[k] == v) for k, v in wanted)
+        return any(k in headers and (v is None or _equal(v, headers[k])) for k, v in wanted)
+    return all(k in headers and (v is None or _equal(v, headers[k])) for k, v in wanted)
+
+
+def _equal(want, got) -> bool:
+    """Header values compare by value and kind, as RabbitMQ's Erlang terms do: ``true`` is
+    not ``1`` (Python's ``True == 1`` is), while ``1`` matches ``1.0``."""
+    return want == got and isinstance(want, bool) == isinstance(got, bool)
+
+
+X_MATCH_VALUES = ("all", "any", "all-with-x", "any-with-x")
+
+
+def check_x_match(arguments: dict | None) -> None:
+    """A headers-exchange binding's ``x-match`` must be a string naming one of
+    :data:`X_MATCH_VALUES` (or be absent: all). Raises 406 PRECONDITION_FAILED (soft) with
+    RabbitMQ's wording (rabbit_exchange_type_headers ``validate_binding``)."""
+    if not arguments or "x-match" not in arguments:
+        return
+    mode = arguments["x-match"]
+    if isinstance(mode, (bytes, bytearray)):
+        mode = bytes(mode).decode(errors="replace")
+    if not isinstance(mode, str):
+        raise soft_error(PRECONDITION_FAILED, f"Invalid x-match field type "
+                                              f"{type(mode).__name__} (value {mode!r}); "
+                                              f"expected longstr")
+    if mode not in X_MATCH_VALUES:
+        raise soft_error(PRECONDITION_FAILED, f"Invalid x-match field value '{mode}'; expected "
+                                              f"all, any, all-with-x, or any-with-x")
 
 
 class Topology:

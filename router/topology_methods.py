@@ -14,13 +14,14 @@ from typing import Any, Protocol
 from pamqp import commands as C
 
 from shoal.shared import wire
-from shoal.shared.errors import ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND, hard_error, soft_error
+from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND, AMQPError,
+                                 hard_error, soft_error)
 from shoal.shared.selector import check_arguments as check_selector
 from shoal.shared.wire import T
 
 from .amqp.methods import QueueDeclareOk
 from .broker import Broker
-from .routing import BUILTIN_EXCHANGES, EXCHANGE_TYPES
+from .routing import BUILTIN_EXCHANGES, EXCHANGE_TYPES, check_x_match
 from .session import ChannelClient
 
 
@@ -87,18 +88,31 @@ async def on_exchange_unbind(ch: TopologyChannel, m: C.Exchange.Unbind) -> None:
 
 async def _bind(ch: TopologyChannel, tag: int, exchange: str, kind: str, dest: str, key: str,
                 arguments: dict | None) -> None:
+    """BIND / UNBIND. Raises 403 (the default exchange), 404 (a missing exchange or queue, on
+    bind only: unbinding what does not exist is unbind-ok, as RabbitMQ 3.10 answers), 405
+    (another connection's exclusive queue), 406 (a bad selector or x-match)."""
     b = ch.broker
     if exchange == "" or (kind == wire.DEST_EXCHANGE and dest == ""):
         raise soft_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
     for name in (exchange, dest) if kind == wire.DEST_EXCHANGE else (exchange,):
         if b.topology.get(ch.vhost, name) is None:
+            if tag == T.UNBIND:
+                return
             raise soft_error(NOT_FOUND, f"no exchange '{name}' in vhost '{ch.vhost}'")
     if kind == wire.DEST_QUEUE:
         # The queue must exist and be ours to use (404 / 405), asked of its node.
-        await b.queue_link(ch.vhost, dest).request(
-            [T.QUEUE_DECLARE, ch.vhost, dest, True, False, False, False, {}, ch.client.owner])
+        try:
+            await b.queue_link(ch.vhost, dest).request(
+                [T.QUEUE_DECLARE, ch.vhost, dest, True, False, False, False, {},
+                 ch.client.owner])
+        except AMQPError as err:
+            if tag == T.UNBIND and err.reply_code == NOT_FOUND:
+                return
+            raise
     if tag == T.BIND:
         check_selector(arguments)   # 406 naming the error position (x-filter-jms-selector)
+        if b.topology.get(ch.vhost, exchange).type == "headers":
+            check_x_match(arguments)
     await b.exchange_link(ch.vhost, exchange).request(
         [tag, ch.vhost, exchange, kind, dest, key, arguments or {}])
 

@@ -19,8 +19,10 @@ following batches instead. Not supported: ``asyncProgressTrackingEnabled`` (the 
 a batch once Spark asks for the batch after it, which assumes synchronous commits).
 
 The sink publishes every row with publisher confirms (RabbitMQ extension ``confirm.select``) and
-returns its commit message only when the broker has confirmed every row of the partition; a
-``basic.nack`` (or a ``basic.return`` with ``mandatory=true``) fails the task. Options:
+the mandatory flag (unless ``mandatory=false``), and returns its commit message only when the
+broker has confirmed every row of the partition; a ``basic.nack`` or a ``basic.return`` (312
+NO_ROUTE) fails the task with :class:`ShoalSparkError`, and Spark retries or fails the job. An
+unknown option fails the query or job before anything runs. Options:
 :class:`~shoal.pipeline.spark.options.SourceOptions`,
 :class:`~shoal.pipeline.spark.options.SinkOptions`.
 """
@@ -144,7 +146,7 @@ class ShoalDataSource(DataSource):
         return ShoalWriter(SinkOptions.parse(self.options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ShoalStreamWriter:
-        return ShoalStreamWriter(SinkOptions.parse(self.options), schema)
+        return ShoalStreamWriter(SinkOptions.parse(self.options, streaming=True), schema)
 
 
 # --------------------------------------------------------------------------- source
@@ -334,16 +336,23 @@ class _Publisher:
                 key = d.get("routing_key")
                 key = self.opts.routing_key if key is None else key
                 try:
-                    # With confirms on, pika's basic_publish returns once the broker acked it
-                    # and raises NackError / UnroutableError otherwise.
+                    # With confirms on, pika's basic_publish returns once the broker acked it;
+                    # it raises NackError on basic.nack and UnroutableError when a
+                    # basic.return came before the ack (mandatory and no queue took it).
                     ch.basic_publish(exchange, key, _body(d.get("body")),
                                      self._properties(d), mandatory=self.opts.mandatory)
                 except pe.NackError:
-                    raise ShoalSparkError(f"shoal: the broker refused (basic.nack) a message "
-                                          f"to exchange {exchange!r} key {key!r}") from None
-                except pe.UnroutableError:
-                    raise ShoalSparkError(f"shoal: unroutable message (312 NO_ROUTE) to "
-                                          f"exchange {exchange!r} key {key!r}") from None
+                    raise ShoalSparkError(
+                        f"shoal: the broker refused (basic.nack) row {count + 1} of this task, "
+                        f"to exchange {exchange!r} routing key {key!r} (a queue full with "
+                        f"x-overflow=reject-publish, or a broker failure); {count} earlier "
+                        f"rows were confirmed") from None
+                except pe.UnroutableError as exc:
+                    raise ShoalSparkError(
+                        f"shoal: unroutable row {count + 1} of this task ({_returned(exc)}): "
+                        f"exchange {exchange!r} routes routing key {key!r} to no queue; "
+                        f"{count} earlier rows were confirmed. Bind a queue, or set option "
+                        f"mandatory=false to let the broker drop such rows") from None
                 count += 1
         finally:
             if conn.is_open:
@@ -364,6 +373,15 @@ class _Publisher:
         if headers:
             kw["headers"] = dict(headers)
         return pika.BasicProperties(**kw)
+
+
+def _returned(exc: Exception) -> str:
+    """``"312 NO_ROUTE"`` from pika's UnroutableError (its ``messages`` hold the basic.return)."""
+    for message in getattr(exc, "messages", None) or []:
+        method = getattr(message, "method", None)
+        if method is not None and getattr(method, "reply_code", None):
+            return f"{method.reply_code} {method.reply_text}"
+    return "312 NO_ROUTE"
 
 
 def _body(value: Any) -> bytes:

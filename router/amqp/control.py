@@ -15,7 +15,7 @@ from typing import Callable, Container
 from pamqp import commands
 
 from shoal.shared.errors import (CHANNEL_ERROR, COMMAND_INVALID, FRAME_ERROR, NOT_ALLOWED,
-                                 UNEXPECTED_FRAME, AMQPError, hard_error)
+                                 NOT_IMPLEMENTED, UNEXPECTED_FRAME, AMQPError, hard_error)
 
 from . import fastpath
 from .channel import CLOSING as _CLOSING, Channel
@@ -80,8 +80,8 @@ class ControlFrames:
                     with_ids(err, mid)
                 raise
         elif frame_type == FRAME_HEARTBEAT:
-            if ch != 0:  # spec 4.2.7: heartbeats belong to channel 0
-                raise hard_error(FRAME_ERROR, f"heartbeat frame on channel {ch}")
+            if ch != 0:  # spec 4.2.7: heartbeats belong to channel 0 (505, as RabbitMQ)
+                raise hard_error(UNEXPECTED_FRAME, f"heartbeat frame on channel {ch}")
         elif self._state == _CONN_CLOSING:
             return  # spec 2.2.4: discard all but close / close-ok
         elif self._state != _CONN_OPEN:
@@ -106,8 +106,8 @@ class ControlFrames:
             if mid == CHANNEL_OPEN:
                 raise hard_error(CHANNEL_ERROR, "channel.open on channel 0")
             if mid >> 16 != CONNECTION_CLASS:
-                require_known(mid)
-                raise hard_error(COMMAND_INVALID, f"{name(mid)} on channel 0")
+                require_known(mid)   # RabbitMQ: a channel method on channel 0 is 504
+                raise hard_error(CHANNEL_ERROR, f"{name(mid)} on channel 0")
             self._connection_method(mid, buf, start, fend, events)
             return
         require_known(mid)
@@ -158,8 +158,10 @@ class ControlFrames:
         if mid in CLIENT_CHANNEL_METHODS:
             events.append(MethodReceived(ch, method))
         elif mid == CHANNEL_FLOW:
-            chan.flow_active = bool(method.active)
-            self._write(method_frame(ch, commands.Channel.FlowOk(chan.flow_active)))
+            if not method.active:   # RabbitMQ 3.10: consumers use basic.qos instead
+                raise hard_error(NOT_IMPLEMENTED, "active=false")
+            chan.flow_active = True
+            self._write(method_frame(ch, commands.Channel.FlowOk(True)))
         elif mid in (CHANNEL_FLOW_OK, BASIC_CANCEL_OK):
             pass  # answers to our channel.flow / basic.cancel: nothing to do
         else:

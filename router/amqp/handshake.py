@@ -46,6 +46,7 @@ def server_properties(extra: dict | None = None) -> dict:
     """The ``server-properties`` table of ``connection.start`` (spec 1.4.2.1), ``extra``
     merged over the defaults (a ``capabilities`` entry in ``extra`` is merged key by key)."""
     props = {
+        "cluster_name": f"shoal@{platform.node() or 'localhost'}",   # as RabbitMQ's rabbit@host
         "product": "Shoal",
         "version": shoal_version(),
         "platform": f"Python {platform.python_version()}",

@@ -226,3 +226,55 @@ def test_a_silent_client_is_closed_and_its_unacked_message_redelivered(cluster, 
     assert body == b"held" and method.redelivered
     ch.queue_delete(q)
     conn.close()
+
+
+# ---- basic.recover requeue=false: 540 as RabbitMQ 3.10 ------------------------------------
+def test_basic_recover_without_requeue_is_not_implemented(cluster, uid):
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url))
+    ch = conn.channel()
+    q = f"recover-{uid}"
+    ch.queue_declare(q)
+    ch.basic_publish("", q, b"m")
+    assert ch.basic_get(q)[2] == b"m"                     # unacked
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as e:
+        ch.basic_recover(requeue=False)
+    assert (e.value.reply_code, e.value.reply_text) == (540, "NOT_IMPLEMENTED - requeue=false")
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url))
+    ch = conn.channel()
+    method, _, body = ch.basic_get(q, auto_ack=True)       # requeued when the connection went
+    assert body == b"m" and method.redelivered
+    ch.queue_delete(q)
+    conn.close()
+
+
+# ---- headers exchange and unbind (found by test_parity.py) ---------------------------------
+def test_headers_binding_checks_x_match_and_compares_kinds(cluster, uid):
+    """A bad x-match is 406 at bind (an integer one used to break every later publish);
+    ``true`` does not match ``1``; unbinding what does not exist is unbind-ok (RabbitMQ)."""
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url))
+    ch = conn.channel()
+    ex, q = f"hdr-{uid}", f"hdr-q-{uid}"
+    ch.exchange_declare(ex, "headers")
+    ch.queue_declare(q)
+    for bad in ("foo", 1):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            ch.queue_bind(q, ex, arguments={"x-match": bad, "k": "v"})
+        assert e.value.reply_code == 406
+        ch = conn.channel()
+    ch.queue_bind(q, ex, arguments={"x-match": "all", "t": True})
+    ch.basic_publish(ex, "", b"int", pika.BasicProperties(headers={"t": 1}))
+    ch.basic_publish(ex, "", b"bool", pika.BasicProperties(headers={"t": True}))
+    ch.confirm_delivery()
+    ch.basic_publish("", q, b"end")
+    got = []
+    while True:
+        body = ch.basic_get(q, auto_ack=True)[2]
+        if body is None:
+            break
+        got.append(body)
+    assert got == [b"bool", b"end"]
+    ch.queue_unbind(q, f"missing-{uid}")
+    ch.queue_unbind(f"missing-{uid}", ex)
+    ch.exchange_delete(ex)
+    ch.queue_delete(q)
+    conn.close()

@@ -25,15 +25,18 @@ def test_open_and_client_close():
     assert conn.receive_data(m(commands.Channel.Open(), 1)) == [ChannelOpened(1)]  # reuse
 
 
-def test_channel_flow_is_answered_with_the_same_active():
+def test_channel_flow_active_is_answered_and_inactive_is_540_as_rabbitmq():
+    """RabbitMQ 3.10 answers channel.flow active=true with flow-ok and refuses active=false
+    with 540 NOT_IMPLEMENTED "active=false" (a connection error)."""
     conn = open_conn()
     open_channel(conn, 1)
-    assert conn.receive_data(m(commands.Channel.Flow(False), 1)) == []
+    assert conn.receive_data(m(commands.Channel.Flow(True), 1)) == []
     [(ch, ok)] = methods(conn)
-    assert ch == 1 and isinstance(ok, commands.Channel.FlowOk) and ok.active is False
-    assert conn.channel_flow_active(1) is False
-    conn.receive_data(m(commands.Channel.Flow(True), 1))
-    assert methods(conn)[0][1].active is True and conn.channel_flow_active(1)
+    assert ch == 1 and isinstance(ok, commands.Channel.FlowOk) and ok.active is True
+    assert conn.channel_flow_active(1)
+    conn.receive_data(m(commands.Channel.Flow(False), 1))
+    close = hard_close(conn)
+    assert (close.reply_code, close.reply_text) == (540, "NOT_IMPLEMENTED - active=false")
 
 
 def test_other_methods_become_method_received():
@@ -118,7 +121,7 @@ def hard_close(conn):
     (m(commands.Queue.Declare(queue="q"), 2), 504, (50, 10)),        # not open
     (m(commands.Channel.CloseOk(), 1), 504, (20, 41)),               # close-ok not asked
     (m(commands.Connection.Close(200, "", 0, 0), 1), 503, (10, 50)),  # connection on ch 1
-    (m(commands.Queue.Declare(queue="q"), 0), 503, (50, 10)),        # non-connection on 0
+    (m(commands.Queue.Declare(queue="q"), 0), 504, (50, 10)),        # non-connection on 0
     (m(commands.Basic.Deliver("c", 1, False, "", "q"), 1), 503, (60, 60)),  # server-only
     (raw_frame(1, 1, struct.pack(">HH", 60, 99)), 540, (60, 99)),    # unknown method
     (raw_frame(1, 1, struct.pack(">HH", 99, 1)), 540, (99, 1)),      # unknown class

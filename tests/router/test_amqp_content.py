@@ -112,7 +112,7 @@ HDR3 = raw_frame(2, 1, struct.pack(">HHQH", 60, 0, 3, 0))
     (PUB + raw_frame(2, 1, b"\x00\x3c\x00"), 501),                   # truncated header
     (raw_frame(2, 0, struct.pack(">HHQH", 60, 0, 3, 0)), 505),        # header on channel 0
     (raw_frame(3, 5, b"x"), 504),                                    # body on closed channel
-    (raw_frame(8, 1, b""), 501),                                     # heartbeat on channel 1
+    (raw_frame(8, 1, b""), 505),                                     # heartbeat on channel 1
 ])
 def test_content_errors(data, code):
     conn = open_conn()
@@ -277,7 +277,7 @@ def test_everything_written_during_a_session_parses_with_pika():
     conn = open_conn()
     out = []
     conn.receive_data(m(commands.Channel.Open(), 1))
-    conn.receive_data(m(commands.Channel.Flow(False), 1))
+    conn.receive_data(m(commands.Channel.Flow(True), 1))
     conn.send_method(1, commands.Queue.DeclareOk("q", 1, 2))
     conn.send_method(1, commands.Basic.ConsumeOk("ctag"))
     conn.send_method(1, commands.Basic.Cancel("ctag", nowait=True))

@@ -1,6 +1,7 @@
 """The ``shoal`` data source against a real Shoal cluster (``cluster`` fixture): the streaming
 source survives a failed and a stopped query without losing a message, the sinks publish every
-row with confirms, and bad options fail with one clear line."""
+row with confirms, a row the broker returns (312 NO_ROUTE) or nacks fails the job instead of
+vanishing, and bad or misspelled options fail with one clear line."""
 from __future__ import annotations
 
 import time
@@ -132,7 +133,8 @@ def test_batch_and_stream_sinks_publish_every_row(spark, cluster, uid, tmp_path)
               .where(F.col("value") < 200)
               .select(F.concat(F.lit("tick-"), F.col("value").cast("string")).alias("body"),
                       F.lit(queue).alias("routing_key")))
-    q = (stream.writeStream.format("shoal").option("url", cluster.url)
+    # queryName and checkpointLocation reach the sink's options: Spark adds them, shoal accepts
+    q = (stream.writeStream.format("shoal").option("url", cluster.url).queryName(f"sink_{uid}")
          .option("checkpointLocation", str(tmp_path / "ck")).start())
     got: dict[bytes, dict] = {}
     want = {f"row-{i}".encode() for i in range(300)} | {f"tick-{i}".encode() for i in range(200)}
@@ -179,3 +181,92 @@ def test_missing_url_and_unknown_queue_fail_clearly(spark, cluster, uid):
          .writeStream.format("memory").queryName(f"bad2_{uid}").start())
     with pytest.raises(Exception, match="404"):
         q.awaitTermination(DEADLINE_S)
+
+
+def _bodies(spark, n: int):
+    """One partition of ``n`` rows with body ``row-<i>``, in order."""
+    return (spark.range(n).coalesce(1)
+            .select(F.concat(F.lit("row-"), F.col("id").cast("string")).alias("body")))
+
+
+def _drain(cluster, queue: str) -> list[bytes]:
+    """Every body now in ``queue``, in queue order (taken off it)."""
+    conn, ch = _channel(cluster)
+    try:
+        bodies = []
+        while True:
+            method, _props, body = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                return bodies
+            bodies.append(body)
+    finally:
+        conn.close()
+
+
+def test_misspelled_options_fail_naming_the_option(spark, cluster, uid, tmp_path):
+    queue = f"spark-typo-{uid}"
+    conn, ch = _channel(cluster)
+    ch.queue_declare(queue)
+    conn.close()
+    with pytest.raises(Exception) as info:
+        _bodies(spark, 3).write.format("shoal").option("url", cluster.url) \
+            .option("routing_key", queue).mode("append").save()
+    assert "unknown option 'routing_key' (did you mean 'routingKey'?)" in str(info.value)
+    assert _drain(cluster, queue) == []
+
+    q = (spark.readStream.format("rate").load().selectExpr("cast(value as string) as body")
+         .writeStream.format("shoal").option("url", cluster.url).option("routingkey", queue)
+         .option("deliverymod", "1").option("checkpointLocation", str(tmp_path / "ck")).start())
+    with pytest.raises(Exception, match=r"unknown option 'deliverymod' \(did you mean "
+                                        r"'deliveryMode'\?\)"):
+        q.awaitTermination(DEADLINE_S)
+
+    with pytest.raises(Exception, match=r"unknown option 'queues' \(did you mean 'queue'\?\)"):
+        spark.readStream.format("shoal").option("url", cluster.url).option("queues", queue) \
+            .load().writeStream.format("memory").queryName(f"typo_{uid}").start() \
+            .awaitTermination(DEADLINE_S)
+
+
+def test_unroutable_rows_fail_the_job(spark, cluster, uid, tmp_path):
+    nowhere = f"spark-nowhere-{uid}"           # default exchange, no such queue
+    with pytest.raises(Exception) as info:
+        _bodies(spark, 5).write.format("shoal").option("url", cluster.url) \
+            .option("routingKey", nowhere).mode("append").save()
+    message = str(info.value)
+    assert "ShoalSparkError" in message and "312 NO_ROUTE" in message
+    assert f"routing key '{nowhere}'" in message
+
+    # a mixed DataFrame: the job fails on the one row no queue takes, the others arrive
+    queue = f"spark-mixed-{uid}"
+    conn, ch = _channel(cluster)
+    ch.queue_declare(queue)
+    conn.close()
+    mixed = _bodies(spark, 10).withColumn(
+        "routing_key", F.when(F.col("body") == "row-4", F.lit(nowhere)).otherwise(F.lit(queue)))
+    with pytest.raises(Exception, match="312 NO_ROUTE"):
+        mixed.write.format("shoal").option("url", cluster.url).mode("append").save()
+    assert set(_drain(cluster, queue)) == {f"row-{i}".encode() for i in range(4)}
+
+    # the streaming sink fails its query the same way
+    q = (spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+         .selectExpr("cast(value as string) as body").writeStream.format("shoal")
+         .option("url", cluster.url).option("routingKey", nowhere)
+         .option("checkpointLocation", str(tmp_path / "ck")).start())
+    with pytest.raises(Exception, match="312 NO_ROUTE"):
+        q.awaitTermination(DEADLINE_S)
+
+    # dropping unroutable rows is an explicit choice
+    _bodies(spark, 5).write.format("shoal").option("url", cluster.url) \
+        .option("routingKey", nowhere).option("mandatory", "false").mode("append").save()
+
+
+def test_nacked_rows_fail_the_job(spark, cluster, uid):
+    queue = f"spark-full-{uid}"
+    conn, ch = _channel(cluster)
+    ch.queue_declare(queue, arguments={"x-max-length": 3, "x-overflow": "reject-publish"})
+    conn.close()
+    with pytest.raises(Exception) as info:
+        _bodies(spark, 10).write.format("shoal").option("url", cluster.url) \
+            .option("routingKey", queue).mode("append").save()
+    assert "ShoalSparkError" in str(info.value) and "basic.nack" in str(info.value)
+    assert _drain(cluster, queue) == [f"row-{i}".encode() for i in range(3)]

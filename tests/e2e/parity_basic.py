@@ -1,0 +1,492 @@
+"""Parity scenarios (see :mod:`.parity`): acknowledgements, headers exchange routing,
+consumer and publish errors, queue.delete/purge/bind errors, transactions. pika only."""
+from __future__ import annotations
+
+import time
+
+import pika
+
+from .parity import FAIL, Rec, _ch_steps, scenario
+
+
+def _filled(rec: Rec, n: int, tag: str = "q"):
+    """A connection, a confirm-mode channel and a queue holding m1..mn (confirmed)."""
+    q = rec.q(tag)
+    c = rec.conn()
+    ch = rec.channel(c, confirm=True)
+    ch.queue_declare(q)
+    for i in range(1, n + 1):
+        ch.basic_publish("", q, f"m{i}".encode())
+    return c, ch, q
+
+
+@scenario
+def queue_exclusive(rec: Rec) -> None:
+    """An exclusive queue: same connection may redeclare it exclusive; redeclare with
+    exclusive=False from the same connection; from another connection passive declare,
+    declare, get, consume, purge, bind and delete are 405 RESOURCE_LOCKED (channel), while a
+    publish through the default exchange is delivered."""
+    q = rec.q()
+    owner = rec.conn()
+    ch = owner.channel()
+    rec.do("declare-exclusive", ch.queue_declare, q, exclusive=True)
+    _ch_steps(rec, [
+        ("other-passive", lambda c: c.queue_declare(q, passive=True)),
+        ("other-declare", lambda c: c.queue_declare(q, exclusive=True)),
+        ("other-get", lambda c: c.basic_get(q)),
+        ("other-consume", lambda c: c.basic_consume(q, lambda *a: None)),
+        ("other-purge", lambda c: c.queue_purge(q)),
+        ("other-bind", lambda c: c.queue_bind(q, "amq.direct", "k")),
+        ("other-delete", lambda c: c.queue_delete(q)),
+        ("other-publish", lambda c: c.basic_publish("", q, b"from-other")),
+    ])
+    for label, kw in (("same-redeclare-exclusive", dict(exclusive=True)),
+                      ("same-redeclare-nonexclusive", dict(exclusive=False)),
+                      ("same-passive", dict(passive=True))):
+        c2 = owner.channel() if owner.is_open else rec.channel()
+        rec.do(label, c2.queue_declare, q, **kw)
+    rec.get(owner.channel() if owner.is_open else rec.channel(), q, "owner-get")
+    if owner.is_open:
+        owner.close()
+    time.sleep(0.5)          # the owner is gone: the queue goes with it
+    rec.do("after-owner-closed", rec.channel().queue_declare, q, passive=True)
+
+
+# ---- 4. basic.get ------------------------------------------------------------------------------
+@scenario
+def basic_get_empty_and_missing(rec: Rec) -> None:
+    """basic.get on an empty queue is get-empty; on a missing queue 404 (channel)."""
+    q = rec.q()
+    ch = rec.channel()
+    ch.queue_declare(q)
+    rec.get(ch, q)
+    rec.get(ch, rec.q("gone"))
+
+
+# ---- 5. acknowledgements -----------------------------------------------------------------------
+@scenario
+def ack_unknown_tag(rec: Rec) -> None:
+    """basic.ack / reject / nack of a tag never delivered: 406 PRECONDITION_FAILED (channel);
+    ack with multiple=True of a tag above every outstanding one: 406; ack 0 multiple=True
+    with nothing outstanding: ok."""
+    c, _, q = _filled(rec, 2)
+    for label, call in (("ack", lambda ch: ch.basic_ack(99)),
+                        ("reject", lambda ch: ch.basic_reject(99)),
+                        ("nack", lambda ch: ch.basic_nack(99)),
+                        ("ack-0-multiple-none-outstanding",
+                         lambda ch: ch.basic_ack(0, multiple=True))):
+        ch = c.channel()
+        rec.do(label, call, ch, sync=ch)
+    ch = c.channel()
+    rec.get(ch, q, no_ack=False)
+    rec.get(ch, q, no_ack=False)
+    rec.do("ack-5-multiple", ch.basic_ack, 5, multiple=True, sync=ch)
+    rec.drain(rec.channel(), q)
+
+
+@scenario
+def ack_twice(rec: Rec) -> None:
+    """A tag acked twice: the second ack is 406 (channel) and the message stays acked."""
+    c, _, q = _filled(rec, 1)
+    ch = c.channel()
+    m = rec.get(ch, q, no_ack=False)
+    rec.do("ack", ch.basic_ack, m.delivery_tag, sync=ch)
+    rec.do("ack-again", ch.basic_ack, m.delivery_tag, sync=ch)
+    rec.drain(c.channel(), q)
+
+
+@scenario
+def nack_multiple_requeue(rec: Rec) -> None:
+    """nack(tag 3, multiple=True, requeue=True) after getting m1..m4 requeues m1..m3 (to the
+    head, original order, redelivered=True); m4 stays unacked until the channel closes."""
+    c, _, q = _filled(rec, 4)
+    ch = c.channel()
+    for _ in range(4):
+        rec.get(ch, q, no_ack=False)
+    rec.do("nack-3-multiple", ch.basic_nack, 3, multiple=True, requeue=True, sync=ch)
+    rec.drain(c.channel(), q, "after-nack")
+    rec.do("close-channel", ch.close)
+    rec.drain(c.channel(), q, "after-close")
+
+
+@scenario
+def reject_requeue(rec: Rec) -> None:
+    """basic.reject requeue=False drops the message; requeue=True puts it back
+    redelivered."""
+    c, _, q = _filled(rec, 2)
+    ch = c.channel()
+    m1 = rec.get(ch, q, no_ack=False)
+    m2 = rec.get(ch, q, no_ack=False)
+    rec.do("reject-drop", ch.basic_reject, m1.delivery_tag, requeue=False, sync=ch)
+    rec.do("reject-requeue", ch.basic_reject, m2.delivery_tag, requeue=True, sync=ch)
+    rec.drain(ch, q)
+
+
+@scenario
+def recover_requeue_true(rec: Rec) -> None:
+    """basic.recover requeue=True requeues every unacked message of the channel
+    (redelivered=True on the next get)."""
+    c, _, q = _filled(rec, 2)
+    ch = c.channel()
+    rec.get(ch, q, no_ack=False)
+    rec.get(ch, q, no_ack=False)
+    rec.do("recover", ch.basic_recover, requeue=True)
+    rec.drain(ch, q)
+
+
+@scenario
+def recover_requeue_false(rec: Rec) -> None:
+    """basic.recover requeue=False (redeliver to the original recipient): RabbitMQ answers
+    540 NOT_IMPLEMENTED? (recorded as is)."""
+    c, _, q = _filled(rec, 1)
+    ch = c.channel()
+    rec.get(ch, q, no_ack=False)
+    rec.do("recover", ch.basic_recover, requeue=False)
+    rec.drain(rec.channel(), q)
+
+
+@scenario
+def recover_with_consumer(rec: Rec) -> None:
+    """basic.recover requeue=True with a consumer holding unacked deliveries: they come back
+    to that consumer redelivered."""
+    c, _, q = _filled(rec, 2)
+    ch = c.channel()
+    got = []
+    ch.basic_consume(q, lambda _ch, m, _p, body: got.append((body.decode(), m.redelivered)))
+    _pump(c, lambda: len(got) >= 2)
+    rec.do("recover", ch.basic_recover, requeue=True)
+    _pump(c, lambda: len(got) >= 4)
+    rec.add("delivered", got)
+
+
+def _pump(c, done, limit: float = 3.0) -> None:
+    deadline = time.monotonic() + limit
+    while not done() and time.monotonic() < deadline:
+        c.process_data_events(0.05)
+
+
+@scenario
+def reject_after_channel_closed(rec: Rec) -> None:
+    """A message got unacked on channel 1; channel 1 closes (the message is requeued); a
+    reject of that tag on channel 2 is 406 unknown delivery tag (channel); the message comes
+    back redelivered."""
+    c, _, q = _filled(rec, 1)
+    ch1 = c.channel()
+    m = rec.get(ch1, q, no_ack=False)
+    rec.do("close-ch1", ch1.close)
+    ch2 = c.channel()
+    rec.do("reject-on-ch2", ch2.basic_reject, m.delivery_tag, sync=ch2)
+    rec.drain(c.channel(), q)
+
+
+# ---- 7. headers exchange -----------------------------------------------------------------------
+BINDINGS = {
+    "all": {"x-match": "all", "a": "1", "b": "2"},
+    "any": {"x-match": "any", "a": "1", "b": "2"},
+    "default": {"a": "1", "b": "2"},
+    "all-only-x": {"x-match": "all", "x-k": "v"},
+    "any-only-x": {"x-match": "any", "x-k": "v"},
+    "all-with-x": {"x-match": "all-with-x", "x-k": "v", "a": "1"},
+    "any-with-x": {"x-match": "any-with-x", "x-k": "v"},
+    "void": {"x-match": "all", "a": None},
+    "int": {"x-match": "all", "n": 1},
+    "str": {"x-match": "all", "n": "1"},
+    "bool": {"x-match": "all", "t": True},
+    "empty-str": {"x-match": "all", "e": ""},
+    "all-no-keys": {"x-match": "all"},
+    "any-no-keys": {"x-match": "any"},
+}
+MESSAGES = {
+    "a1b2": {"a": "1", "b": "2"}, "a1": {"a": "1"}, "b2c3": {"b": "2", "c": "3"},
+    "xk": {"x-k": "v"}, "xk-a1": {"x-k": "v", "a": "1"}, "xk-a1b2": {"x-k": "v", "a": "1",
+                                                                         "b": "2"},
+    "a-void": {"a": None}, "a-other": {"a": "zz"}, "n-int": {"n": 1}, "n-str": {"n": "1"},
+    "n-long": {"n": 1 << 40}, "t-true": {"t": True}, "t-int": {"t": 1}, "e-empty": {"e": ""},
+    "a1-b-int": {"a": "1", "b": 2}, "none": None,
+}
+
+
+@scenario
+def headers_matching(rec: Rec) -> None:
+    """A headers exchange with one queue per binding (x-match all/any/default/all-with-x/
+    any-with-x, x- keys, void values, int vs string vs bool, empty string, no keys); each
+    message labelled by its headers. Records which messages reach each binding's queue."""
+    ex = rec.x("hdr")
+    c = rec.conn()
+    ch = rec.channel(c, confirm=True)
+    ch.exchange_declare(ex, "headers")
+    queues = {}
+    for label, args in BINDINGS.items():
+        queues[label] = q = rec.q(f"h-{label}")
+        ch.queue_declare(q)
+        rec.do(f"bind {label}", ch.queue_bind, q, ex, "", arguments=args, ok=False)
+    for label, headers in MESSAGES.items():
+        rec.do(f"publish {label}", ch.basic_publish, ex, "", label.encode(),
+               pika.BasicProperties(headers=headers), ok=False)
+    get = c.channel()
+    for label, q in queues.items():
+        got = []
+        while (res := get.basic_get(q, auto_ack=True))[0] is not None:
+            got.append(res[2].decode())
+        rec.add(label, got)
+
+
+@scenario
+def headers_bad_x_match(rec: Rec) -> None:
+    """A headers binding with an invalid x-match value ("foo", an integer): RabbitMQ 3.10
+    closes the channel with 406 PRECONDITION_FAILED? (recorded); the binding is not made."""
+    ex, q = rec.x("hdr"), rec.q()
+    c = rec.conn()
+    ch = c.channel()
+    ch.exchange_declare(ex, "headers")
+    ch.queue_declare(q)
+    _ch_steps(rec, [
+        ("bind x-match=foo", lambda ch: ch.queue_bind(q, ex, "", arguments={"x-match": "foo",
+                                                                             "a": "1"})),
+        ("bind x-match=1", lambda ch: ch.queue_bind(q, ex, "", arguments={"x-match": 1})),
+        ("bind x-match=ALL", lambda ch: ch.queue_bind(q, ex, "", arguments={"x-match": "ALL"})),
+    ])
+    ch = rec.channel(confirm=True)
+    ch.basic_publish(ex, "", b"probe", pika.BasicProperties(headers={"a": "1"}))
+    rec.drain(ch, q)
+
+
+# ---- 11. consumers and publishing --------------------------------------------------------------
+@scenario
+def consume_errors(rec: Rec) -> None:
+    """basic.consume on a missing queue (404 channel); an exclusive consumer when another
+    consumer exists (403 ACCESS_REFUSED channel) and a consumer when an exclusive one exists
+    (403); basic.qos prefetch_size != 0 (RabbitMQ: 540 NOT_IMPLEMENTED, connection?)."""
+    q = rec.q()
+    c = rec.conn()
+    first = c.channel()
+    first.queue_declare(q)
+    first.basic_consume(q, lambda *a: None)
+    q2 = rec.q("q2")
+    first.queue_declare(q2)
+    first.basic_consume(q2, lambda *a: None, exclusive=True)
+    _ch_steps(rec, [
+        ("consume-missing", lambda ch: ch.basic_consume(rec.q("gone"), lambda *a: None)),
+        ("exclusive-when-consumed", lambda ch: ch.basic_consume(q, lambda *a: None,
+                                                                exclusive=True)),
+        ("consume-when-exclusive", lambda ch: ch.basic_consume(q2, lambda *a: None)),
+        ("qos-prefetch-size", lambda ch: ch.basic_qos(prefetch_size=1)),
+        ("qos-global", lambda ch: ch.basic_qos(prefetch_count=5, global_qos=True)),
+    ])
+
+
+@scenario
+def publish_errors(rec: Rec) -> None:
+    """Publish to a missing exchange: 404 (channel); to an internal exchange: 403; mandatory
+    and unroutable: basic.return 312 NO_ROUTE (the text is part of the contract) with the
+    exchange and routing key, then the confirm."""
+    internal = rec.x("int")
+    c = rec.conn()
+    c.channel().exchange_declare(internal, "fanout", internal=True)
+    _ch_steps(rec, [
+        ("publish-missing-exchange", lambda ch: ch.basic_publish(rec.x("gone"), "k", b"x")),
+        ("publish-internal", lambda ch: ch.basic_publish(internal, "k", b"x")),
+    ])
+    ch = c.channel()
+    returned = []
+    ch.add_on_return_callback(lambda _c, m, _p, body: returned.append(
+        (m.reply_code, m.reply_text, m.exchange, m.routing_key, body)))
+    rec.do("publish-mandatory", ch.basic_publish, "amq.direct", rec.name("rk"), b"r1",
+           mandatory=True, sync=ch)
+    rec.do("publish-mandatory-default", ch.basic_publish, "", rec.name("nq"), b"r2",
+           mandatory=True, sync=ch)
+    _pump(c, lambda: len(returned) >= 2, 2.0)
+    rec.add("returned", returned)
+    ch = rec.channel(c, confirm=True)
+    rec.do("confirmed-mandatory", ch.basic_publish, "amq.direct", rec.name("rk2"), b"r3",
+           mandatory=True)
+
+
+# ---- 12. queue.delete / purge / bind errors ----------------------------------------------------
+@scenario
+def queue_ops_errors(rec: Rec) -> None:
+    """queue.delete if_unused with a consumer and if_empty with a message: 406 (channel);
+    delete of a missing queue: ok; purge of a missing queue: 404; bind to a missing
+    exchange / of a missing queue: 404; unbind of a binding that does not exist: ok; unbind
+    from a missing exchange; purge-ok / delete-ok message counts."""
+    c, ch, q = _filled(rec, 2)
+    busy = rec.q("busy")
+    cons = c.channel()
+    cons.queue_declare(busy)
+    cons.basic_consume(busy, lambda *a: None)
+    _ch_steps(rec, [
+        ("delete-if-unused", lambda ch: ch.queue_delete(busy, if_unused=True)),
+        ("delete-if-empty", lambda ch: ch.queue_delete(q, if_empty=True)),
+        ("delete-missing", lambda ch: ch.queue_delete(rec.q("gone"))),
+        ("purge-missing", lambda ch: ch.queue_purge(rec.q("gone2"))),
+        ("bind-missing-exchange", lambda ch: ch.queue_bind(q, rec.x("nx"), "k")),
+        ("bind-missing-queue", lambda ch: ch.queue_bind(rec.q("nq"), "amq.direct", "k")),
+        ("unbind-missing-binding", lambda ch: ch.queue_unbind(q, "amq.direct", "nokey")),
+        ("unbind-missing-exchange", lambda ch: ch.queue_unbind(q, rec.x("nx2"), "k")),
+        ("unbind-missing-queue", lambda ch: ch.queue_unbind(rec.q("nq2"), "amq.direct", "k")),
+    ])
+    ch = rec.channel()
+    ok = rec.do("purge", ch.queue_purge, q, ok=False)
+    rec.add("purge-ok", ok.method.message_count if ok is not FAIL else None)
+    ch.basic_publish("", q, b"m3")
+    ch.queue_declare(q, passive=True)
+    ok = rec.do("delete", ch.queue_delete, q, ok=False)
+    rec.add("delete-ok", ok.method.message_count if ok is not FAIL else None)
+
+
+# ---- 13. transactions --------------------------------------------------------------------------
+@scenario
+def tx_errors(rec: Rec) -> None:
+    """tx.commit / tx.rollback without tx.select: 406 (channel); confirm.select after
+    tx.select and tx.select after confirm.select: 406; tx.select twice is fine."""
+    c = rec.conn()
+
+    def tx_then_confirm(ch):
+        ch.tx_select()
+        ch.confirm_delivery()
+
+    def confirm_then_tx(ch):
+        ch.confirm_delivery()
+        ch.tx_select()
+
+    _ch_steps(rec, [
+        ("commit-without-select", lambda ch: ch.tx_commit()),
+        ("rollback-without-select", lambda ch: ch.tx_rollback()),
+        ("confirm-after-tx", tx_then_confirm),
+        ("tx-after-confirm", confirm_then_tx),
+        ("select-twice", lambda ch: ch.tx_select() or ch.tx_select()),
+    ])
+    del c
+
+
+@scenario
+def tx_publish_ack(rec: Rec) -> None:
+    """Publishes and acks inside a transaction take effect at tx.commit; tx.rollback
+    discards publishes and leaves the rolled-back ack's message unacked."""
+    c, _, q = _filled(rec, 1)
+    ch = c.channel()
+    ch.tx_select()
+    ch.basic_publish("", q, b"t1")
+    rec.do("rollback", ch.tx_rollback)
+    ch.basic_publish("", q, b"t2")
+    rec.do("commit", ch.tx_commit)
+    m = rec.get(ch, q, no_ack=False)
+    ch.basic_ack(m.delivery_tag)
+    rec.do("rollback-ack", ch.tx_rollback)
+    rec.do("close", ch.close)
+    rec.drain(c.channel(), q)
+
+
+@scenario
+def consumer_cancel_notify(rec: Rec) -> None:
+    """A consumer (client announces consumer_cancel_notify) whose queue is deleted receives
+    basic.cancel from the broker."""
+    q = rec.q()
+    c = rec.conn()
+    ch = c.channel()
+    ch.queue_declare(q)
+    cancelled = []
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    tag = ch.basic_consume(q, lambda *a: None)
+    rec.do("delete", c.channel().queue_delete, q)
+    _pump(c, lambda: bool(cancelled), 3.0)
+    rec.add("cancelled", [t == tag for t in cancelled])
+
+
+@scenario
+def queue_max_length(rec: Rec) -> None:
+    """x-max-length 2 (default overflow drop-head) keeps the newest two; with x-overflow
+    reject-publish the third publish is nacked (pika NackError on a confirm channel)."""
+    c = rec.conn()
+    ch = rec.channel(c, confirm=True)
+    for label, extra in (("drop-head", {}), ("reject-publish", {"x-overflow": "reject-publish"})):
+        q = rec.q(label)
+        ch.queue_declare(q, arguments={"x-max-length": 2, **extra})
+        for i in (1, 2, 3):
+            rec.do(f"{label} publish m{i}", ch.basic_publish, "", q, f"m{i}".encode())
+        rec.drain(ch, q, label)
+
+
+@scenario
+def dead_lettering(rec: Rec) -> None:
+    """x-dead-letter-exchange (+ routing key): a message rejected with requeue=False and one
+    dropped by x-max-length reach the dead-letter queue with an x-death entry (count,
+    reason, queue, exchange, routing-keys; count is a long-long 'l', which pika decodes as
+    ``long``) and x-first-death-* headers (RabbitMQ 3.10 has no x-last-death-*)."""
+    dlx, dlq = rec.x("dlx"), rec.q("dlq")
+    c = rec.conn()
+    ch = rec.channel(c, confirm=True)
+    ch.exchange_declare(dlx, "fanout")
+    ch.queue_declare(dlq)
+    ch.queue_bind(dlq, dlx)
+    q = rec.q("src")
+    ch.queue_declare(q, arguments={"x-dead-letter-exchange": dlx, "x-max-length": 1})
+    ch.basic_publish("", q, b"rejected")
+    m = ch.basic_get(q)[0]
+    rec.do("reject", ch.basic_reject, m.delivery_tag, requeue=False, sync=ch)
+    ch.basic_publish("", q, b"dropped")
+    ch.basic_publish("", q, b"kept")
+    for _ in range(3):
+        m, p, body = ch.basic_get(dlq, auto_ack=True)
+        if m is None:
+            rec.add("dlq", "get-empty")
+            break
+        h = dict(p.headers or {})
+        deaths = [{k: (f"{type(v).__name__} {v}" if k == "count" else v)   # 'l' -> long
+                   for k, v in d.items() if k != "time"} for d in h.pop("x-death", [])]
+        rec.add("dlq", body, m.routing_key, m.exchange, deaths, sorted(h.items()))
+
+
+@scenario
+def priority_queue(rec: Rec) -> None:
+    """x-max-priority 10: messages come out highest priority first (FIFO within one
+    priority; priorities above the maximum count as the maximum; none counts as 0)."""
+    c, ch, q = _filled(rec, 0)
+    q = rec.q("prio")
+    ch.queue_declare(q, arguments={"x-max-priority": 10})
+    for body, prio in (("p1", 1), ("p5", 5), ("none", None), ("p5b", 5), ("p200", 200),
+                       ("p10", 10), ("p0", 0)):
+        ch.basic_publish("", q, body.encode(), pika.BasicProperties(priority=prio))
+    rec.drain(ch, q)
+
+
+@scenario
+def prefetch_limits(rec: Rec) -> None:
+    """basic.qos prefetch_count=2 on a consumer of 5 messages: 2 delivered until an ack,
+    then one more per ack; basic.get ignores the prefetch window."""
+    c, _, q = _filled(rec, 5)
+    ch = c.channel()
+    ch.basic_qos(prefetch_count=2)
+    got = []
+    ch.basic_consume(q, lambda _c, m, _p, body: got.append((m.delivery_tag, body.decode())))
+    _pump(c, lambda: len(got) > 2, 1.0)
+    rec.add("delivered", [b for _, b in got])
+    ch.basic_ack(got[0][0])
+    _pump(c, lambda: len(got) > 3, 1.0)
+    rec.add("after one ack", [b for _, b in got])
+    ch.basic_ack(got[-1][0], multiple=True)
+    _pump(c, lambda: len(got) > 5, 1.5)
+    rec.add("after ack multiple", [b for _, b in got])
+
+
+@scenario
+def auto_delete(rec: Rec) -> None:
+    """An auto-delete queue survives until it had a consumer and the last one is cancelled;
+    an auto-delete exchange goes when its last binding is removed."""
+    q, ex = rec.q("adq"), rec.x("adx")
+    c = rec.conn()
+    ch = c.channel()
+    ch.queue_declare(q, auto_delete=True)
+    ch.exchange_declare(ex, "fanout", auto_delete=True)
+    rec.do("q before consume", c.channel().queue_declare, q, passive=True)
+    tag = ch.basic_consume(q, lambda *a: None)
+    ch.basic_cancel(tag)
+    time.sleep(0.3)
+    rec.do("q after cancel", c.channel().queue_declare, q, passive=True)
+    q2 = rec.q("bound")
+    ch = c.channel()
+    ch.queue_declare(q2)
+    ch.queue_bind(q2, ex)
+    ch.queue_unbind(q2, ex)
+    time.sleep(0.3)
+    rec.do("x after unbind", c.channel().exchange_declare, ex, passive=True)
