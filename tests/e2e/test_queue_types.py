@@ -51,13 +51,19 @@ def test_priority_queue_highest_first_fifo_within(make_client, names, arg):
     assert [d.body for d in drain(c, q)] == [b"c9", b"b5", b"d5", b"a1", b"f0"]
 
 
-def test_priority_defaults_to_4(make_client, names):
+@pytest.mark.parametrize("arg, order", [
+    # RabbitMQ: a message without a priority property ranks as 0 on an x-max-priority queue
+    ({"x-max-priority": 9}, [b"p5", b"p3", b"none"]),
+    # Qpid (JMS): it ranks as 4, the JMS default, on an x-qpid-priorities queue
+    ({"x-qpid-priorities": 10}, [b"p5", b"none", b"p3"]),
+])
+def test_priority_default_for_a_message_without_one(make_client, names, arg, order):
     c = make_client(confirms=True, kind_="pika")    # aio-pika always sends a priority (0)
     q = names("prio")
-    c.declare_queue(q, arguments={"x-max-priority": 9})
+    c.declare_queue(q, arguments=arg)
     for body, prio in [(b"p3", 3), (b"none", None), (b"p5", 5)]:
         c.publish("", q, body, {"priority": prio} if prio is not None else None)
-    assert [d.body for d in drain(c, q)] == [b"p5", b"none", b"p3"]
+    assert [d.body for d in drain(c, q)] == order
 
 
 def test_priority_above_max_counts_as_max(make_client, names):
