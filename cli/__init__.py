@@ -14,6 +14,7 @@ import importlib
 import logging
 import sys
 
+from shoal.shared.definitions import definitions_for
 from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings
 
@@ -56,14 +57,20 @@ def serve_main(argv: list[str]) -> int:
     p.add_argument("--max-message-size", type=int, metavar="BYTES",
                    help="largest message body accepted (default 134217728 = 128 MiB, "
                         "RabbitMQ's; at most 536870912)")
+    p.add_argument("--definitions", metavar="FILE",
+                   help="a RabbitMQ definitions file (JSON) with users, vhosts, permissions "
+                        "and topology to load at start (rabbitmqctl export_definitions's "
+                        "output loads unchanged)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     try:
         settings = load_settings(args.config, overrides={
+            "load_definitions": args.definitions,
             "host": args.host, "port": args.port, "nodes": args.nodes,
             "routers": args.routers, "data_dir": args.data_dir, "embed_node": args.embed_node,
             "pin_cpus": args.pin_cpus, "max_message_size": args.max_message_size,
             "log_level": args.log_level})
+        definitions_for(settings)       # a bad definitions file stops start-up in one line
     except ConfigError as exc:
         print(f"shoal serve: {exc}", file=sys.stderr)
         return 2

@@ -118,6 +118,8 @@ class Cluster:
         cmd = [sys.executable, "-m", "shoal.cli", "router", "--host", s.host, "--port",
                str(port), "--data-dir", str(self.data_dir), "--max-message-size",
                str(s.max_message_size), *self._common()]
+        if s.load_definitions:
+            cmd += ["--definitions", str(Path(s.load_definitions).expanduser().resolve())]
         if s.serve_routers() > 1:
             cmd += ["--direct-port", str(router.get("direct_port", 0))]
         for node in self.nodes:

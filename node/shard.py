@@ -109,6 +109,7 @@ class Shard:
             T.TOPOLOGY_SNAPSHOT: (2, (int,), cls._on_snapshot, True),
             T.TOPOLOGY_SYNCED: (2, (int,), cls._on_synced, False),
             T.CONNECTION_CLOSED: (2, (str,), cls._on_connection_closed, False),
+            T.QUEUE_LIST: (3, (int, _S), cls._on_queue_list, True),
             T.PUBLISH: (9, None, M.on_publish, False),      # hot path: count only
             T.CONSUME: (10, (int, int, str, str, str, int, int, _D, _S), M.on_consume, True),
             T.CANCEL: (3, (int, int), M.on_cancel, True),
@@ -449,6 +450,13 @@ class Shard:
         """QUEUE_PURGE (spec 1.7.2.7) -> [purged count]. Raises 404, 405."""
         _, _, vhost, name, owner = msg
         return [self.queue_for(vhost, name, owner).purge()]
+
+    def _on_queue_list(self, state: RouterPeer, msg: list) -> list:
+        """QUEUE_LIST -> this node's queues (of ``msg[2]``, a vhost, unless None)."""
+        vhost = msg[2]
+        return [[q.vhost, q.name, q.durable, q.exclusive_owner is not None, q.auto_delete,
+                 q.arguments, q.message_count, q.consumer_count]
+                for q in self.queues.values() if vhost is None or q.vhost == vhost]
 
     def _on_connection_closed(self, state: RouterPeer, msg: list) -> None:
         owner = msg[1]

@@ -25,6 +25,7 @@ from shoal.shared.wire import T, TAG_SETTLE
 
 from . import consumers as credit
 from . import topology_methods
+from .access import READ, WRITE
 from .amqp.events import MessagePublished
 from .broker import Broker
 from .consumers import Consumer, ConsumerTarget, CreditPool
@@ -129,6 +130,13 @@ class Channel:
         self.client.fail(self.number, err)
         self.client.flush()
 
+    def check_access(self, perm: str, kind: str, name: str) -> None:
+        """403 ACCESS_REFUSED (soft) unless the connection's user has ``perm`` (configure,
+        write, read) on the ``kind`` ("queue", "exchange") ``name`` (router/access.py)."""
+        acc = self.client.access
+        if acc is not None:
+            acc.check(perm, kind, name)
+
     def send(self, method: Any) -> None:
         if not self.closed:
             self.client.amqp.send_method(self.number, method)
@@ -194,8 +202,9 @@ class Channel:
     def publish(self, ev: Any) -> None:
         """Route one basic.publish (spec 1.8.3.7) and forward it to the nodes of its queues.
 
-        Raises 404 (no such exchange), 403 (internal exchange), 540 (immediate=true, as
-        RabbitMQ). Confirms: basic.ack once every target node accepted it, basic.nack if one
+        Raises 403 (no write permission on the exchange, or topic permission on the routing
+        key; router/access.py), 404 (no such exchange), 403 (internal exchange), 540
+        (immediate=true, as RabbitMQ). Confirms: basic.ack once every target node accepted it, basic.nack if one
         failed; mandatory and unroutable: basic.return 312 NO_ROUTE before the confirm.
         """
         b = self.broker
@@ -206,9 +215,14 @@ class Channel:
             self._unconfirmed.append(seq)
         if ev.immediate:
             raise hard_error(NOT_IMPLEMENTED, "immediate=true")
+        acc = self.client.access
+        if acc is not None and not acc.unrestricted:   # 403 before 404, as RabbitMQ
+            acc.check(WRITE, "exchange", ev.exchange)
         ex = b.topology.get(self.vhost, ev.exchange)
         if ex is None:
             raise soft_error(NOT_FOUND, f"no exchange '{ev.exchange}' in vhost '{self.vhost}'")
+        if acc is not None and ex.type == "topic" and acc.topics:
+            acc.check_topic(WRITE, ev.exchange, ev.routing_key)
         if ex.internal:
             raise soft_error(ACCESS_REFUSED,
                              f"cannot publish to internal exchange '{ev.exchange}'")
@@ -266,9 +280,10 @@ class Channel:
         ``x-multiqueue`` (an array of queue names; the queue field is then ignored): one
         consumer tag, one stream of deliveries, one credit pool across the queues' nodes.
 
-        Raises 404 (a queue is missing: the channel closes and no part stays registered),
-        405/403 from the queues' nodes, 406 (x-multiqueue is not an array of names),
-        530 (consumer tag reused, hard, as RabbitMQ).
+        Raises 403 (no read permission on a queue), 404 (a queue is missing: the channel
+        closes and no part stays registered), 405/403 from the queues' nodes, 406
+        (x-multiqueue is not an array of names), 530 (consumer tag reused, or the channel
+        holds ``consumer_max_per_channel`` consumers; hard, as RabbitMQ).
         """
         b = self.broker
         args = dict(m.arguments or {})
@@ -276,12 +291,17 @@ class Channel:
             args["x-no-local"] = True
         multi = args.pop("x-multiqueue", None)
         if multi is not None:
-            queues = _queue_list(multi)
+            queues = credit.multiqueue_names(multi)
         else:
             queues = [queue_name(self, m.queue)]
+        for q in queues:
+            self.check_access(READ, "queue", q)
         tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
         if tag in self.pool.targets:
             raise hard_error(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        cap = b.settings.consumer_max_per_channel
+        if cap and len(self.pool.targets) >= cap:     # RabbitMQ's consumer_max_per_channel
+            raise hard_error(NOT_ALLOWED, f"reached maximum ({cap}) of consumers per channel")
         t = ConsumerTarget(tag, self.number, self.vhost, m.no_ack, registered=False)
         for q in queues:
             link = b.queue_link(self.vhost, q)
@@ -320,6 +340,7 @@ class Channel:
 
     async def on_basic_get(self, m: C.Basic.Get) -> None:
         queue = queue_name(self, m.queue)
+        self.check_access(READ, "queue", queue)
         link = self.broker.queue_link(self.vhost, queue)
         payload = await link.request([T.GET, self.vhost, queue, m.no_ack, self.client.owner])
         if payload is None:
@@ -473,13 +494,3 @@ def _with_method(err: AMQPError, method: Any) -> AMQPError:
         err.class_id, err.method_id = index >> 16, index & 0xFFFF
     return err
 
-
-def _queue_list(value: Any) -> list[str]:
-    """The ``x-multiqueue`` argument as a list of distinct queue names (order kept).
-    Raises 406 PRECONDITION_FAILED when it is not a non-empty array of names."""
-    if isinstance(value, (list, tuple)) and value:
-        names = [v.decode() if isinstance(v, bytes) else v for v in value]
-        if all(isinstance(n, str) and n for n in names):
-            return list(dict.fromkeys(names))
-    raise soft_error(PRECONDITION_FAILED,
-                     "x-multiqueue must be a non-empty array of queue names")

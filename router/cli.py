@@ -5,8 +5,11 @@ import argparse
 import logging
 import sys
 
+from shoal.shared.definitions import definitions_for
 from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings
+
+from .tls import server_context
 
 
 def main(argv: list[str] | None = None, host_node=None) -> int:
@@ -32,6 +35,10 @@ def main(argv: list[str] | None = None, host_node=None) -> int:
     p.add_argument("--max-message-size", type=int, metavar="BYTES",
                    help="largest message body accepted (default 134217728 = 128 MiB, "
                         "RabbitMQ's; at most 536870912)")
+    p.add_argument("--definitions", metavar="FILE",
+                   help="a RabbitMQ definitions file (JSON) with users, vhosts, permissions "
+                        "and topology to load at start (rabbitmqctl export_definitions's "
+                        "output loads unchanged)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
     try:
@@ -39,14 +46,17 @@ def main(argv: list[str] | None = None, host_node=None) -> int:
             "host": args.host, "port": args.port, "node_endpoints": args.node_endpoints,
             "direct_port": args.direct_port, "embed_bind": args.embed_bind,
             "data_dir": args.data_dir, "max_message_size": args.max_message_size,
-            "log_level": args.log_level})
+            "load_definitions": args.definitions, "log_level": args.log_level})
         if not settings.node_endpoints:
             raise ConfigError("invalid setting 'node_endpoints': the router needs at least one "
                               "node endpoint (--node or SHOAL_NODE_ENDPOINTS)")
+        definitions = definitions_for(settings)
+        if settings.tls_port >= 0:
+            server_context(settings)    # certificate files that do not load: one line, exit 2
     except ConfigError as exc:
         print(f"shoal router: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s router %(levelname)s %(name)s: %(message)s")
     from .server import run_router
-    return run_router(settings, host_node)
+    return run_router(settings, host_node, definitions)

@@ -16,7 +16,9 @@ from shoal.shared.errors import INTERNAL_ERROR, AMQPError
 from shoal.shared.wire import T
 
 from .amqp import events as E
+from .access import VhostAccess
 from .amqp.connection import AMQPConnection
+from .tls import peer_identity
 from .broker import Broker
 from .channel import Channel
 
@@ -47,11 +49,16 @@ def _is_loopback(peer) -> bool:
 class ClientConnection(asyncio.BufferedProtocol):
     """The asyncio side of one AMQP client connection."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, tls: bool = False) -> None:
+        """``tls``: accepted on the amqps listener (a verified client certificate then
+        offers EXTERNAL)."""
         self.broker = broker
+        self.tls = tls
         s = broker.settings
         self.owner = broker.new_connection_id()
         self.vhost = "/"
+        self.access: VhostAccess | None = None   #: the user's permissions in vhost (open)
+        self._counted: tuple[str, str] | None = None  #: (user, vhost) in broker.limits
         self.channels: dict[int, Channel] = {}
         self.exclusive_queues: set[str] = set()
         self.capabilities: dict = {}
@@ -74,14 +81,37 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.transport = transport
         s = self._settings
         peer = transport.get_extra_info("peername")
+        users, loopback = self.broker.users, _is_loopback(peer)
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
+        identity = peer_identity(transport.get_extra_info("ssl_object"),
+                                 s.ssl_cert_login_from) if self.tls else None
         self.amqp = AMQPConnection(
-            authenticate=lambda user, password: s.users.get(user) == password,
-            vhosts=s.vhosts, frame_max=s.frame_max, channel_max=s.channel_max,
+            authenticate=lambda user, password: users.authenticate(user, password, where,
+                                                                   loopback),
+            vhosts=users.vhosts, frame_max=s.frame_max, channel_max=s.channel_max,
             heartbeat=s.heartbeat, max_message_size=s.max_message_size,
-            peer_is_loopback=_is_loopback(peer), loopback_users=tuple(s.loopback_users))
+            peer_is_loopback=loopback, loopback_users=(),   # checked by users.authenticate
+            admit=self._admit, admit_channel=self._admit_channel,
+            handshake_timeout=s.handshake_timeout / 1000, external_identity=identity)
         transport.set_write_buffer_limits(high=s.max_output_buffer,
                                           low=s.max_output_buffer // 4)
         self.broker.connections.add(self)
+
+    def _admit(self, user: str, vhost: str) -> str | None:
+        """connection.open: None, or why it is refused (530; RabbitMQ's order: the vhost's
+        connection limit, the user's, then the user's permissions in the vhost)."""
+        refusal = self.broker.limits.admit_connection(user, vhost)
+        if refusal is None and self.broker.users.vhost_access(user, vhost) is None:
+            refusal = f"access to vhost '{vhost}' refused for user '{user}'"
+        return refusal
+
+    def _admit_channel(self) -> str | None:
+        user = self.amqp.user
+
+        def open_channels() -> int:
+            return sum(c.amqp.open_channels for c in self.broker.connections
+                       if c.amqp is not None and c.amqp.user == user)
+        return self.broker.limits.admit_channel(user, open_channels)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -191,6 +221,9 @@ class ClientConnection(asyncio.BufferedProtocol):
                     ch.close()
             elif t is E.ConnectionOpened:
                 self.vhost = ev.vhost
+                self.access = self.broker.users.vhost_access(ev.user, ev.vhost)
+                self.broker.limits.connection_opened(ev.user, ev.vhost)
+                self._counted = (ev.user, ev.vhost)
                 caps = (ev.client_properties or {}).get("capabilities") or {}
                 self.capabilities = caps if isinstance(caps, dict) else {}
                 if self.broker.blocked_reason is not None:
@@ -247,6 +280,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._done = True
         for ch in list(self.channels.values()):
             ch.close()
+        if self._counted is not None:
+            self.broker.limits.connection_closed(*self._counted)
         self.channels.clear()
         for link in self.broker.links.values():
             if link.up:

@@ -31,7 +31,9 @@ deliveries already granted under the old value still arrive (as in RabbitMQ).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from shoal.shared.errors import PRECONDITION_FAILED, soft_error
 from shoal.shared.wire import TAG_CREDIT
 
 CHUNK = 512       #: credit granted at a time when no prefetch limit applies (messages)
@@ -192,3 +194,14 @@ def on_settled(pool: CreditPool, t: ConsumerTarget | None) -> None:
     if t is not None:
         t.unacked -= 1
         pool.unacked -= 1
+
+
+def multiqueue_names(value: Any) -> list[str]:
+    """The ``x-multiqueue`` argument of basic.consume as a list of distinct queue names (order
+    kept). Raises 406 PRECONDITION_FAILED when it is not a non-empty array of names."""
+    if isinstance(value, (list, tuple)) and value:
+        names = [v.decode() if isinstance(v, bytes) else v for v in value]
+        if all(isinstance(n, str) and n for n in names):
+            return list(dict.fromkeys(names))
+    raise soft_error(PRECONDITION_FAILED,
+                     "x-multiqueue must be a non-empty array of queue names")

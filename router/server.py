@@ -29,9 +29,11 @@ from typing import Any, Callable
 
 import zmq
 
+from shoal.shared.definitions import Definitions
 from shoal.shared.errors import CONNECTION_FORCED, StartupError
 from shoal.shared.settings import Settings
 
+from . import tls
 from .broker import Broker
 from .client import ClientConnection, heartbeat_loop
 
@@ -49,7 +51,8 @@ def hosted_endpoints(settings: Settings) -> list[tuple[str, str]]:
     return [(n, ep) for n, ep in settings.node_map() if ep.startswith("inproc://")]
 
 
-async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
+async def serve(settings: Settings, host_node: HostNode | None = None,
+                definitions: Definitions | None = None) -> int:
     """Run the router (and the nodes it hosts) until SIGINT/SIGTERM. Returns the exit code:
     0 clean stop, 1 nodes unreachable or a hosted node failed, or a hosted node's
     StartupError code (3: its journal cannot be opened)."""
@@ -84,7 +87,8 @@ async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
         print(f"shoal router: {exc}", flush=True, file=sys.stderr)
         await _stop_hosted(hosted, ctx)
         return exc.exit_code
-    broker = Broker(settings, ctx, {node_id: node.attach_local for node_id, node, _ in hosted})
+    broker = Broker(settings, ctx, {node_id: node.attach_local for node_id, node, _ in hosted},
+                    definitions)
     try:
         await broker.start()
     except TimeoutError as exc:
@@ -102,6 +106,16 @@ async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
         servers.append(await loop.create_server(
             lambda: ClientConnection(broker), settings.host, settings.direct_port, backlog=128))
         direct = f" (direct port {servers[1].sockets[0].getsockname()[1]})"
+    reloader = None
+    if settings.tls_port >= 0:              # amqps (router/tls.py)
+        tls_ctx = tls.server_context(settings)
+        servers.append(await loop.create_server(
+            lambda: ClientConnection(broker, tls=True), settings.host, settings.tls_port,
+            ssl=tls_ctx, ssl_handshake_timeout=10.0,
+            reuse_port=hasattr(socket, "SO_REUSEPORT"), backlog=1024))
+        log.info("router %s accepting AMQP 0-9-1 over TLS on %s:%s", broker.router_id,
+                 settings.host, servers[-1].sockets[0].getsockname()[1])
+        reloader = asyncio.ensure_future(tls.reload_loop(tls_ctx, settings))
     print(f"shoal router ready on {host}:{port}{direct}", flush=True)
     log.info("router %s accepting AMQP 0-9-1 on %s:%s, %d nodes", broker.router_id, host, port,
              len(broker.links))
@@ -109,8 +123,9 @@ async def serve(settings: Settings, host_node: HostNode | None = None) -> int:
     stats = asyncio.ensure_future(_write_stats(broker, settings.stats_file)) \
         if settings.stats_file else None
     await stop.wait()
-    if stats is not None:
-        stats.cancel()
+    for task in (stats, reloader):
+        if task is not None:
+            task.cancel()
     log.info("router stopping: closing %d client connections", len(broker.connections))
     for srv in servers:
         srv.close()
@@ -159,8 +174,10 @@ async def _write_stats(broker: Broker, path: str) -> None:
             log.warning("cannot write stats file %s: %s", path, exc.strerror)
 
 
-def run_router(settings: Settings, host_node: HostNode | None = None) -> int:
-    """Run the router until SIGINT/SIGTERM; returns the process exit code (see serve)."""
+def run_router(settings: Settings, host_node: HostNode | None = None,
+               definitions: Definitions | None = None) -> int:
+    """Run the router until SIGINT/SIGTERM; returns the process exit code (see serve).
+    ``definitions``: users, vhosts and permissions (default: from ``settings``)."""
     # Most router objects live as long as a connection or a delivery; fewer young-generation
     # collections cost less CPU per message without growing memory noticeably.
     gc.set_threshold(20_000, 50, 100)
@@ -169,4 +186,4 @@ def run_router(settings: Settings, host_node: HostNode | None = None) -> int:
         uvloop.install()
     except ImportError:  # uvloop is optional (Windows)
         pass
-    return asyncio.run(serve(settings, host_node))
+    return asyncio.run(serve(settings, host_node, definitions))

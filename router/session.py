@@ -14,6 +14,7 @@ from typing import Any, Mapping, Protocol
 
 from shoal.shared.errors import AMQPError
 
+from .access import VhostAccess
 from .amqp.connection import AMQPConnection
 from .consumers import Consumer, ConsumerTarget, CreditPool
 
@@ -79,5 +80,6 @@ class ChannelClient(BrokerClient, Protocol):
 
     vhost: str
     exclusive_queues: set[str]
+    access: VhostAccess | None   #: the user's permissions in ``vhost`` (router/access.py)
 
     def fail(self, channel: int, err: AMQPError) -> None: ...

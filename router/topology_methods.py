@@ -8,17 +8,19 @@ for those classes, run as tasks in the channel's order, and raise AMQPError.
 """
 from __future__ import annotations
 
+import asyncio
 import secrets
 from typing import Any, Protocol
 
 from pamqp import commands as C
 
 from shoal.shared import wire
-from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND, AMQPError,
-                                 hard_error, soft_error)
+from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND,
+                                 PRECONDITION_FAILED, AMQPError, hard_error, soft_error)
 from shoal.shared.selector import check_arguments as check_selector
 from shoal.shared.wire import T
 
+from .access import CONFIGURE, READ, WRITE
 from .amqp.methods import QueueDeclareOk
 from .broker import Broker
 from .routing import BUILTIN_EXCHANGES, EXCHANGE_TYPES, check_x_match
@@ -37,9 +39,15 @@ class TopologyChannel(Protocol):
 
     def send(self, method: Any) -> None: ...
 
+    def check_access(self, perm: str, kind: str, name: str) -> None: ...
+
 
 # ---- exchanges -------------------------------------------------------------------------------
 async def on_exchange_declare(ch: TopologyChannel, m: C.Exchange.Declare) -> None:
+    """exchange.declare (spec 1.6.2.1). Raises 503 (unknown type, hard), 403 (the default
+    exchange, an ``amq.`` name, no configure permission on the exchange; with an
+    ``alternate-exchange``, no read on the exchange or write on the alternate), 406/404 from
+    the owning node (RabbitMQ's order of checks, rabbit_channel)."""
     b = ch.broker
     name, type_ = m.exchange, m.exchange_type
     if name in BUILTIN_EXCHANGES:
@@ -48,10 +56,17 @@ async def on_exchange_declare(ch: TopologyChannel, m: C.Exchange.Declare) -> Non
                                              f"'{name}' in vhost '{ch.vhost}'"
                              if name == "" else
                              f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        if not m.passive:
+            ch.check_access(CONFIGURE, "exchange", name)
     elif not m.passive:
         if type_ not in EXCHANGE_TYPES:
             raise hard_error(COMMAND_INVALID, f"unknown exchange type '{type_}'")
+        ch.check_access(CONFIGURE, "exchange", name)
         check_name("exchange", name)
+        alternate = (m.arguments or {}).get("alternate-exchange")
+        if isinstance(alternate, str):
+            ch.check_access(READ, "exchange", name)
+            ch.check_access(WRITE, "exchange", alternate)
         await b.exchange_link(ch.vhost, name).request(
             [T.EXCHANGE_DECLARE, ch.vhost, name, type_, False, m.durable, m.auto_delete,
              m.internal, m.arguments or {}])
@@ -63,9 +78,12 @@ async def on_exchange_declare(ch: TopologyChannel, m: C.Exchange.Declare) -> Non
 
 
 async def on_exchange_delete(ch: TopologyChannel, m: C.Exchange.Delete) -> None:
+    """exchange.delete (spec 1.6.2.3). Raises 403 (a built-in exchange, no configure
+    permission), 406 (if-unused and bound) from the owning node."""
     if m.exchange in BUILTIN_EXCHANGES:
         raise soft_error(ACCESS_REFUSED, f"operation not permitted on exchange "
                                          f"'{m.exchange}' in vhost '{ch.vhost}'")
+    ch.check_access(CONFIGURE, "exchange", m.exchange)
     await ch.broker.exchange_link(ch.vhost, m.exchange).request(
         [T.EXCHANGE_DELETE, ch.vhost, m.exchange, m.if_unused])
     if not m.nowait:
@@ -88,12 +106,20 @@ async def on_exchange_unbind(ch: TopologyChannel, m: C.Exchange.Unbind) -> None:
 
 async def _bind(ch: TopologyChannel, tag: int, exchange: str, kind: str, dest: str, key: str,
                 arguments: dict | None) -> None:
-    """BIND / UNBIND. Raises 403 (the default exchange), 404 (a missing exchange or queue, on
+    """BIND / UNBIND. Raises 403 (no write permission on the destination, the default
+    exchange, no read permission on the source, or no topic read permission on the binding
+    key; in that order, as RabbitMQ's binding_action), 404 (a missing exchange or queue, on
     bind only: unbinding what does not exist is unbind-ok, as RabbitMQ 3.10 answers), 405
     (another connection's exclusive queue), 406 (a bad selector or x-match)."""
     b = ch.broker
+    ch.check_access(WRITE, "queue" if kind == wire.DEST_QUEUE else "exchange", dest)
     if exchange == "" or (kind == wire.DEST_EXCHANGE and dest == ""):
         raise soft_error(ACCESS_REFUSED, "operation not permitted on the default exchange")
+    ch.check_access(READ, "exchange", exchange)
+    source = b.topology.get(ch.vhost, exchange)
+    acc = ch.client.access
+    if source is not None and source.type == "topic" and acc is not None and acc.topics:
+        acc.check_topic(READ, exchange, key)
     for name in (exchange, dest) if kind == wire.DEST_EXCHANGE else (exchange,):
         if b.topology.get(ch.vhost, name) is None:
             if tag == T.UNBIND:
@@ -147,6 +173,15 @@ async def on_queue_declare(ch: TopologyChannel, m: C.Queue.Declare) -> None:
         name = "amq.gen-" + secrets.token_urlsafe(16)
     elif not m.passive:
         check_name("queue", name)
+    if not m.passive:
+        ch.check_access(CONFIGURE, "queue", name)
+        dlx = (m.arguments or {}).get("x-dead-letter-exchange")
+        if isinstance(dlx, str):    # RabbitMQ checks these for a new queue only
+            ch.check_access(READ, "queue", name)
+            ch.check_access(WRITE, "exchange", dlx)
+        cap = ch.broker.limits.max_queues(ch.vhost)
+        if cap is not None:
+            await _check_queue_limit(ch, name, cap)
     payload = await ch.broker.queue_link(ch.vhost, name).request(
         [T.QUEUE_DECLARE, ch.vhost, name, m.passive, m.durable, m.exclusive,
          m.auto_delete, m.arguments or {}, ch.client.owner])
@@ -155,6 +190,25 @@ async def on_queue_declare(ch: TopologyChannel, m: C.Queue.Declare) -> None:
         ch.client.exclusive_queues.add(name)
     if not m.nowait:
         ch.send(QueueDeclareOk(payload[0], payload[1], payload[2]))
+
+
+async def _check_queue_limit(ch: TopologyChannel, name: str, cap: int) -> None:
+    """The vhost's ``max-queues`` for a queue that does not exist yet: 406 PRECONDITION_FAILED
+    (soft) with RabbitMQ's text when the vhost holds ``cap`` queues (counted on every node;
+    two routers declaring at once may both pass, as two RabbitMQ nodes may)."""
+    b = ch.broker
+    try:
+        await b.queue_link(ch.vhost, name).request(
+            [T.QUEUE_DECLARE, ch.vhost, name, True, False, False, False, {}, ch.client.owner])
+        return                      # it exists: a redeclare is not a new queue
+    except AMQPError as err:
+        if err.reply_code != NOT_FOUND:
+            raise
+    counts = await asyncio.gather(*(link.request([T.QUEUE_LIST, ch.vhost])
+                                    for link in b.links.values()))
+    if sum(len(c) for c in counts) >= cap:
+        raise soft_error(PRECONDITION_FAILED, f"cannot declare queue '{name}': queue limit "
+                                              f"in vhost '{ch.vhost}' ({cap}) is reached")
 
 
 async def on_queue_bind(ch: TopologyChannel, m: C.Queue.Bind) -> None:
@@ -172,6 +226,7 @@ async def on_queue_unbind(ch: TopologyChannel, m: C.Queue.Unbind) -> None:
 
 async def on_queue_purge(ch: TopologyChannel, m: C.Queue.Purge) -> None:
     name = queue_name(ch, m.queue)
+    ch.check_access(READ, "queue", name)
     payload = await ch.broker.queue_link(ch.vhost, name).request(
         [T.QUEUE_PURGE, ch.vhost, name, ch.client.owner])
     if not m.nowait:
@@ -180,6 +235,7 @@ async def on_queue_purge(ch: TopologyChannel, m: C.Queue.Purge) -> None:
 
 async def on_queue_delete(ch: TopologyChannel, m: C.Queue.Delete) -> None:
     name = queue_name(ch, m.queue)
+    ch.check_access(CONFIGURE, "queue", name)
     payload = await ch.broker.queue_link(ch.vhost, name).request(
         [T.QUEUE_DELETE, ch.vhost, name, m.if_unused, m.if_empty, ch.client.owner])
     if not m.nowait:

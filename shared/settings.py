@@ -86,11 +86,35 @@ class Settings:
     users: dict[str, str] = field(default_factory=lambda: {"guest": "guest"})
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])  #: loopback-only users
     vhosts: list[str] = field(default_factory=lambda: ["/"])
+    load_definitions: str = ""               #: a RabbitMQ definitions file (JSON: users with
+    #: password hashes, vhosts, permissions, topic permissions, queues, exchanges, bindings;
+    #: ``rabbitmqctl export_definitions``'s output loads unchanged); when set, ``users`` and
+    #: ``vhosts`` are not used (shared/definitions.py)
+    tls_port: int = -1                       #: router: the amqps listener (RabbitMQ's
+    #: ``listeners.ssl.default``, 5671 by convention; -1 = none); needs ``tls_certfile`` and
+    #: ``tls_keyfile`` (PEM), which are reloaded when they change on disk (router/tls.py)
+    tls_certfile: str = ""                   #: server certificate chain (PEM)
+    tls_keyfile: str = ""                    #: its private key (PEM)
+    tls_cacertfile: str = ""                 #: CAs that client certificates must chain to
+    tls_verify: str = "verify_none"          #: ``verify_peer`` asks for a client certificate
+    #: and checks it against ``tls_cacertfile`` (RabbitMQ's ``ssl_options.verify``)
+    tls_fail_if_no_peer_cert: bool = False   #: with ``verify_peer``: refuse a client
+    #: without a certificate (RabbitMQ's ``ssl_options.fail_if_no_peer_cert``)
+    tls_versions: list[str] = field(default_factory=lambda: ["tlsv1.3", "tlsv1.2"])
+    #: protocol versions accepted (RabbitMQ's ``ssl_options.versions``: tlsv1.3, tlsv1.2, ...)
+    tls_ciphers: str = ""                    #: OpenSSL cipher list for TLS 1.2 ("" = Python's)
+    ssl_cert_login_from: str = "distinguished_name"  #: the user name EXTERNAL takes from a
+    #: client certificate: its subject as an RFC 4514 string or its ``common_name``
+    #: (RabbitMQ's setting of that name)
     max_message_size: int = 128 * 1024 * 1024  #: bytes (RabbitMQ 3.x's default and name);
     #: a larger publish closes the channel with 406 PRECONDITION_FAILED; at most 512 MiB
     frame_max: int = 131072                  #: bytes, offered in connection.tune
     channel_max: int = 2047                  #: offered in connection.tune
     heartbeat: int = 60                      #: seconds, offered in connection.tune
+    handshake_timeout: int = 10000           #: ms a client may take from its socket's
+    #: accept to connection.open (RabbitMQ's name and default); a silent socket is closed
+    consumer_max_per_channel: int = 0        #: consumers one channel may hold (0 = no
+    #: limit, RabbitMQ's infinity); one more closes the connection with 530
     link_heartbeat_ms: int = 500             #: router<->node heartbeat interval, ms
     link_timeout_ms: int = 10000             #: a silent (hung) peer is dead after this, ms;
     #: a closed connection (process death) is noticed at once, without waiting for this
@@ -122,7 +146,24 @@ class Settings:
             raise bad("max_message_size", f"must be an integer from 1 to "
                                           f"{MAX_MESSAGE_SIZE_LIMIT} (bytes, 512 MiB as in "
                                           f"RabbitMQ)")
-        for name in ("link_heartbeat_ms", "link_timeout_ms", "max_output_buffer"):
+        if not isinstance(self.tls_port, int) or not -1 <= self.tls_port <= 65535:
+            raise bad("tls_port", "must be -1 (none) or an integer from 0 to 65535")
+        if self.tls_port >= 0 and not (self.tls_certfile and self.tls_keyfile):
+            raise bad("tls_port", "needs tls_certfile and tls_keyfile")
+        if self.tls_verify not in ("verify_none", "verify_peer"):
+            raise bad("tls_verify", "must be verify_none or verify_peer")
+        if self.tls_verify == "verify_peer" and self.tls_port >= 0 and not self.tls_cacertfile:
+            raise bad("tls_cacertfile", "verify_peer needs the CAs to check client "
+                                        "certificates against")
+        if not self.tls_versions or not set(self.tls_versions) <= set(TLS_VERSIONS):
+            raise bad("tls_versions", f"must be a list of {', '.join(TLS_VERSIONS)}")
+        if self.ssl_cert_login_from not in ("distinguished_name", "common_name"):
+            raise bad("ssl_cert_login_from", "must be distinguished_name or common_name")
+        if not isinstance(self.consumer_max_per_channel, int) or \
+                self.consumer_max_per_channel < 0:
+            raise bad("consumer_max_per_channel", "must be 0 (no limit) or a positive integer")
+        for name in ("link_heartbeat_ms", "link_timeout_ms", "max_output_buffer",
+                     "handshake_timeout"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise bad(name, "must be a positive integer")
         if self.link_timeout_ms <= self.link_heartbeat_ms:
@@ -169,6 +210,9 @@ class Settings:
             out.append((node_id, ep))
         return out
 
+
+#: RabbitMQ's names of the TLS protocol versions (``ssl_options.versions``).
+TLS_VERSIONS = ("tlsv1.3", "tlsv1.2", "tlsv1.1", "tlsv1")
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 

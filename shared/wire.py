@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 #: Bumped whenever a message's fields change. Checked at connect time (HELLO).
-WIRE_VERSION = 3
+WIRE_VERSION = 4
 
 
 class T(IntEnum):
@@ -126,6 +126,11 @@ class T(IntEnum):
                           #   not confirmed until it can; the router sends connection.blocked
                           #   (reason) to clients that support it, connection.unblocked when
                           #   blocked=False. Sent again to a router that says HELLO meanwhile.
+
+    # --- listing (R->N request, answered by REPLY) ---
+    QUEUE_LIST = 51       # R->N [T, req_id, vhost or None] -> payload [[vhost, name, durable,
+                          #   exclusive, auto_delete, arguments, messages_ready, consumers],
+                          #   ...]: the node's queues (of one vhost), e.g. for max-queues
 
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the

@@ -45,7 +45,14 @@ _CONN_OPEN, _CONN_CLOSING, _CONN_CLOSED = (ConnectionState.OPEN, ConnectionState
 class AMQPConnection(ControlFrames):
     """The server side of one AMQP 0-9-1 connection, without I/O.
 
-    ``authenticate(username, password) -> bool``; ``vhosts``: names a client may open.
+    ``authenticate(username, password) -> bool``; ``vhosts``: the virtual hosts that exist;
+    ``admit(username, vhost) -> str | None``: None admits the user to the vhost, a string is
+    the reason connection.open fails with 530 (no permissions there, a connection limit;
+    default: every user in every vhost). ``admit_channel() -> str | None``: the same for
+    channel.open (a user's channel limit).
+    ``external_identity``: the user a verified TLS client certificate names; when given,
+    ``connection.start`` offers the EXTERNAL mechanism too, and an EXTERNAL login is
+    ``authenticate(external_identity, None)``.
     ``frame_max`` (octets, whole frame), ``channel_max``, ``heartbeat`` (seconds): offered in
     ``connection.tune``; after ``tune-ok`` the attributes of the same names hold the
     negotiated values. ``max_message_size``: octets; larger publishes close the channel with
@@ -54,14 +61,20 @@ class AMQPConnection(ControlFrames):
     may take to finish the handshake / to answer our ``connection.close``.
     """
 
-    def __init__(self, authenticate: Callable[[str, str], bool],
+    def __init__(self, authenticate: Callable[[str, str | None], bool],
                  vhosts: Container[str] = ("/",), server_properties: dict | None = None,
                  frame_max: int = 131072, channel_max: int = 2047, heartbeat: int = 60,
                  max_message_size: int = 128 * 1024 * 1024, peer_is_loopback: bool = True,
                  loopback_users: Iterable[str] = ("guest",), *,
-                 handshake_timeout: float = 10.0, close_timeout: float = 30.0) -> None:
+                 handshake_timeout: float = 10.0, close_timeout: float = 30.0,
+                 admit: Callable[[str, str], str | None] | None = None,
+                 admit_channel: Callable[[], str | None] | None = None,
+                 external_identity: str | None = None) -> None:
         self._authenticate = authenticate
+        self._external_identity = external_identity
         self._vhosts = vhosts
+        self._admit = admit
+        self._admit_channel = admit_channel
         self._server_properties = default_server_properties(server_properties)
         self.frame_max = frame_max
         self.channel_max = channel_max
@@ -111,6 +124,11 @@ class AMQPConnection(ControlFrames):
     def closing(self) -> bool:
         """True while we wait for the client's ``connection.close-ok``."""
         return self._state == _CONN_CLOSING
+
+    @property
+    def open_channels(self) -> int:
+        """Channels opened and not yet closed (a server-closed one counts until close-ok)."""
+        return len(self._channels)
 
     def channel_is_open(self, channel: int) -> bool:
         """True if ``channel`` is open and not closing (it may be mid-publish)."""
@@ -175,8 +193,10 @@ class AMQPConnection(ControlFrames):
         self._chunks, self._buffered = [], 0
         self._state = connection_next(self._state, ConnectionInput.PROTOCOL_HEADER)
         self._need = 7
+        mechanisms = MECHANISMS if self._external_identity is None \
+            else f"{MECHANISMS} EXTERNAL"
         self._write(method_frame(0, commands.Connection.Start(
-            0, 9, self._server_properties, MECHANISMS, LOCALES)))
+            0, 9, self._server_properties, mechanisms, LOCALES)))
         events: list = []
         if len(got) > size:
             self._frames(got, size, events)

@@ -53,8 +53,11 @@ class ControlFrames:
     capabilities: dict
     user: str | None
     vhost: str | None
-    _authenticate: Callable[[str, str], bool]
+    _authenticate: Callable[[str, str | None], bool]
     _vhosts: Container[str]
+    _admit: Callable[[str, str], str | None] | None
+    _admit_channel: Callable[[], str | None] | None
+    _external_identity: str | None
     _offer: tuple[int, int, int]
     _peer_is_loopback: bool
     _loopback_users: frozenset[str]
@@ -124,6 +127,9 @@ class ControlFrames:
                 raise hard_error(NOT_ALLOWED, f"number of channels opened "
                                               f"({len(self._channels)}) has reached the "
                                               f"negotiated channel_max ({self.channel_max})")
+            refusal = self._admit_channel() if self._admit_channel is not None else None
+            if refusal is not None:
+                raise hard_error(NOT_ALLOWED, refusal)
             self._channels[ch] = Channel()
             self._write(method_frame(ch, commands.Channel.OpenOk()))
             events.append(ChannelOpened(ch))
@@ -185,8 +191,12 @@ class ControlFrames:
             self._tune_ok(method)
         elif event == ConnectionInput.OPEN:
             vhost = method.virtual_host
+            # 530 with RabbitMQ's wording (rabbit_reader / rabbit_access_control)
             if vhost not in self._vhosts:
-                raise hard_error(NOT_ALLOWED, f"vhost '{vhost}' not found")
+                raise hard_error(NOT_ALLOWED, f"vhost {vhost} not found")
+            refusal = self._admit(self.user, vhost) if self._admit is not None else None
+            if refusal is not None:
+                raise hard_error(NOT_ALLOWED, refusal)
             self.vhost = vhost
             self._write(method_frame(0, commands.Connection.OpenOk()))
             events.append(ConnectionOpened(vhost, self.user, self.client_properties))
@@ -212,7 +222,14 @@ class ControlFrames:
         caps = self.client_properties.get("capabilities")
         self.capabilities = caps if isinstance(caps, dict) else {}
         mechanism = method.mechanism if isinstance(method.mechanism, str) else "?"
-        user, password = sasl_credentials(mechanism, method.response or b"")
+        if mechanism == "EXTERNAL":
+            # SASL EXTERNAL (RFC 4422 appendix A): the verified TLS client certificate names
+            # the user, who must exist; authenticate(user, None) checks only that.
+            if self._external_identity is None:
+                raise refused(mechanism)
+            user, password = self._external_identity, None
+        else:
+            user, password = sasl_credentials(mechanism, method.response or b"")
         if not self._authenticate(user, password):
             raise refused(mechanism)
         if user in self._loopback_users and not self._peer_is_loopback:

@@ -36,6 +36,9 @@ OVERRIDES = {
                   "podAntiAffinityPreset": "hard"},
         "routers": {"resources": {"requests": {"cpu": "500m", "memory": "256Mi"}},
                     "replicaCount": 3}},
+    "tls": {"tls": {"enabled": True, "existingSecret": "shoal-tls", "verify": "verify_peer",
+                    "versions": ["tlsv1.3"]},
+            "service": {"type": "NodePort", "nodePorts": {"amqps": 30671}}},
     "existing-secret-netpol": {"auth": {"existingSecret": "my-users"},
                                "networkPolicy": {"enabled": True},
                                "persistence": {"storageClass": "fast-ssd", "size": "50Gi"}},
@@ -149,6 +152,31 @@ def test_users_secret_feeds_the_routers() -> None:
     env = container(docs, "Deployment", f"{FULL}-router")["env"]
     ref = next(e for e in env if e["name"] == "SHOAL_USERS")["valueFrom"]["secretKeyRef"]
     assert ref == {"name": FULL, "key": "users"}
+
+
+def test_tls_mounts_the_secret_and_opens_amqps() -> None:
+    docs = render(OVERRIDES["tls"])
+    router = container(docs, "Deployment", f"{FULL}-router")
+    env = {e["name"]: e.get("value") for e in router["env"]}
+    assert env["SHOAL_TLS_PORT"] == "5671"
+    assert (env["SHOAL_TLS_CERTFILE"], env["SHOAL_TLS_KEYFILE"], env["SHOAL_TLS_CACERTFILE"]) \
+        == ("/etc/shoal/tls/tls.crt", "/etc/shoal/tls/tls.key", "/etc/shoal/tls/ca.crt")
+    assert env["SHOAL_TLS_VERIFY"] == "verify_peer" and env["SHOAL_TLS_VERSIONS"] == "tlsv1.3"
+    assert {"name": "amqps", "containerPort": 5671, "protocol": "TCP"} in router["ports"]
+    assert {"name": "tls", "mountPath": "/etc/shoal/tls", "readOnly": True} in \
+        router["volumeMounts"]
+    volumes = docs[("Deployment", f"{FULL}-router")]["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "tls", "secret": {"secretName": "shoal-tls"}} in volumes
+    ports = docs[("Service", FULL)]["spec"]["ports"]
+    assert {"name": "amqps", "port": 5671, "targetPort": "amqps", "protocol": "TCP",
+            "nodePort": 30671} in ports
+    plain = render({})
+    assert "amqps" not in str(plain[("Service", FULL)]["spec"]["ports"])
+
+
+def test_tls_without_a_secret_is_refused() -> None:
+    with pytest.raises(Exception, match="tls.enabled needs tls.existingSecret"):
+        render({"tls": {"enabled": True}})
 
 
 def test_generated_password_when_none_given() -> None:

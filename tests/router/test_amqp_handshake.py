@@ -140,7 +140,7 @@ def test_unknown_vhost_is_530():
     conn.data_to_send()
     assert conn.receive_data(m(commands.Connection.Open("nope"))) == []
     _, close = last_close(conn)
-    assert close.reply_code == 530 and close.reply_text == "NOT_ALLOWED - vhost 'nope' not found"
+    assert close.reply_code == 530 and close.reply_text == "NOT_ALLOWED - vhost nope not found"
     assert (close.class_id, close.method_id) == (10, 40)
     assert conn.closing
 

@@ -1,0 +1,176 @@
+"""What RabbitMQ 3.10.8 answered to :mod:`.parity_access`'s scenarios (records and reply texts,
+generated names replaced), written by running ``run_all`` against it (session 11). Regenerate
+after changing a scenario: ``EXPECTED = {n: (r, normalized(t)) for n, (r, t) in
+run_all("amqp://127.0.0.1:5672").items()}`` with DEFINITIONS imported into RabbitMQ."""
+
+#: What RabbitMQ 3.10.8 answered (records and reply texts), written by running run_all against it.
+EXPECTED = {'login_with_rabbitmq_exported_hash': ([('open', 'ok')], []),
+ 'login_wrong_password': ([('open', 'connection-closed', 403)],
+                          [('open',
+                            403,
+                            'ACCESS_REFUSED - Login was refused using authentication mechanism '
+                            'PLAIN. For details see the broker logfile.')]),
+ 'vhost_without_permissions': ([('open', 'connection-closed', 530)],
+                               [('open',
+                                 530,
+                                 "NOT_ALLOWED - access to vhost '/' refused for user "
+                                 "'acc-none'")]),
+ 'vhost_of_other_users': ([('open', 'connection-closed', 530)],
+                          [('open',
+                            530,
+                            "NOT_ALLOWED - access to vhost 'acc-vh' refused for user 'acc-u'")]),
+ 'vhost_missing': ([('open', 'connection-closed', 530)],
+                   [('open', 530, 'NOT_ALLOWED - vhost acc-no-such-vhost not found')]),
+ 'configure_queues_and_exchanges': ([('declare-configurable', 'ok'),
+                                     ('declare-not-configurable', 'channel-closed', 403),
+                                     ('passive-not-configurable', 'ok'),
+                                     ('delete-not-configurable', 'channel-closed', 403),
+                                     ('exchange-configurable', 'ok'),
+                                     ('exchange-not-configurable', 'channel-closed', 403),
+                                     ('exchange-passive-amq', 'ok'),
+                                     ('exchange-ae-not-writable', 'channel-closed', 403),
+                                     ('queue-dlx-not-writable', 'channel-closed', 403),
+                                     ('queue-dlx-writable', 'ok'),
+                                     ('exchange-delete', 'ok'),
+                                     ('queue-delete', 'ok')],
+                                    [('declare-not-configurable',
+                                      403,
+                                      "ACCESS_REFUSED - access to queue '<name>' in vhost '/' "
+                                      "refused for user 'acc-u'"),
+                                     ('delete-not-configurable',
+                                      403,
+                                      "ACCESS_REFUSED - access to queue '<name>' in vhost '/' "
+                                      "refused for user 'acc-u'"),
+                                     ('exchange-not-configurable',
+                                      403,
+                                      "ACCESS_REFUSED - access to exchange '<name>' in vhost '/' "
+                                      "refused for user 'acc-u'"),
+                                     ('exchange-ae-not-writable',
+                                      403,
+                                      "ACCESS_REFUSED - access to exchange 'amq.fanout' in vhost "
+                                      "'/' refused for user 'acc-u'"),
+                                     ('queue-dlx-not-writable',
+                                      403,
+                                      "ACCESS_REFUSED - access to exchange 'amq.fanout' in vhost "
+                                      "'/' refused for user 'acc-u'")]),
+ 'publish_needs_write': ([('publish-default', 'ok'),
+                          ('publish-amq.direct', 'channel-closed', 403),
+                          ('publish-missing', 'channel-closed', 403),
+                          ('get', 'm', False, 0)],
+                         [('publish-amq.direct',
+                           403,
+                           "ACCESS_REFUSED - access to exchange 'amq.direct' in vhost '/' "
+                           "refused for user 'acc-u'"),
+                          ('publish-missing',
+                           403,
+                           "ACCESS_REFUSED - access to exchange 'acc-x-missing' in vhost '/' "
+                           "refused for user 'acc-u'")]),
+ 'read_queue_methods': ([('got', 'm'),
+                         ('get-readable', 'ok'),
+                         ('get-not-readable', 'channel-closed', 403),
+                         ('consume-readable', 'ok'),
+                         ('consume-not-readable', 'channel-closed', 403),
+                         ('purge-readable', 'ok'),
+                         ('purge-not-readable', 'channel-closed', 403)],
+                        [('get-not-readable',
+                          403,
+                          "ACCESS_REFUSED - access to queue '<name>' in vhost '/' refused for "
+                          "user 'acc-u'"),
+                         ('consume-not-readable',
+                          403,
+                          "ACCESS_REFUSED - access to queue '<name>' in vhost '/' refused for "
+                          "user 'acc-u'"),
+                         ('purge-not-readable',
+                          403,
+                          "ACCESS_REFUSED - access to queue '<name>' in vhost '/' refused for "
+                          "user 'acc-u'")]),
+ 'bind_needs_write_on_destination_read_on_source': ([('declare', 'ok'),
+                                                     ('bind', 'ok'),
+                                                     ('bind-source-not-readable',
+                                                      'channel-closed',
+                                                      403),
+                                                     ('bind-queue-not-writable',
+                                                      'channel-closed',
+                                                      403),
+                                                     ('bind-neither', 'channel-closed', 403),
+                                                     ('unbind', 'ok'),
+                                                     ('unbind-queue-not-writable',
+                                                      'channel-closed',
+                                                      403),
+                                                     ('exchange-bind', 'ok'),
+                                                     ('exchange-bind-source-not-readable',
+                                                      'channel-closed',
+                                                      403),
+                                                     ('exchange-bind-destination-not-writable',
+                                                      'channel-closed',
+                                                      403),
+                                                     ('exchange-unbind', 'ok')],
+                                                    [('bind-source-not-readable',
+                                                      403,
+                                                      'ACCESS_REFUSED - access to exchange '
+                                                      "'amq.fanout' in vhost '/' refused for "
+                                                      "user 'acc-u'"),
+                                                     ('bind-queue-not-writable',
+                                                      403,
+                                                      "ACCESS_REFUSED - access to queue '<name>' "
+                                                      "in vhost '/' refused for user 'acc-u'"),
+                                                     ('bind-neither',
+                                                      403,
+                                                      "ACCESS_REFUSED - access to queue '<name>' "
+                                                      "in vhost '/' refused for user 'acc-u'"),
+                                                     ('unbind-queue-not-writable',
+                                                      403,
+                                                      "ACCESS_REFUSED - access to queue '<name>' "
+                                                      "in vhost '/' refused for user 'acc-u'"),
+                                                     ('exchange-bind-source-not-readable',
+                                                      403,
+                                                      'ACCESS_REFUSED - access to exchange '
+                                                      "'amq.fanout' in vhost '/' refused for "
+                                                      "user 'acc-u'"),
+                                                     ('exchange-bind-destination-not-writable',
+                                                      403,
+                                                      'ACCESS_REFUSED - access to exchange '
+                                                      "'amq.fanout' in vhost '/' refused for "
+                                                      "user 'acc-u'")]),
+ 'topic_permissions': ([('bind-key-readable', 'ok'),
+                        ('bind-key-not-readable', 'channel-closed', 403),
+                        ('publish-key-writable', 'ok'),
+                        ('publish-key-not-writable', 'channel-closed', 403)],
+                       [('bind-key-not-readable',
+                         403,
+                         "ACCESS_REFUSED - access to topic 'acc.x.#' in exchange 'amq.topic' in "
+                         "vhost '/' refused for user 'acc-u'"),
+                        ('publish-key-not-writable',
+                         403,
+                         "ACCESS_REFUSED - access to topic 'acc.x.1' in exchange 'amq.topic' in "
+                         "vhost '/' refused for user 'acc-u'")]),
+ 'user_connection_limit': ([('third', 'connection-closed', 530), ('after-close', 'ok')],
+                           [('third',
+                             530,
+                             "NOT_ALLOWED - connection refused for user 'acc-lim': user "
+                             'connection limit (2) is reached')]),
+ 'user_channel_limit': ([('fourth', 'connection-closed', 530), ('three-again', 'ok')],
+                        [('fourth',
+                          530,
+                          "NOT_ALLOWED - number of channels opened for user 'acc-lim' has "
+                          'reached the maximum allowed user limit of (3)')]),
+ 'vhost_connection_limit': ([('second', 'connection-closed', 530)],
+                            [('second',
+                              530,
+                              "NOT_ALLOWED - access to vhost 'acc-limited-vh' refused for user "
+                              "'acc-lim': connection limit (1) is reached")]),
+ 'vhost_queue_limit': ([('declare-1', 'ok'),
+                        ('declare-2', 'ok'),
+                        ('declare-3', 'channel-closed', 406),
+                        ('server-named', 'channel-closed', 406),
+                        ('redeclare-1', 'ok'),
+                        ('delete-1', 'ok'),
+                        ('declare-3-again', 'ok')],
+                       [('declare-3',
+                         406,
+                         "PRECONDITION_FAILED - cannot declare queue '<name>': queue limit in "
+                         "vhost 'acc-limited-vh' (2) is reached"),
+                        ('server-named',
+                         406,
+                         "PRECONDITION_FAILED - cannot declare queue '<name>': queue limit in "
+                         "vhost 'acc-limited-vh' (2) is reached")])}
