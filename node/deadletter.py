@@ -4,12 +4,14 @@
   an array of tables, newest first, one per (queue, reason) with ``count``, ``reason``,
   ``queue``, ``time``, ``exchange``, ``routing-keys`` and ``original-expiration`` when the
   message had a per-message TTL, which is removed so the copy does not expire again), plus
-  ``x-first-death-*`` and ``x-last-death-*``. Returns None for a dead-letter cycle (the message
+  ``x-first-death-*`` (RabbitMQ 3.10 writes no ``x-last-death-*``; 3.13 added them). Returns None for a dead-letter cycle (the message
   already died in this queue and no death in its history was a rejection): it is dropped.
 * :func:`delivery_count_header`: sets ``x-delivery-count`` (failed deliveries so far, as
   RabbitMQ quorum queues do) on a redelivery from a queue with a delivery limit.
 
-Both decode with pamqp and re-encode; the node calls them only on these paths.
+The publisher's other headers keep the bytes (and so the field types) it sent; what the broker
+writes has RabbitMQ's types: ``count`` and ``x-delivery-count`` are signed 64-bit integers
+('l'), ``time`` a timestamp (node/header_table.py). The node calls these only on these paths.
 """
 from __future__ import annotations
 
@@ -18,11 +20,28 @@ from typing import Any
 
 from pamqp.commands import Basic
 
+from .header_table import Long, raw_headers, splice_headers
 from .message import encode_header, parse_properties
+
+_FIRST_DEATH_KEYS = ("x-first-death-reason", "x-first-death-queue", "x-first-death-exchange")
 
 
 def _text(v: Any) -> Any:
     return bytes(v).decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else v
+
+
+def _death(d: dict) -> dict:
+    """One x-death table with RabbitMQ's field types."""
+    out = {}
+    for k, v in d.items():
+        if k == "count":
+            v = Long(int(v or 0))
+        elif isinstance(v, (bytes, bytearray)):
+            v = _text(v)
+        elif isinstance(v, list):
+            v = [_text(x) for x in v]
+        out[k] = v
+    return out
 
 
 def dead_letter_header(header: bytes, body_size: int, queue: str, reason: str,
@@ -50,23 +69,31 @@ def dead_letter_header(header: bytes, body_size: int, queue: str, reason: str,
         if props.expiration is not None:
             found["original-expiration"] = props.expiration
     deaths.insert(0, found)
-    headers["x-death"] = deaths
+    added: dict[str, Any] = {"x-death": [_death(d) for d in deaths]}
     if "x-first-death-reason" not in headers:
-        headers["x-first-death-reason"] = reason
-        headers["x-first-death-queue"] = queue
-        headers["x-first-death-exchange"] = exchange
-    headers["x-last-death-reason"] = reason
-    headers["x-last-death-queue"] = queue
-    headers["x-last-death-exchange"] = exchange
-    props.headers = headers
+        added.update(zip(_FIRST_DEATH_KEYS, (reason, queue, exchange)))
     props.expiration = None
-    return encode_header(props, body_size)
+    return _rewrite(header, props, body_size, added)
 
 
 def delivery_count_header(header: bytes, body_size: int, count: int) -> bytes:
-    """``header`` with ``x-delivery-count`` = ``count``."""
+    """``header`` with ``x-delivery-count`` = ``count`` (a 64-bit integer, as RabbitMQ)."""
     props = parse_properties(header) or Basic.Properties()
-    headers = dict(props.headers or {})
-    headers["x-delivery-count"] = count
-    props.headers = headers
-    return encode_header(props, body_size)
+    return _rewrite(header, props, body_size, {"x-delivery-count": Long(count)})
+
+
+def _rewrite(header: bytes, props: Basic.Properties, body_size: int,
+             added: dict[str, Any]) -> bytes:
+    """``props`` encoded, its headers the publisher's entries as sent (less those in
+    ``added``) followed by ``added``. A headers table that does not split is decoded and
+    encoded again instead (pamqp's types)."""
+    kept = raw_headers(header)
+    if kept is None:
+        headers = dict(props.headers or {})
+        headers.update(added)
+        props.headers = headers
+        return encode_header(props, body_size)
+    props.headers = None
+    entries: list = [(k, v) for k, v in kept if k not in added]
+    entries += list(added.items())
+    return splice_headers(encode_header(props, body_size), entries)

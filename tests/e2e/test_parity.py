@@ -37,8 +37,6 @@ KNOWN = {
     "user store accepts any new secret",
     "server_capabilities": "direct_reply_to (amq.rabbitmq.reply-to) is not implemented, so "
     "Shoal advertises it false",
-    "dead_lettering": "open: x-death 'count' goes out as pamqp's smallest integer type (b), "
-    "RabbitMQ sends a 64-bit one (l); Shoal also adds x-last-death-* (RabbitMQ 3.13's)",
 }
 
 

@@ -1,0 +1,67 @@
+"""node/header_table.py and the dead-letter header it writes: the publisher's header types
+survive, the broker's fields have RabbitMQ's types (issue 21: x-death count is 'l')."""
+from __future__ import annotations
+
+import struct
+
+from pamqp import decode
+from pamqp.commands import Basic
+
+from shoal.node.deadletter import dead_letter_header, delivery_count_header
+from shoal.node.header_table import raw_headers, split_table, table
+from shoal.node.message import encode_header, parse_properties
+
+
+def publisher_header() -> bytes:
+    """A content header whose headers table holds a long 'l' 5, a short 's' 7 and a decimal,
+    as a Java client writes them (pamqp would re-encode 5 as 'b')."""
+    props = Basic.Properties(content_type="text/plain", expiration="60000",
+                             headers={"placeholder": 1})
+    enc = encode_header(props, 3)
+    entries = table([("java-long", b"l" + struct.pack(">q", 5)),
+                     ("short", b"s" + struct.pack(">h", 7)),
+                     ("price", b"D" + bytes((2,)) + struct.pack(">i", 1999))])
+    old = table([("placeholder", 1)])
+    i = enc.index(struct.pack(">I", len(old)) + old)
+    return enc[:i] + struct.pack(">I", len(entries)) + entries + enc[i + 4 + len(old):]
+
+
+def test_split_table_round_trips_every_field_type():
+    entries = [("a", b"t\x01"), ("b", b"b\xff"), ("c", b"S\x00\x00\x00\x02hi"),
+               ("d", b"A\x00\x00\x00\x02b\x01"), ("e", b"V"), ("f", b"T" + bytes(8)),
+               ("g", b"F\x00\x00\x00\x00"), ("h", b"x\x00\x00\x00\x01z")]
+    assert split_table(table(entries)) == entries
+
+
+def test_dead_lettering_keeps_the_publishers_types_and_writes_count_as_long():
+    header = publisher_header()
+    out = dead_letter_header(header, 3, "src", "rejected", "", "src", 1_700_000_000_000)
+    entries = dict(raw_headers(out))
+    assert entries["java-long"] == b"l" + struct.pack(">q", 5)     # not re-encoded as 'b'
+    assert entries["short"] == b"s" + struct.pack(">h", 7)
+    assert entries["price"][:1] == b"D"
+    _, deaths = decode.field_array(entries["x-death"][1:])
+    death = deaths[0]
+    assert death["count"] == 1 and death["reason"] == "rejected"
+    assert death["original-expiration"] == "60000" and death["routing-keys"] == ["src"]
+    kinds = dict(split_table(entries["x-death"][5 + 5:]))  # the one table in the array
+    assert kinds["count"][:1] == b"l" and kinds["time"][:1] == b"T"
+    assert kinds["queue"][:1] == b"S" and kinds["routing-keys"][:1] == b"A"
+    props = parse_properties(out)
+    assert props.expiration is None and props.content_type == "text/plain"
+    assert props.headers["x-first-death-queue"] == "src"
+
+
+def test_a_second_death_counts_up_and_stays_long():
+    h = dead_letter_header(publisher_header(), 3, "src", "rejected", "", "k", 1e12)
+    h = dead_letter_header(h, 3, "src", "rejected", "", "k", 2e12)
+    entries = dict(raw_headers(h))
+    _, deaths = decode.field_array(entries["x-death"][1:])
+    assert [d["count"] for d in deaths] == [2]
+    assert dict(split_table(entries["x-death"][10:]))["count"][:1] == b"l"
+
+
+def test_delivery_count_is_long_and_a_header_without_headers_gets_one():
+    h = delivery_count_header(encode_header(Basic.Properties(), 0), 0, 3)
+    assert dict(raw_headers(h)) == {"x-delivery-count": b"l" + struct.pack(">q", 3)}
+    assert parse_properties(h).headers == {"x-delivery-count": 3}
