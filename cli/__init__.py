@@ -18,7 +18,7 @@ from shoal.shared.definitions import definitions_for
 from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings
 
-USAGE = """usage: shoal {serve,node,router,cluster,loadtest,report} [options]
+USAGE = """usage: shoal {serve,node,router,cluster,loadtest,report,keygen} [options]
 
 commands:
   serve    run a local cluster: N nodes and R routers on one port (node-0 in the
@@ -28,6 +28,7 @@ commands:
   loadtest load any AMQP 0-9-1 broker and write Parquet results (PerfTest-like)
   cluster  docker clusters for load tests: build, up, loadtest, status, down
   report   Spark job over loadtest runs: HTML report + Parquet/CSV aggregates
+  keygen   print a new CURVE key pair for the router-node link (docs/security.md)
 
 'shoal COMMAND --help' shows a command's options."""
 
@@ -80,6 +81,17 @@ def serve_main(argv: list[str]) -> int:
     return serve(settings, args.config)
 
 
+def keygen_main(argv: list[str]) -> int:
+    """``shoal keygen``: a new CURVE key pair (Z85) for ``link_curve_*`` (shared/linkauth.py)."""
+    argparse.ArgumentParser(prog="shoal keygen", description="Print a new CURVE key pair for "
+                            "the router-node link: the public key, then the secret key "
+                            "(Z85, 40 characters each).").parse_args(argv)
+    import zmq
+    public, secret = zmq.curve_keypair()
+    print(f"public {public.decode()}\nsecret {secret.decode()}")
+    return 0
+
+
 def _host_node(*args):
     """The router's ``host_node``: run a node inside the router process (``inproc://``
     endpoints; ``shoal serve --embed-node``). Wired here, in the entry point, so that neither
@@ -95,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return serve_main(rest)
+    if command == "keygen":
+        return keygen_main(rest)
     if command == "node":
         return importlib.import_module("shoal.node.cli").main(rest)
     if command == "router":

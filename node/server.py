@@ -25,6 +25,7 @@ from typing import Callable
 import zmq
 
 from shoal.shared import wire
+from shoal.shared.linkauth import serve_curve
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T, decode_batch, encode_batch
 
@@ -119,6 +120,7 @@ class NodeServer:
         # Bounded (batches): a router that outruns this node gets EAGAIN and pauses its
         # publishers instead of growing this queue without limit.
         self.sock.setsockopt(zmq.RCVHWM, 16)
+        self._auth = serve_curve(self.sock, self.ctx, settings)   # CURVE when keys are set
         self._stopping = False
         self._done: asyncio.Future | None = None    # serve() returns when it is set
         self._turn_scheduled = False
@@ -443,6 +445,8 @@ class NodeServer:
 
     def close(self) -> None:
         self.sock.close(linger=1000)
+        if self._auth is not None:
+            self._auth.stop()
         if self._own_ctx:
             self.ctx.term()
         if self.journal is not None:

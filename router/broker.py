@@ -17,6 +17,7 @@ from pamqp import commands as C
 from shoal.shared import placement, wire
 from shoal.shared.definitions import Definitions, definitions_for
 from shoal.shared.errors import INTERNAL_ERROR, NO_ROUTE
+from shoal.shared.linkauth import connect_curve
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH, TAG_SETTLE
 
@@ -97,7 +98,7 @@ class Broker:
                     self._on_congestion)
             attach = self.local_nodes.get(node_id)
             link = LocalLink(attach, *args) if attach is not None else \
-                NodeLink(self._ctx, *args)
+                NodeLink(self._ctx, *args, secure=lambda sock, ep: connect_curve(sock, ep, s))
             self.links[node_id] = link
             link.start()
         try:

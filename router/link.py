@@ -57,8 +57,11 @@ class NodeLink:
                  on_message: Callable[["NodeLink", list], None],
                  on_up: Callable[["NodeLink", bool], None],
                  on_down: Callable[["NodeLink"], None],
-                 on_congestion: Callable[["NodeLink", bool], None] = lambda link, on: None
-                 ) -> None:
+                 on_congestion: Callable[["NodeLink", bool], None] = lambda link, on: None,
+                 secure: Callable[[zmq.Socket, str], None] | None = None) -> None:
+        """``secure(socket, endpoint)``: set the socket's security (CURVE, shared/linkauth.py)
+        before it connects."""
+        self._secure = secure
         self.node_id = node_id
         self.endpoint = endpoint
         self.router_id = router_id
@@ -105,6 +108,8 @@ class NodeLink:
         # pushes back on publishers (design.md section 7, "bound every buffer").
         self._sock.setsockopt(zmq.SNDHWM, LINK_HWM)
         self._sock.setsockopt(zmq.RCVHWM, 0)
+        if self._secure is not None:
+            self._secure(self._sock, endpoint)
         self._sock.connect(endpoint)
         self._mon = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 

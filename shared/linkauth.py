@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 import zmq
+from zmq.utils import z85
 
 from .errors import ConfigError
 
@@ -43,7 +44,7 @@ def _check_key(name: str, key: str) -> None:
     if not key:
         return
     try:
-        ok = len(key) == KEY_LENGTH and len(zmq.utils.z85.decode(key.encode())) == 32
+        ok = len(key) == KEY_LENGTH and len(z85.decode(key.encode())) == 32
     except (ValueError, KeyError, TypeError):
         ok = False
     if not ok:
@@ -62,12 +63,13 @@ class CurveAuthenticator:
         self._auth.configure_curve_callback(domain="*", credentials_provider=self)
 
     def callback(self, domain: str, key: bytes) -> bool:
-        """ZAP: whether the CURVE client with public ``key`` (binary) may connect."""
-        z85 = zmq.utils.z85.encode(key)
-        if z85 in self.allowed:
+        """ZAP: whether the CURVE client with public ``key`` (Z85, as pyzmq's authenticator
+        passes it) may connect."""
+        text = key if len(key) == KEY_LENGTH else z85.encode(key)
+        if text in self.allowed:
             return True
         log.warning("refused a router link: CURVE public key %s is not in "
-                    "link_curve_clients", z85.decode())
+                    "link_curve_clients", text.decode())
         return False
 
     def stop(self) -> None:

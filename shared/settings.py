@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import yaml
 
 from .errors import ConfigError
+from .linkauth import check_keys
 
 
 #: RabbitMQ's upper bound for ``max_message_size`` (rabbit.app: 512 MiB).
@@ -115,6 +116,12 @@ class Settings:
     #: accept to connection.open (RabbitMQ's name and default); a silent socket is closed
     consumer_max_per_channel: int = 0        #: consumers one channel may hold (0 = no
     #: limit, RabbitMQ's infinity); one more closes the connection with 530
+    link_curve_public_key: str = ""          #: this process's CURVE key pair for the
+    link_curve_secret_key: str = ""          #: router-node link (Z85, 40 characters; a
+    #: node's makes it a CURVE server, a router's is its client identity; shared/linkauth.py)
+    link_curve_server_key: str = ""          #: router: the nodes' public key (CURVE on)
+    link_curve_clients: list[str] = field(default_factory=list)  #: node: the routers'
+    #: public keys it admits (others are refused and logged)
     link_heartbeat_ms: int = 500             #: router<->node heartbeat interval, ms
     link_timeout_ms: int = 10000             #: a silent (hung) peer is dead after this, ms;
     #: a closed connection (process death) is noticed at once, without waiting for this
@@ -166,6 +173,7 @@ class Settings:
                      "handshake_timeout"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise bad(name, "must be a positive integer")
+        check_keys(self)
         if self.link_timeout_ms <= self.link_heartbeat_ms:
             raise bad("link_timeout_ms", "must be larger than link_heartbeat_ms")
         if self.log_level not in ("debug", "info", "warning", "error"):

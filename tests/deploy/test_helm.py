@@ -36,6 +36,7 @@ OVERRIDES = {
                   "podAntiAffinityPreset": "hard"},
         "routers": {"resources": {"requests": {"cpu": "500m", "memory": "256Mi"}},
                     "replicaCount": 3}},
+    "link-curve": {"linkCurve": {"enabled": True, "existingSecret": "shoal-link-keys"}},
     "tls": {"tls": {"enabled": True, "existingSecret": "shoal-tls", "verify": "verify_peer",
                     "versions": ["tlsv1.3"]},
             "service": {"type": "NodePort", "nodePorts": {"amqps": 30671}}},
@@ -172,6 +173,24 @@ def test_tls_mounts_the_secret_and_opens_amqps() -> None:
             "nodePort": 30671} in ports
     plain = render({})
     assert "amqps" not in str(plain[("Service", FULL)]["spec"]["ports"])
+
+
+def test_link_curve_keys_come_from_the_secret() -> None:
+    docs = render(OVERRIDES["link-curve"])
+
+    def refs(c):
+        return {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in c["env"]
+                if e["name"].startswith("SHOAL_LINK_CURVE")
+                and e["valueFrom"]["secretKeyRef"]["name"] == "shoal-link-keys"}
+    assert refs(container(docs, "StatefulSet", f"{FULL}-node")) == {
+        "SHOAL_LINK_CURVE_PUBLIC_KEY": "node-public", "SHOAL_LINK_CURVE_SECRET_KEY": "node-secret",
+        "SHOAL_LINK_CURVE_CLIENTS": "router-public"}
+    assert refs(container(docs, "Deployment", f"{FULL}-router")) == {
+        "SHOAL_LINK_CURVE_PUBLIC_KEY": "router-public",
+        "SHOAL_LINK_CURVE_SECRET_KEY": "router-secret",
+        "SHOAL_LINK_CURVE_SERVER_KEY": "node-public"}
+    with pytest.raises(Exception, match="linkCurve.enabled needs linkCurve.existingSecret"):
+        render({"linkCurve": {"enabled": True}})
 
 
 def test_tls_without_a_secret_is_refused() -> None:
