@@ -30,18 +30,41 @@ def amqp_bool(value: Any) -> str:
     return str(value)
 
 
+def _table_value(value: Any) -> str:
+    """RabbitMQ's rendering of a table value when the other side has none ("the value '10'
+    of type 'signedint'"), with the field type the usual client (pika) sends for it."""
+    if isinstance(value, bool):
+        kind = "bool"
+    elif isinstance(value, int):
+        kind = "signedint" if -2**31 <= value < 2**31 else "long"
+    elif isinstance(value, float):
+        kind = "double"
+    elif isinstance(value, dict):
+        kind = "table"
+    elif isinstance(value, list):
+        kind = "array"
+    else:
+        kind = "longstr"
+    return f"the value '{amqp_bool(value)}' of type '{kind}'"
+
+
 def check_equivalent(kind: str, vhost: str, name: str,
                      checks: list[tuple[str, Any, Any]]) -> None:
     """A redeclare must match what exists (spec 1.6.2.1 / 1.7.2.1 "equivalent"): ``checks``
     are ``(argument, received, current)``; the first that differs raises 406
     PRECONDITION_FAILED with RabbitMQ's text ("inequivalent arg 'durable' for queue 'q' in
-    vhost '/': received 'true' but current is 'false'")."""
+    vhost '/': received 'true' but current is 'false'"; an ``x-`` argument given on one side
+    only: "received none but current is the value '10' of type 'signedint'")."""
     for arg, received, current in checks:
         if received != current:
+            if arg.startswith("x-") and (received is None or current is None):
+                got = "none" if received is None else _table_value(received)
+                now = "none" if current is None else _table_value(current)
+            else:
+                got, now = f"'{amqp_bool(received)}'", f"'{amqp_bool(current)}'"
             raise soft_error(PRECONDITION_FAILED,
                              f"inequivalent arg '{arg}' for {kind} '{name}' in vhost "
-                             f"'{vhost}': received '{amqp_bool(received)}' but current is "
-                             f"'{amqp_bool(current)}'")
+                             f"'{vhost}': received {got} but current is {now}")
 
 
 class Exchange:

@@ -36,6 +36,7 @@ from shoal.shared.settings import Settings
 from . import tls
 from .broker import Broker
 from .client import ClientConnection, heartbeat_loop
+from .import_definitions import declare_topology
 
 log = logging.getLogger("shoal.router")
 
@@ -96,6 +97,7 @@ async def serve(settings: Settings, host_node: HostNode | None = None,
         await broker.stop()
         await _stop_hosted(hosted, ctx)
         return 1
+    await declare_topology(broker, broker.definitions)   # load_definitions' topology
     server = await loop.create_server(
         lambda: ClientConnection(broker), settings.host, settings.port,
         reuse_port=hasattr(socket, "SO_REUSEPORT"), backlog=1024)

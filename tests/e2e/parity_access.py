@@ -55,6 +55,13 @@ DEFINITIONS = {
          "write": r"^acc-(c|w)-|^amq\.(default|topic)$",
          "read": r"^acc-(c|r)-|^amq\.(direct|topic)$"},
     ],
+    # topology, declared at start (RabbitMQ: at boot; Shoal: by each router as it starts)
+    "exchanges": [{"name": "acc-def-x", "vhost": "/", "type": "topic", "durable": True,
+                   "auto_delete": False, "internal": False, "arguments": {}}],
+    "queues": [{"name": "acc-def-q", "vhost": "/", "durable": True, "auto_delete": False,
+                "arguments": {"x-max-length": 10}}],
+    "bindings": [{"source": "acc-def-x", "vhost": "/", "destination": "acc-def-q",
+                  "destination_type": "queue", "routing_key": "acc.#", "arguments": {}}],
     "topic_permissions": [
         {"user": "acc-u", "vhost": "/", "exchange": "amq.topic", "write": r"^acc\.w\.",
          "read": r"^acc\.r\."},
@@ -261,6 +268,22 @@ def normalized(notes: list) -> list:
     """``notes`` (reply texts) with the names a scenario generated replaced by ``<name>``."""
     return [tuple(_GENERATED_NAME.sub("<name>", v) if isinstance(v, str) else v for v in n)
             for n in notes]
+
+
+@access_scenario(user="acc-admin")
+def definitions_topology(rec: Rec, admin: Rec) -> None:
+    """The exchange, queue (with its arguments) and binding of the definitions exist: a
+    passive declare finds them, a publish to the exchange reaches the queue, and a redeclare
+    as not durable is 406."""
+    c = rec.conn()
+    ch = c.channel()
+    ch.confirm_delivery()
+    rec.do("passive-exchange", ch.exchange_declare, "acc-def-x", passive=True)
+    rec.do("passive-queue", ch.queue_declare, "acc-def-q", passive=True)
+    rec.do("publish", ch.basic_publish, "acc-def-x", "acc.1", b"via definitions")
+    rec.get(ch, "acc-def-q")
+    rec.do("redeclare-not-durable", rec.channel(c).queue_declare, "acc-def-q",
+           arguments={"x-max-length": 10})
 
 
 # ---- limits (issue 22, point 3) ----------------------------------------------------------------

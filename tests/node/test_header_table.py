@@ -65,3 +65,19 @@ def test_delivery_count_is_long_and_a_header_without_headers_gets_one():
     h = delivery_count_header(encode_header(Basic.Properties(), 0), 0, 3)
     assert dict(raw_headers(h)) == {"x-delivery-count": b"l" + struct.pack(">q", 3)}
     assert parse_properties(h).headers == {"x-delivery-count": 3}
+
+
+def test_inequivalent_x_argument_on_one_side_only_reads_as_rabbitmq():
+    """RabbitMQ 3.10.8's text, checked against it with pika (session 11)."""
+    import pytest
+    from shoal.node.topology import check_equivalent
+    from shoal.shared.errors import AMQPError
+    cases = [((None, 10), "received none but current is the value '10' of type 'signedint'"),
+             ((None, "lazy"), "received none but current is the value 'lazy' of type 'longstr'"),
+             ((11, 10), "received '11' but current is '10'"),
+             (("default", "lazy"), "received 'default' but current is 'lazy'")]
+    for (received, current), words in cases:
+        with pytest.raises(AMQPError) as e:
+            check_equivalent("queue", "/", "q", [("x-a", received, current)])
+        assert e.value.reply_text == \
+            f"PRECONDITION_FAILED - inequivalent arg 'x-a' for queue 'q' in vhost '/': {words}"

@@ -131,3 +131,17 @@ def test_a_bad_definitions_file_stops_start_up_with_one_line(tmp_path, command):
         f"shoal {command}: {path}: user 'a': unknown hashing_algorithm 'x' (known: "
         "rabbit_password_hashing_sha256, rabbit_password_hashing_sha512, "
         "rabbit_password_hashing_md5)"]
+
+
+def test_rabbitmqctl_export_definitions_output_loads_unchanged():
+    """``rabbitmqctl export_definitions`` of RabbitMQ 3.10.8 (session 11): users with hashes
+    and limits, vhosts, permissions, vhost limits, and topology."""
+    from pathlib import Path
+    defs = load_definitions(Path(__file__).parent / "data" / "rabbitmq-3.10.8-export.json")
+    assert defs.users["u"].check_password("p") and defs.users["guest"].check_password("guest")
+    assert defs.users["guest"].tags == ("administrator",)
+    assert defs.users["acc-lim"].limits == {"max-channels": 3, "max-connections": 2}
+    assert defs.vhost_limits["acc-limited-vh"] == {"max-connections": 1, "max-queues": 2}
+    assert defs.permissions[("u", "/")].configure == "^c.*"
+    assert any(q["name"] == "acc-def-q" for q in defs.queues)
+    assert any(b["destination"] == "acc-def-q" for b in defs.bindings)
