@@ -268,6 +268,8 @@ class AMQPConnection(ControlFrames):
                 if self._state == _CONN_CLOSED:
                     return
                 is_open = False
+            else:   # connection.open may have arrived in this same buffer (found by fuzzing)
+                is_open = True
             max_payload = self._max_payload
         if pos < end:
             self._chunks = [buf[pos:]]

@@ -33,6 +33,7 @@ def pids(cluster) -> dict[str, int]:
     info = json.loads((cluster.data_dir / "cluster.json").read_text())
     out = {n["id"]: int(n["pid"]) for n in info["nodes"]}
     out["router"] = int(info["router"]["pid"])
+    out.update((r["id"], int(r["pid"])) for r in info.get("routers", []) if "pid" in r)
     return out
 
 

@@ -297,3 +297,17 @@ def test_everything_written_during_a_session_parses_with_pika():
 from shoal.shared.errors import soft_error  # noqa: E402
 
 AMQPErrorSoft = soft_error(404, "no exchange 'x' in vhost '/'")
+
+
+def test_a_publish_in_the_same_read_as_the_handshake_is_taken():
+    """The handshake, channel.open and a publish arriving in one read (a client that writes
+    them back to back): the publish is a message, not a 505 (found by the fuzz campaign)."""
+    from pamqp import commands as C
+    from amqp_testkit import PROTOCOL_HEADER, m, make_conn, publish, start_ok_plain
+    conn = make_conn(heartbeat=0)
+    data = (PROTOCOL_HEADER + m(start_ok_plain()) + m(C.Connection.TuneOk(2047, 131072, 0))
+            + m(C.Connection.Open("/")) + m(C.Channel.Open(), 1) + publish(1, b"hello"))
+    events = conn.receive_data(data)
+    assert [type(e).__name__ for e in events] == ["ConnectionOpened", "ChannelOpened",
+                                                  "MessagePublished"]
+    assert events[-1].body == b"hello"
