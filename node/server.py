@@ -29,6 +29,7 @@ from shoal.shared.linkauth import serve_curve
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T, decode_batch, encode_batch
 
+from .alarms import ResourceAlarms
 from .journal import Journal, JournalUnavailable, fsync_dir
 from .shard import Shard
 
@@ -121,6 +122,8 @@ class NodeServer:
         # publishers instead of growing this queue without limit.
         self.sock.setsockopt(zmq.RCVHWM, 16)
         self._auth = serve_curve(self.sock, self.ctx, settings)   # CURVE when keys are set
+        self._alarm: str | None = None               #: resource alarms' reason (alarms.py)
+        self._journal_blocked: str | None = None     #: why the journal cannot write
         self._stopping = False
         self._done: asyncio.Future | None = None    # serve() returns when it is set
         self._turn_scheduled = False
@@ -176,24 +179,37 @@ class NodeServer:
         shard = self.shard
         exc = None if fut.cancelled() else fut.exception()
         if isinstance(exc, JournalUnavailable):
-            if shard.blocked_reason is None:
+            if self._journal_blocked is None:
                 log.error("journal cannot write: %s; persistent publishes are not confirmed "
                           "until it can (retrying every %.0f s)", exc, COMMIT_RETRY_S)
-            shard.set_blocked(f"shoal node {shard.node_id}: journal cannot write "
-                              f"({_reason(exc)})")
+            self._journal_blocked = f"shoal node {shard.node_id}: journal cannot write " \
+                                    f"({_reason(exc)})"
+            self._update_blocked()
             self._flush()
             if self._loop is not None and not self._stopping:
                 self._retry = self._loop.call_later(COMMIT_RETRY_S, self._retry_commit)
             return
         if exc is not None:
             log.error("journal commit failed: %r", exc)
-        if shard.blocked_reason is not None and self.journal is not None \
+        if self._journal_blocked is not None and self.journal is not None \
                 and self.journal.available:
             log.warning("journal writes again: resuming confirms")
-            shard.set_blocked(None)
+            self._journal_blocked = None
+            self._update_blocked()
         shard.release_durable()
         self._flush()
         self._poke()                   # the send may have eaten the FD's edge: look again
+
+    def _set_alarm(self, reason: str | None) -> None:
+        self._alarm = reason
+        self._update_blocked()
+        self._flush()
+
+    def _update_blocked(self) -> None:
+        """Tell the routers (NODE_BLOCKED) why publishers must wait: a resource alarm
+        (node/alarms.py) and/or a journal that cannot write; None when neither holds."""
+        reasons = [r for r in (self._alarm, self._journal_blocked) if r]
+        self.shard.set_blocked("; ".join(reasons) if reasons else None)
 
     def _retry_commit(self) -> None:
         self._retry = None
@@ -401,6 +417,9 @@ class NodeServer:
                 self._poke()
         loop.add_reader(mon_fd, on_disconnect)
         on_disconnect()  # reading ZMQ_EVENTS once arms the edge-triggered FD
+        alarms = asyncio.ensure_future(ResourceAlarms(
+            self.settings, str(self.journal.directory) if self.journal is not None
+            else self.settings.data_dir, self._set_alarm).run())
         stats_path = os.environ.get("SHOAL_NODE_STATS_FILE")
         stats = asyncio.ensure_future(self._write_stats(stats_path.replace(
             "{node}", self.shard.node_id))) if stats_path else None
@@ -414,6 +433,7 @@ class NodeServer:
             self.shard.goodbye_all()
             self._flush()
         finally:
+            alarms.cancel()
             loop.remove_reader(fd)
             loop.remove_reader(mon_fd)
             if self._timer is not None:

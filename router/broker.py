@@ -84,6 +84,8 @@ class Broker:
         self._snapshots: dict[str, asyncio.Future] = {}  # TOPOLOGY_SNAPSHOT per node (start)
         #: nodes whose journal cannot write (NODE_BLOCKED): node_id -> reason
         self.blocked_nodes: dict[str, str] = {}
+        #: why publishers are blocked (some node's alarm or journal), or None
+        self.blocked_reason: str | None = None
         self._own_ctx = ctx is None
         self._ctx = zmq.Context() if ctx is None else ctx
 
@@ -398,26 +400,23 @@ class Broker:
                 if client.publisher:
                     client.set_reading(not self.congested)
 
-    @property
-    def blocked_reason(self) -> str | None:
-        """Why publishers are blocked (some node's journal cannot write), or None."""
-        return next(iter(self.blocked_nodes.values()), None)
-
     def _set_node_blocked(self, node_id: str, reason: str | None) -> None:
-        """NODE_BLOCKED: while any node's journal cannot write, clients that announced the
-        ``connection.blocked`` capability (RabbitMQ extension) get ``connection.blocked``
-        (reason), then ``connection.unblocked``; confirms of their persistent messages on
-        that node's durable queues are withheld meanwhile (never a false confirm)."""
-        was = self.blocked_reason
+        """NODE_BLOCKED: while any node has a resource alarm or a journal that cannot write,
+        publishing connections are blocked as RabbitMQ blocks them (each at its next publish:
+        ``connection.blocked`` with the reason to clients that announced the capability, and
+        the socket no longer read); when the last node clears, every blocked connection gets
+        ``connection.unblocked`` and is read again. Confirms of persistent messages on a node
+        whose journal cannot write are withheld meanwhile (never a false confirm)."""
         if reason is None:
             self.blocked_nodes.pop(node_id, None)
         else:
             self.blocked_nodes[node_id] = str(reason)
             log.warning("node %s blocked publishers: %s", node_id, reason)
-        now = self.blocked_reason
-        if (was is None) != (now is None):
+        was = self.blocked_reason
+        self.blocked_reason = next(iter(self.blocked_nodes.values()), None)
+        if was is not None and self.blocked_reason is None:
             for client in self.connections:
-                client.send_blocked(now)
+                client.unblock()
 
     def _on_node_up(self, link: NodeLink, restarted: bool) -> None:
         if restarted:

@@ -68,6 +68,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._done = False
         self.publisher = False  #: has published: paused while a node link is congested
         self._congestion_paused = False  #: reading paused by set_reading(False)
+        self._alarm_paused = False  #: a publisher not read while the broker is blocked
         self._turn_paused = False        #: reading paused until the next loop turn
         # READ_START bytes per connection; READ_MAX only for publishers of large messages
         # (thousands of idle or small-message connections must stay cheap).
@@ -148,8 +149,12 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def _end_turn_pause(self) -> None:
         self._turn_paused = False
-        if not self._congestion_paused and self.transport is not None \
-                and not self.transport.is_closing():
+        self._resume_reading()
+
+    def _resume_reading(self) -> None:
+        """Read the socket again unless a turn, congestion or alarm pause still holds."""
+        if not (self._turn_paused or self._congestion_paused or self._alarm_paused) and \
+                self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
     def eof_received(self) -> bool:
@@ -163,12 +168,9 @@ class ClientConnection(asyncio.BufferedProtocol):
     def set_reading(self, on: bool) -> None:
         """Resume or pause reading from the client socket (node back-pressure)."""
         self._congestion_paused = not on
-        if self.transport is None or self.transport.is_closing():
-            return
         if on:
-            if not self._turn_paused:
-                self.transport.resume_reading()
-        else:
+            self._resume_reading()
+        elif self.transport is not None and not self.transport.is_closing():
             self.transport.pause_reading()
 
     def pause_writing(self) -> None:
@@ -209,6 +211,8 @@ class ClientConnection(asyncio.BufferedProtocol):
                     self.publisher = True
                     if self.broker.congested:
                         self.set_reading(False)
+                if self.broker.blocked_reason is not None and not self._alarm_paused:
+                    self._block(self.broker.blocked_reason)
             elif t is E.MethodReceived:
                 ch = self.channels.get(ev.channel)
                 if ch is not None:
@@ -226,22 +230,33 @@ class ClientConnection(asyncio.BufferedProtocol):
                 self._counted = (ev.user, ev.vhost)
                 caps = (ev.client_properties or {}).get("capabilities") or {}
                 self.capabilities = caps if isinstance(caps, dict) else {}
-                if self.broker.blocked_reason is not None:
-                    self.send_blocked(self.broker.blocked_reason)
             elif t is E.ConnectionClosed:
                 self._teardown()
         if acks:
             ack_channel.handle_acks(acks)
 
-    def send_blocked(self, reason: str | None) -> None:
-        """``connection.blocked`` (reason) / ``connection.unblocked`` (None) on channel 0, to
-        a client that announced the ``connection.blocked`` capability (RabbitMQ extension)."""
-        if self.amqp is None or not self.capabilities.get("connection.blocked"):
-            return
-        method = C.Connection.Blocked(reason[:255]) if reason is not None \
-            else C.Connection.Unblocked()
-        self.amqp.send_method(0, method)
-        self.broker.mark_dirty(self)
+    def _block(self, reason: str) -> None:
+        """A publish while the broker is blocked (a node's resource alarm or unwritable
+        journal): as RabbitMQ, ``connection.blocked`` (reason) to a client that announced the
+        capability, and its socket is no longer read (its consumers' deliveries still go
+        out; its heartbeat monitor rests meanwhile, as RabbitMQ's)."""
+        self._alarm_paused = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self._send_blocked(C.Connection.Blocked(reason[:255]))
+
+    def unblock(self) -> None:
+        """The broker is no longer blocked: ``connection.unblocked`` and read again, if this
+        connection was blocked."""
+        if self._alarm_paused:
+            self._alarm_paused = False
+            self._send_blocked(C.Connection.Unblocked())
+            self._resume_reading()
+
+    def _send_blocked(self, method) -> None:
+        if self.amqp is not None and self.capabilities.get("connection.blocked"):
+            self.amqp.send_method(0, method)
+            self.broker.mark_dirty(self)
 
     def fail(self, channel: int, err: AMQPError) -> None:
         """Turn a broker error into channel.close / connection.close (the one converter)."""
@@ -265,6 +280,8 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def tick(self, now: float) -> None:
         if self.amqp is not None and not self._done:
+            if self._alarm_paused or self._congestion_paused:
+                self.amqp.mark_received()     # our pause, not the client's silence
             self._handle(self.amqp.tick(now))
             self.flush()
 

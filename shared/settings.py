@@ -125,6 +125,11 @@ class Settings:
     link_heartbeat_ms: int = 500             #: router<->node heartbeat interval, ms
     link_timeout_ms: int = 10000             #: a silent (hung) peer is dead after this, ms;
     #: a closed connection (process death) is noticed at once, without waiting for this
+    vm_memory_high_watermark: float = 0.4    #: node: memory alarm above this fraction of
+    #: the memory limit (the container's cgroup limit, else RAM), RabbitMQ's name and default
+    vm_memory_high_watermark_absolute: int = 0  #: node: the same in bytes (0 = use the fraction)
+    disk_free_limit: int = 50_000_000        #: node: disk alarm below this many bytes free on
+    #: the data directory's file system (RabbitMQ's default, 50 MB); node/alarms.py
     max_output_buffer: int = 4 * 1024 * 1024  #: bytes unflushed per client before pausing
     log_level: str = "info"                  #: debug, info, warning, error
     stats_file: str = ""                     #: router: rewrite counters (JSON) here each second
@@ -166,6 +171,12 @@ class Settings:
             raise bad("tls_versions", f"must be a list of {', '.join(TLS_VERSIONS)}")
         if self.ssl_cert_login_from not in ("distinguished_name", "common_name"):
             raise bad("ssl_cert_login_from", "must be distinguished_name or common_name")
+        if not isinstance(self.vm_memory_high_watermark, (int, float)) or \
+                not 0 < self.vm_memory_high_watermark <= 1:
+            raise bad("vm_memory_high_watermark", "must be a fraction above 0, at most 1")
+        for name in ("vm_memory_high_watermark_absolute", "disk_free_limit"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise bad(name, "must be a number of bytes (0 or more)")
         if not isinstance(self.consumer_max_per_channel, int) or \
                 self.consumer_max_per_channel < 0:
             raise bad("consumer_max_per_channel", "must be 0 (no limit) or a positive integer")
@@ -240,6 +251,10 @@ def _coerce(name: str, value: Any) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             return int(value)
+        if isinstance(proto, float):
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
         if isinstance(proto, list):
             if isinstance(value, str):
                 return [v.strip() for v in value.split(",") if v.strip()]

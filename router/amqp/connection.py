@@ -364,6 +364,11 @@ class AMQPConnection(ControlFrames):
         self._buffered = 0
 
     # ------------------------------------------------------------------ time
+    def mark_received(self) -> None:
+        """Count the client as heard from: the server stopped reading it (flow control, a
+        blocked broker), so its silence is not a missed heartbeat."""
+        self._received = True
+
     def tick(self, now: float) -> list:
         """Drive timers; ``now`` is monotonic seconds. Call it about once a second.
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
 import uuid
 
 import pytest
@@ -54,3 +56,26 @@ def unsupported(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except Unsupported as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``tmpfs(size)``: a directory on a tmpfs of ``size`` ("3m"), unmounted after the test
+    (needs root and mount; the test is skipped otherwise)."""
+    mounted = []
+
+    def mount(size: str):
+        mnt = tmp_path / f"disk{len(mounted)}"
+        mnt.mkdir()
+        if os.geteuid() != 0:
+            pytest.skip("mounting a small tmpfs needs root")
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -134,7 +134,7 @@ def generate(rnd: random.Random) -> bytes:
             data[at:at] = p[s:s + rnd.randint(1, 64)]
         else:
             data[at:at + 1] = struct.pack(">B", rnd.choice((0, 0xFF, 0xCE, 1, 3, 8)))
-    if rnd.random() < 0.1:
+    if rnd.random() < 0.1 and len(data) > lo:
         del data[rnd.randrange(lo, len(data)):]
     return bytes(data)
 
