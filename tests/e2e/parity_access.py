@@ -97,19 +97,8 @@ def access_scenario(user: str = "acc-u", vhost: str = "/", password: str = PASSW
 
 
 def _open(rec: Rec) -> None:
-    """Open a connection; a refusal is recorded with its reply code (pika reports it as
-    ``Probable...Error`` wrapping the broker's connection.close)."""
-    try:
-        rec.conn()
-    except px.AMQPConnectionError as e:
-        m = re.search(r"\((\d{3})\) ['\"](.*)['\"]", str(e))
-        if m is None:
-            rec.closed("open", e)
-            return
-        rec.add("open", "connection-closed", int(m[1]))
-        rec.notes.append(("open", int(m[1]), m[2]))
-        return
-    rec.add("open", "ok")
+    """Open a connection; a refusal is recorded with its reply code."""
+    _open_closed(rec, "open", rec.conn)
 
 
 def _steps(rec: Rec, steps) -> None:
@@ -288,7 +277,8 @@ def definitions_topology(rec: Rec, admin: Rec) -> None:
 
 # ---- limits (issue 22, point 3) ----------------------------------------------------------------
 def _open_closed(rec: Rec, label: str, fn) -> None:
-    """``fn()``; records ok, or the reply code of the connection.close it ends in."""
+    """``fn()``; records ok, or the reply code of the connection.close it ends in (pika
+    reports a refused open as ``Probable...Error`` wrapping the broker's connection.close)."""
     try:
         fn()
     except px.AMQPConnectionError as e:
