@@ -18,6 +18,8 @@ node/messages.py's, the routers and their outboxes node/peers.py's.
 """
 from __future__ import annotations
 
+import collections
+
 import itertools
 import logging
 import time
@@ -453,9 +455,11 @@ class Shard:
 
     def _on_queue_list(self, state: RouterPeer, msg: list) -> list:
         """QUEUE_LIST -> this node's queues (of ``msg[2]``, a vhost, unless None)."""
-        vhost = msg[2]
+        vhost, unacked = msg[2], collections.Counter()
+        for peer in self.peers.values():
+            unacked.update(id(e.queue) for e in peer.unsettled.values())
         return [[q.vhost, q.name, q.durable, q.exclusive_owner is not None, q.auto_delete,
-                 q.arguments, q.message_count, q.consumer_count]
+                 q.arguments, q.message_count, q.consumer_count, unacked[id(q)]]
                 for q in self.queues.values() if vhost is None or q.vhost == vhost]
 
     def _on_connection_closed(self, state: RouterPeer, msg: list) -> None:

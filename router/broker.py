@@ -359,6 +359,12 @@ class Broker:
         if self.topology.get(vhost, exchange) is None:
             log.info("dropping dead letter: no exchange '%s' in vhost '%s'", exchange, vhost)
             return
+        self.publish_unconfirmed(vhost, exchange, routing_key, header, body)
+
+    def publish_unconfirmed(self, vhost: str, exchange: str, routing_key: str, header: bytes,
+                            body: bytes) -> bool:
+        """Route a message like basic.publish without a channel or a confirm (dead letters,
+        the management API's publish); returns whether any queue was routed to."""
         queues = self.topology.route(vhost, exchange, routing_key, None, header)
         by_node: dict[str, list[str]] = {}
         for q in queues:
@@ -367,6 +373,7 @@ class Broker:
             link = self.links[node_id]
             if link.up:
                 link.send([TAG_PUBLISH, 0, vhost, qs, exchange, routing_key, header, body, None])
+        return bool(queues)
 
     def _queue_removed(self, vhost: str, name: str) -> None:
         for l in self.links.values():

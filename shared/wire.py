@@ -129,8 +129,9 @@ class T(IntEnum):
 
     # --- listing (R->N request, answered by REPLY) ---
     QUEUE_LIST = 51       # R->N [T, req_id, vhost or None] -> payload [[vhost, name, durable,
-                          #   exclusive, auto_delete, arguments, messages_ready, consumers],
-                          #   ...]: the node's queues (of one vhost), e.g. for max-queues
+                          #   exclusive, auto_delete, arguments, messages_ready, consumers,
+                          #   messages_unacknowledged], ...]: the node's queues (of one vhost),
+                          #   for max-queues and the management API
 
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the

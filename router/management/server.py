@@ -1,0 +1,138 @@
+"""The management API's HTTP side: the aiohttp application, HTTP basic auth against the
+broker's users, RabbitMQ's error JSON, and ``columns=`` / ``sort=`` on lists.
+
+Only users tagged ``administrator`` or ``management`` get in (``monitoring`` too, read-only:
+it may GET); others get 401 ``{"error": "not_authorised", "reason": "Not management user"}``,
+as RabbitMQ answers. Errors are ``{"error": ..., "reason": ...}`` with RabbitMQ's status
+codes, never a traceback.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import socket
+from typing import Any
+
+from aiohttp import web
+
+from shoal.shared.errors import AMQPError, ConfigError
+
+from ..broker import Broker
+from . import views
+
+log = logging.getLogger("shoal.router.management")
+
+WRITE_TAGS = frozenset({"administrator", "management"})
+READ_TAGS = WRITE_TAGS | {"monitoring"}
+
+
+def error(status: int, kind: str, reason: str) -> web.Response:
+    return web.json_response({"error": kind, "reason": reason}, status=status)
+
+
+def _user(broker: Broker, request: web.Request):
+    header = request.headers.get("Authorization", "")
+    if not header.startswith("Basic "):
+        return None
+    try:
+        name, _, password = base64.b64decode(header[6:]).decode("utf-8").partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    peer = request.remote or "?"
+    loopback = peer in ("127.0.0.1", "::1")
+    if not broker.users.authenticate(name, password, peer, loopback):
+        return None
+    return broker.users.users[name]
+
+
+def _columns(data: Any, request: web.Request) -> Any:
+    """RabbitMQ's ``columns=a,b.c`` (keep those keys) and ``sort=key`` on lists."""
+    cols = request.query.get("columns")
+    sort = request.query.get("sort")
+    if isinstance(data, list):
+        if sort:
+            data = sorted(data, key=lambda d: (str(d.get(sort, "")),),
+                          reverse=request.query.get("sort_reverse") == "true")
+        if cols:
+            keep = [c.strip() for c in cols.split(",") if c.strip()]
+            data = [_pick(d, keep) for d in data]
+    elif isinstance(data, dict) and cols:
+        data = _pick(data, [c.strip() for c in cols.split(",") if c.strip()])
+    return data
+
+
+def _pick(d: dict, keep: list[str]) -> dict:
+    out: dict = {}
+    for path in keep:
+        src, dst, parts = d, out, path.split(".")
+        for i, part in enumerate(parts):
+            if not isinstance(src, dict) or part not in src:
+                break
+            if i == len(parts) - 1:
+                dst[part] = src[part]
+            else:
+                src = src[part]
+                dst = dst.setdefault(part, {})
+    return out
+
+
+def make_app(broker: Broker) -> web.Application:
+    @web.middleware
+    async def guard(request: web.Request, handler):
+        user = _user(broker, request)
+        if user is None or not (set(user.tags) & READ_TAGS):
+            return error(401, "not_authorised", "Login failed" if user is None
+                         else "Not management user")
+        if request.method != "GET" and not set(user.tags) & WRITE_TAGS:
+            return error(401, "not_authorised", "Not management user")
+        request["user"] = user
+        try:
+            out = await handler(request)
+        except web.HTTPException as exc:
+            return error(exc.status, "not_found" if exc.status == 404 else "bad_request",
+                         exc.reason or "")
+        except views.ApiError as exc:
+            return error(exc.status, exc.kind, exc.reason)
+        except AMQPError as exc:
+            status = {404: 404, 403: 401, 405: 400, 406: 400}.get(exc.reply_code, 500)
+            text = exc.reply_text.split(" - ", 1)[-1]
+            return error(status, "not_found" if status == 404 else "bad_request", text)
+        except json.JSONDecodeError as exc:
+            return error(400, "bad_request", f"the body is not JSON: {exc}")
+        except ConfigError as exc:
+            return error(400, "bad_request", str(exc))
+        except Exception:  # noqa: BLE001 - the API answers with JSON, never a traceback
+            log.exception("management API: %s %s", request.method, request.path)
+            return error(500, "internal_error", "see the broker log")
+        if isinstance(out, web.StreamResponse):
+            return out
+        if out is None:
+            return web.Response(status=204)
+        resp = web.json_response(_columns(out, request))
+        if request.get("missing_nodes"):      # nodes that did not answer in time
+            resp.headers["X-Shoal-Missing-Nodes"] = ",".join(request["missing_nodes"])
+        return resp
+
+    app = web.Application(middlewares=[guard])
+    app["broker"] = broker
+    views.add_routes(app)
+    return app
+
+
+async def start(broker: Broker, host: str, port: int) -> web.AppRunner | None:
+    """Serve the API on ``host:port`` (SO_REUSEPORT, as routers share the AMQP port). A port
+    in use is logged and the API stays off; the broker goes on."""
+    runner = web.AppRunner(make_app(broker), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_port=hasattr(socket, "SO_REUSEPORT"))
+    try:
+        await site.start()
+    except OSError as exc:
+        log.warning("management API not started: cannot listen on %s:%s (%s)", host, port,
+                    exc.strerror)
+        await runner.cleanup()
+        return None
+    log.info("management API on http://%s:%s/api/", host, port)
+    return runner

@@ -1,0 +1,373 @@
+"""The management API's endpoints (RabbitMQ management plugin's paths and JSON fields): the
+overview, nodes, vhosts, users and permissions (read-only in this slice), queues (list, show,
+declare, delete, purge), exchanges (list, show, declare, delete), bindings, definitions export
+and the alarms health check. Names in paths are percent-encoded (``%2F`` is the vhost ``/``).
+
+Queues are asked of every node (wire QUEUE_LIST) within ``NODE_TIMEOUT_S``; a node that does
+not answer is left out and named in the ``X-Shoal-Missing-Nodes`` header.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import urllib.parse
+
+from aiohttp import web
+from pamqp import commands as C
+from pamqp.header import ContentHeader
+
+from shoal.shared import wire
+from shoal.shared.definitions import parse_definitions
+from shoal.shared.errors import AMQPError
+from shoal.shared.wire import T
+
+from ..amqp.handshake import shoal_version
+from ..broker import Broker
+from ..import_definitions import declare_topology
+from ..routing import BUILTIN_EXCHANGES, EXCHANGE_TYPES
+
+NODE_TIMEOUT_S = 5.0
+RABBITMQ_VERSION = "3.10.8"     #: the RabbitMQ whose API this one follows (tools check it)
+
+
+class ApiError(Exception):
+    """An error answered as ``{"error": kind, "reason": reason}`` with ``status``."""
+
+    def __init__(self, status: int, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.kind, self.reason = status, kind, reason
+
+
+def _broker(request: web.Request) -> Broker:
+    return request.app["broker"]
+
+
+def _arg(request: web.Request, key: str) -> str:
+    return urllib.parse.unquote(request.match_info[key])
+
+
+def _vhost(request: web.Request) -> str | None:
+    if "vhost" not in request.match_info:
+        return None
+    vhost = _arg(request, "vhost")
+    if vhost not in _broker(request).users.vhosts:
+        raise ApiError(404, "not_found", "vhost_not_found")
+    return vhost
+
+
+async def _body(request: web.Request) -> dict:
+    text = await request.text()
+    data = json.loads(text) if text.strip() else {}
+    if not isinstance(data, dict):
+        raise ApiError(400, "bad_request", "the body must be a JSON object")
+    return data
+
+
+# ---- queues ---------------------------------------------------------------------------------
+async def queue_rows(broker: Broker, vhost: str | None) -> tuple[list[dict], list[str]]:
+    """Every node's queues (of ``vhost``) as RabbitMQ's JSON, and the nodes that did not answer
+    in time."""
+    ids = list(broker.links)
+    results = await asyncio.gather(*(asyncio.wait_for(
+        broker.links[n].request([T.QUEUE_LIST, vhost]), NODE_TIMEOUT_S) for n in ids),
+        return_exceptions=True)
+    rows, missing = [], []
+    for node_id, result in zip(ids, results):
+        if isinstance(result, BaseException):
+            missing.append(node_id)
+            continue
+        for vh, name, durable, exclusive, auto_delete, args, ready, consumers, unacked in result:
+            rows.append({
+                "name": name, "vhost": vh, "durable": durable, "exclusive": exclusive,
+                "auto_delete": auto_delete, "arguments": args, "node": node_id,
+                "messages": ready + unacked, "messages_ready": ready,
+                "messages_unacknowledged": unacked, "consumers": consumers,
+                "state": "running", "type": args.get("x-queue-type", "classic"),
+                "policy": None, "message_stats": {}})
+    rows.sort(key=lambda r: (r["vhost"], r["name"]))
+    return rows, missing
+
+
+async def queues(request: web.Request):
+    rows, request["missing_nodes"] = await queue_rows(_broker(request), _vhost(request))
+    return rows
+
+
+async def queue(request: web.Request):
+    vhost, name = _vhost(request), _arg(request, "name")
+    rows, _ = await queue_rows(_broker(request), vhost)
+    for row in rows:
+        if row["name"] == name:
+            return row
+    raise ApiError(404, "not_found", "Object Not Found")
+
+
+async def declare_queue(request: web.Request):
+    b, vhost, name = _broker(request), _vhost(request), _arg(request, "name")
+    body = await _body(request)
+    await b.queue_link(vhost, name).request(
+        [T.QUEUE_DECLARE, vhost, name, False, bool(body.get("durable", True)), False,
+         bool(body.get("auto_delete", False)), body.get("arguments") or {}, None])
+    return web.Response(status=201)
+
+
+async def delete_queue(request: web.Request):
+    b, vhost, name = _broker(request), _vhost(request), _arg(request, "name")
+    if_unused = request.query.get("if-unused") == "true"
+    if_empty = request.query.get("if-empty") == "true"
+    await b.queue_link(vhost, name).request(
+        [T.QUEUE_DELETE, vhost, name, if_unused, if_empty, None])
+    return None
+
+
+async def purge_queue(request: web.Request):
+    b, vhost, name = _broker(request), _vhost(request), _arg(request, "name")
+    await b.queue_link(vhost, name).request([T.QUEUE_PURGE, vhost, name, None])
+    return None
+
+
+# ---- exchanges and bindings ----------------------------------------------------------------
+def exchange_row(ex) -> dict:
+    return {"name": ex.name, "vhost": ex.vhost, "type": ex.type, "durable": ex.durable,
+            "auto_delete": ex.auto_delete, "internal": ex.internal,
+            "arguments": ex.arguments, "user_who_performed_action": "", "policy": None}
+
+
+async def exchanges(request: web.Request):
+    vhost = _vhost(request)
+    rows = [exchange_row(ex) for (vh, _), ex in sorted(_broker(request).topology.exchanges.items())
+            if vhost is None or vh == vhost]
+    return rows
+
+
+async def exchange(request: web.Request):
+    ex = _broker(request).topology.get(_vhost(request), _arg(request, "name"))
+    if ex is None:
+        raise ApiError(404, "not_found", "Object Not Found")
+    return exchange_row(ex)
+
+
+async def declare_exchange(request: web.Request):
+    b, vhost, name = _broker(request), _vhost(request), _arg(request, "name")
+    body = await _body(request)
+    type_ = body.get("type", "direct")
+    if type_ not in EXCHANGE_TYPES:
+        raise ApiError(400, "bad_request", f"unknown exchange type '{type_}'")
+    if name in BUILTIN_EXCHANGES or name.startswith("amq."):
+        raise ApiError(403, "access_refused", f"exchange name '{name}' contains reserved "
+                                               f"prefix 'amq.*'")
+    await b.exchange_link(vhost, name).request(
+        [T.EXCHANGE_DECLARE, vhost, name, type_, False, bool(body.get("durable", True)),
+         bool(body.get("auto_delete", False)), bool(body.get("internal", False)),
+         body.get("arguments") or {}])
+    return web.Response(status=201)
+
+
+async def delete_exchange(request: web.Request):
+    b, vhost, name = _broker(request), _vhost(request), _arg(request, "name")
+    if name in BUILTIN_EXCHANGES:
+        raise ApiError(403, "access_refused", f"operation not permitted on exchange '{name}'")
+    await b.exchange_link(vhost, name).request(
+        [T.EXCHANGE_DELETE, vhost, name, request.query.get("if-unused") == "true"])
+    return None
+
+
+def binding_rows(broker: Broker, vhost: str | None) -> list[dict]:
+    rows = []
+    for (vh, name), ex in sorted(broker.topology.exchanges.items()):
+        if vhost is not None and vh != vhost:
+            continue
+        for b in ex.bindings.values():
+            rows.append({"source": name, "vhost": vh, "destination": b.destination,
+                         "destination_type": "queue" if b.dest_kind == wire.DEST_QUEUE
+                         else "exchange", "routing_key": b.routing_key,
+                         "arguments": b.arguments, "properties_key": b.routing_key or "~"})
+    return rows
+
+
+async def bindings(request: web.Request):
+    return binding_rows(_broker(request), _vhost(request))
+
+
+async def bind(request: web.Request):
+    """POST /api/bindings/{vhost}/e/{source}/{q|e}/{destination}: a binding (201)."""
+    b, vhost = _broker(request), _vhost(request)
+    source, dest = _arg(request, "source"), _arg(request, "dest")
+    if b.topology.get(vhost, source) is None:
+        raise ApiError(404, "not_found", "Object Not Found")
+    body = await _body(request)
+    kind = wire.DEST_QUEUE if request.match_info["kind"] == "q" else wire.DEST_EXCHANGE
+    await b.exchange_link(vhost, source).request(
+        [T.BIND, vhost, source, kind, dest, body.get("routing_key", ""),
+         body.get("arguments") or {}])
+    return web.Response(status=201)
+
+
+async def publish(request: web.Request):
+    """POST /api/exchanges/{vhost}/{name}/publish: ``{"routed": bool}``; the message goes
+    without a confirm, as RabbitMQ's HTTP publish (meant for tests and operators)."""
+    b, vhost, name = _broker(request), _vhost(request), _arg(request, "name")
+    name = "" if name == "amq.default" else name
+    body = await _body(request)
+    if b.topology.get(vhost, name) is None:
+        raise ApiError(404, "not_found", "Object Not Found")
+    payload = body.get("payload", "")
+    if body.get("payload_encoding", "string") == "base64":
+        data = base64.b64decode(payload)
+    else:
+        data = str(payload).encode("utf-8")
+    try:
+        props = C.Basic.Properties(**(body.get("properties") or {}))
+    except TypeError as exc:
+        raise ApiError(400, "bad_request", f"properties: {exc}") from None
+    header = ContentHeader(0, len(data), props).marshal()
+    key = str(body.get("routing_key", ""))
+    if name == "":      # the default exchange routes to a queue that may not exist
+        try:
+            await b.queue_link(vhost, key).request(
+                [T.QUEUE_DECLARE, vhost, key, True, False, False, False, {}, None])
+        except AMQPError:
+            return {"routed": False}
+    return {"routed": b.publish_unconfirmed(vhost, name, key, header, data)}
+
+
+# ---- the rest -------------------------------------------------------------------------------
+async def overview(request: web.Request):
+    b = _broker(request)
+    rows, _ = await queue_rows(b, None)
+    channels = sum(len(c.channels) for c in b.connections)
+    return {
+        "management_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
+        "product_name": "Shoal", "product_version": shoal_version(),
+        "cluster_name": f"shoal@{request.host.split(':')[0]}", "node": b.router_id,
+        "object_totals": {"connections": len(b.connections), "channels": channels,
+                          "exchanges": len(b.topology.exchanges), "queues": len(rows),
+                          "consumers": sum(r["consumers"] for r in rows)},
+        "queue_totals": {"messages": sum(r["messages"] for r in rows),
+                         "messages_ready": sum(r["messages_ready"] for r in rows),
+                         "messages_unacknowledged": sum(r["messages_unacknowledged"]
+                                                        for r in rows)},
+        "message_stats": {}, "listeners": [], "contexts": [],
+    }
+
+
+async def whoami(request: web.Request):
+    u = request["user"]
+    return {"name": u.name, "tags": list(u.tags)}
+
+
+async def nodes(request: web.Request):
+    rows, _ = await queue_rows(_broker(request), None)
+    per_node: dict[str, int] = {}
+    for r in rows:
+        per_node[r["node"]] = per_node.get(r["node"], 0) + 1
+    return [{"name": node_id, "type": "disc", "running": link.up,
+             "queues": per_node.get(node_id, 0)}
+            for node_id, link in _broker(request).links.items()]
+
+
+async def vhosts(request: web.Request):
+    return [{"name": v, "description": "", "tags": []} for v in _broker(request).users.vhosts]
+
+
+async def users(request: web.Request):
+    return [{"name": u.name, "password_hash": u.password_hash,
+             "hashing_algorithm": u.hashing_algorithm, "tags": list(u.tags),
+             "limits": u.limits} for u in _broker(request).users.users.values()]
+
+
+async def permissions(request: web.Request):
+    return [{"user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write,
+             "read": p.read} for p in _broker(request).users.permissions.values()]
+
+
+async def definitions(request: web.Request):
+    """RabbitMQ's definitions export (what ``rabbitmqadmin export`` saves)."""
+    b = _broker(request)
+    rows, missing = await queue_rows(b, None)
+    if missing:
+        raise ApiError(503, "service_unavailable", f"nodes not answering: {', '.join(missing)}")
+    return {
+        "rabbit_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
+        "product_name": "Shoal", "product_version": shoal_version(),
+        "users": await users(request), "vhosts": [{"name": v} for v in b.users.vhosts],
+        "permissions": await permissions(request),
+        "topic_permissions": [{"user": u, "vhost": v, "exchange": x, "write": w, "read": r}
+                              for (u, v), t in b.users.topics.items()
+                              for x, (w, r) in t.items()],
+        "parameters": [], "global_parameters": [], "policies": [],
+        "queues": [{k: r[k] for k in ("name", "vhost", "durable", "auto_delete", "arguments")}
+                   for r in rows if not r["exclusive"]],
+        "exchanges": [{k: r[k] for k in ("name", "vhost", "type", "durable", "auto_delete",
+                                         "internal", "arguments")}
+                      for r in await exchanges(request)
+                      if r["name"] not in BUILTIN_EXCHANGES],
+        "bindings": [{k: r[k] for k in ("source", "vhost", "destination", "destination_type",
+                                        "routing_key", "arguments")}
+                     for r in binding_rows(b, None)],
+    }
+
+
+async def import_definitions(request: web.Request):
+    """POST /api/definitions: the file's exchanges, queues and bindings are declared (as at
+    start, router/import_definitions.py). Users, vhosts and permissions cannot change at run
+    time yet: a file whose users, vhosts or permissions differ from what the routers loaded
+    is refused with 400 (the topology is then not imported either)."""
+    b = _broker(request)
+    defs = parse_definitions(await _body(request), "the posted definitions")
+    loaded = b.users
+    differs = [what for what, ok in (
+        ("users", all(u in loaded.users and loaded.users[u].tags == defs.users[u].tags
+                      for u in defs.users)),
+        ("vhosts", set(defs.vhosts) <= set(loaded.vhosts)),
+        ("permissions", all(loaded.permissions.get(k) == p
+                            for k, p in defs.permissions.items()))) if not ok]
+    if differs:
+        raise ApiError(400, "bad_request", f"{', '.join(differs)} cannot change at run time "
+                                           f"yet: start the routers with --definitions")
+    done, skipped = await declare_topology(b, defs)
+    if skipped:
+        raise ApiError(400, "bad_request", f"{skipped} of {done + skipped} objects were "
+                                           f"skipped (see the broker log)")
+    return web.Response(status=204)
+
+
+async def alarms(request: web.Request):
+    """RabbitMQ's /api/health/checks/alarms: 200 ok, or 503 with the alarms in effect."""
+    reason = _broker(request).blocked_reason
+    if reason is None:
+        return {"status": "ok"}
+    return web.json_response({"status": "failed", "reason": reason,
+                              "alarms": [{"node": n, "resource": r}
+                                         for n, r in _broker(request).blocked_nodes.items()]},
+                             status=503)
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/api/overview", overview)
+    r.add_get("/api/whoami", whoami)
+    r.add_get("/api/nodes", nodes)
+    r.add_get("/api/vhosts", vhosts)
+    r.add_get("/api/users", users)
+    r.add_get("/api/permissions", permissions)
+    r.add_get("/api/definitions", definitions)
+    r.add_post("/api/definitions", import_definitions)
+    r.add_get("/api/health/checks/alarms", alarms)
+    r.add_get("/api/queues", queues)
+    r.add_get("/api/queues/{vhost}", queues)
+    r.add_get("/api/queues/{vhost}/{name}", queue)
+    r.add_put("/api/queues/{vhost}/{name}", declare_queue)
+    r.add_delete("/api/queues/{vhost}/{name}", delete_queue)
+    r.add_delete("/api/queues/{vhost}/{name}/contents", purge_queue)
+    r.add_get("/api/exchanges", exchanges)
+    r.add_get("/api/exchanges/{vhost}", exchanges)
+    r.add_get("/api/exchanges/{vhost}/{name}", exchange)
+    r.add_put("/api/exchanges/{vhost}/{name}", declare_exchange)
+    r.add_delete("/api/exchanges/{vhost}/{name}", delete_exchange)
+    r.add_get("/api/bindings", bindings)
+    r.add_get("/api/bindings/{vhost}", bindings)
+    r.add_post("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", bind)
+    r.add_post("/api/exchanges/{vhost}/{name}/publish", publish)
+

@@ -1,0 +1,161 @@
+"""The management HTTP API, first slice (issue 23; router/management/): RabbitMQ's paths,
+JSON fields and status codes, with plain HTTP and with RabbitMQ's own ``rabbitmqadmin`` (from
+Debian's rabbitmq-server package; those tests skip, saying so, where it is not installed)."""
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.e2e
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mgmt(tmp_path_factory):
+    if EXTERNAL_URL:
+        pytest.skip("needs a cluster started with its own management port")
+    port = _free_port()
+    c = start_cluster(tmp_path_factory.mktemp("shoal-mgmt"), 2,
+                      env={"SHOAL_MANAGEMENT_PORT": str(port)})
+    c.mgmt_port = port
+    yield c
+    stop_cluster(c)
+
+
+def call(cl, method: str, path: str, body=None, user="guest", password="guest"):
+    """``(status, parsed JSON or None, headers)``."""
+    data = None if body is None else (body if isinstance(body, bytes)
+                                      else json.dumps(body).encode())
+    req = urllib.request.Request(f"http://127.0.0.1:{cl.mgmt_port}/api{path}", data=data,
+                                 method=method)
+    req.add_header("Authorization", "Basic " + base64.b64encode(
+        f"{user}:{password}".encode()).decode())
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            raw, status, headers = r.read(), r.status, r.headers
+    except urllib.error.HTTPError as e:
+        raw, status, headers = e.read(), e.code, e.headers
+    return status, (json.loads(raw) if raw else None), headers
+
+
+def test_a_wrong_password_is_401_with_rabbitmqs_error_json(mgmt):
+    status, body, _ = call(mgmt, "GET", "/overview", password="wrong")
+    assert status == 401 and body == {"error": "not_authorised", "reason": "Login failed"}
+
+
+def test_overview_and_whoami(mgmt):
+    status, body, _ = call(mgmt, "GET", "/overview")
+    assert status == 200 and body["product_name"] == "Shoal"
+    assert {"queues", "exchanges", "connections", "channels", "consumers"} <= \
+        set(body["object_totals"])
+    assert call(mgmt, "GET", "/whoami")[1] == {"name": "guest", "tags": ["administrator"]}
+    assert call(mgmt, "GET", "/health/checks/alarms")[:2] == (200, {"status": "ok"})
+    nodes = call(mgmt, "GET", "/nodes")[1]
+    assert [n["name"] for n in nodes] == ["node-0", "node-1"] and all(n["running"]
+                                                                     for n in nodes)
+
+
+def test_queue_declare_publish_count_purge_delete(mgmt, uid):
+    q = f"mgmt-q-{uid}"
+    assert call(mgmt, "PUT", f"/queues/%2F/{q}", {"durable": True,
+                                                  "arguments": {"x-max-length": 5}})[0] == 201
+    routed = call(mgmt, "POST", "/exchanges/%2F/amq.default/publish",
+                  {"routing_key": q, "payload": "hi", "payload_encoding": "string",
+                   "properties": {"delivery_mode": 2}})
+    assert routed[:2] == (200, {"routed": True})
+    assert call(mgmt, "POST", "/exchanges/%2F/amq.default/publish",
+                {"routing_key": f"nowhere-{uid}", "payload": "x",
+                 "properties": {}})[1] == {"routed": False}
+    status, row, _ = call(mgmt, "GET", f"/queues/%2F/{q}")
+    assert status == 200 and row["messages"] == row["messages_ready"] == 1
+    assert row["arguments"] == {"x-max-length": 5} and row["durable"] is True
+    listed = call(mgmt, "GET", "/queues/%2F?columns=name,messages")[1]
+    assert {"name": q, "messages": 1} in listed
+    assert call(mgmt, "DELETE", f"/queues/%2F/{q}/contents")[0] == 204
+    assert call(mgmt, "GET", f"/queues/%2F/{q}")[1]["messages"] == 0
+    assert call(mgmt, "DELETE", f"/queues/%2F/{q}")[0] == 204
+    assert call(mgmt, "GET", f"/queues/%2F/{q}")[:2] == (
+        404, {"error": "not_found", "reason": "Object Not Found"})
+
+
+def test_exchanges_and_bindings(mgmt, uid):
+    x, q = f"mgmt-x-{uid}", f"mgmt-bq-{uid}"
+    assert call(mgmt, "PUT", f"/exchanges/%2F/{x}", {"type": "topic"})[0] == 201
+    assert call(mgmt, "PUT", f"/queues/%2F/{q}", {})[0] == 201
+    assert call(mgmt, "POST", f"/bindings/%2F/e/{x}/q/{q}", {"routing_key": "a.#"})[0] == 201
+    assert call(mgmt, "GET", f"/exchanges/%2F/{x}")[1]["type"] == "topic"
+    bindings = call(mgmt, "GET", "/bindings/%2F")[1]
+    assert {"source": x, "destination": q, "routing_key": "a.#"}.items() <= \
+        next(b for b in bindings if b["source"] == x).items()
+    assert call(mgmt, "POST", f"/exchanges/%2F/{x}/publish",
+                {"routing_key": "a.b", "payload": "m", "properties": {}})[1] == {"routed": True}
+    assert call(mgmt, "GET", f"/queues/%2F/{q}")[1]["messages"] == 1
+    assert call(mgmt, "PUT", "/exchanges/%2F/amq.mine", {"type": "direct"})[0] == 403
+    assert call(mgmt, "PUT", f"/exchanges/%2F/{x}-2", {"type": "nope"})[0] == 400
+    assert call(mgmt, "DELETE", f"/exchanges/%2F/{x}")[0] == 204
+    assert call(mgmt, "DELETE", f"/queues/%2F/{q}")[0] == 204
+
+
+def test_bad_input_gets_json_errors(mgmt, uid):
+    status, body, _ = call(mgmt, "PUT", f"/queues/%2F/mgmt-bad-{uid}", b"{not json")
+    assert status == 400 and body["error"] == "bad_request"
+    status, body, _ = call(mgmt, "GET", "/queues/no-such-vhost")
+    assert (status, body) == (404, {"error": "not_found", "reason": "vhost_not_found"})
+    assert call(mgmt, "PUT", f"/queues/%2F/mgmt-args-{uid}",
+                {"arguments": {"x-max-priority": "ten"}})[0] == 400
+
+
+def test_definitions_export_and_import(mgmt, uid):
+    status, defs, _ = call(mgmt, "GET", "/definitions")
+    assert status == 200 and defs["rabbit_version"]
+    assert [u["name"] for u in defs["users"]] == ["guest"]
+    defs["queues"] = [{"name": f"mgmt-imp-{uid}", "vhost": "/", "durable": True,
+                       "auto_delete": False, "arguments": {}}]
+    assert call(mgmt, "POST", "/definitions", defs)[0] == 204
+    assert call(mgmt, "GET", f"/queues/%2F/mgmt-imp-{uid}")[0] == 200
+    defs["users"].append({"name": "new-user", "password_hash": "", "tags": []})
+    status, body, _ = call(mgmt, "POST", "/definitions", defs)
+    assert status == 400 and "users cannot change at run time" in body["reason"]
+    call(mgmt, "DELETE", f"/queues/%2F/mgmt-imp-{uid}")
+
+
+def rabbitmqadmin(cl, *args: str) -> subprocess.CompletedProcess:
+    tool = shutil.which("rabbitmqadmin")
+    if tool is None:
+        pytest.skip("rabbitmqadmin is not installed (Debian's rabbitmq-server package has it)")
+    return subprocess.run([tool, "-H", "127.0.0.1", "-P", str(cl.mgmt_port), "-u", "guest",
+                           "-p", "guest", *args], capture_output=True, text=True, timeout=30)
+
+
+def test_rabbitmqadmin_declare_list_publish_purge_delete(mgmt, uid, tmp_path):
+    q = f"mgmt-admin-{uid}"
+    assert rabbitmqadmin(mgmt, "declare", "queue", f"name={q}", "durable=true").returncode == 0
+    out = rabbitmqadmin(mgmt, "publish", "exchange=amq.default", f"routing_key={q}",
+                        "payload=hello")
+    assert out.returncode == 0 and "Message published" in out.stdout and "NOT" not in out.stdout
+    out = rabbitmqadmin(mgmt, "-f", "tsv", "list", "queues", "name", "messages")
+    assert f"{q}\t1" in out.stdout.splitlines()
+    assert rabbitmqadmin(mgmt, "purge", "queue", f"name={q}").returncode == 0
+    export = tmp_path / "defs.json"
+    assert rabbitmqadmin(mgmt, "export", str(export)).returncode == 0
+    assert any(x["name"] == q for x in json.loads(export.read_text())["queues"])
+    assert rabbitmqadmin(mgmt, "import", str(export)).returncode == 0
+    assert rabbitmqadmin(mgmt, "delete", "queue", f"name={q}").returncode == 0
+    out = rabbitmqadmin(mgmt, "-f", "tsv", "list", "queues", "name")
+    assert q not in out.stdout
