@@ -114,7 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     if command == "router":
         return importlib.import_module("shoal.router.cli").main(rest, host_node=_host_node)
     if command == "loadtest":
-        from shoal.pipeline.loadtest.cli import main as loadtest_main
+        try:
+            from shoal.pipeline.loadtest.cli import main as loadtest_main
+        except ImportError as exc:      # pyarrow (Parquet results) is the loadtest extra's
+            print(f"shoal loadtest: {exc.name or exc} is not installed: "
+                  f"pip install 'shoal[loadtest]'", file=sys.stderr)
+            return 2
         return loadtest_main(rest)
     if command == "cluster":
         from shoal.deploy.dockercluster import main as cluster_main

@@ -74,3 +74,16 @@ def test_short_run_against_a_cluster(cluster, tmp_path, uid):
     assert lat.num_rows > 0
     assert all(s % 7 == 0 for s in lat["seq"].to_pylist())
     assert pc.min(lat["latency_us"]).as_py() >= 0
+
+
+def test_without_pyarrow_it_names_the_extra_in_one_line():
+    """Issue 23, point 5: after a plain ``pip install .`` (no pyarrow) the command says which
+    extra it needs instead of a ModuleNotFoundError traceback."""
+    code = ("import sys; sys.modules['pyarrow'] = None\n"
+            "from shoal.cli import main\n"
+            "raise SystemExit(main(['loadtest', '--time', '1']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "shoal loadtest: pyarrow is not installed: pip install 'shoal[loadtest]'"]
