@@ -38,6 +38,7 @@ from shoal.shared.wire import (
 from .entry import HELD, QueueEntry
 from .journal import Journal
 from .journal_state import Recovered
+from .paging import PageStore
 from .timers import Timers
 from .topology import BUILTIN_EXCHANGES, Topology
 
@@ -55,6 +56,7 @@ class RestoreTarget(Protocol):
     topology: Topology
     timers: Timers
     queues: dict[tuple[str, str], Queue]
+    pages: PageStore | None
 
     def reset_entry_ids(self, start: int) -> None: ...
 
@@ -182,6 +184,7 @@ class DurableLog:
         finally:
             self.replaying = False
         timers = shard.timers
+        pages = shard.pages
         n = 0
         for qkey, msgs in rec.messages.items():
             q = shard.queues.get(qkey)
@@ -205,6 +208,8 @@ class DurableLog:
                 if m.not_before_ms and e.state is HELD:
                     e.not_before = timers.wall_to_monotonic(m.not_before_ms)
                     timers.add(e.not_before, q._unhold, e)
+                if pages is not None and q.ready_bytes > pages.budget(q.cfg.max_in_memory_bytes):
+                    e.body = pages.page_out(m.body)     # a long queue restored: paged again
             q.next_id = keep_id
         log.log(logging.INFO if rec.queues or rec.exchanges else logging.DEBUG,
                 "node %s: restored %d queues, %d exchanges, %d bindings, %d messages",

@@ -21,6 +21,7 @@ from .durable import DurableLog
 from .entry import QueueEntry
 from .journal import JournalUnavailable
 from .message import body_size, is_persistent
+from .paging import PageStore, body_bytes
 from .peers import RouterPeer
 from .queue import Queue
 from .queue_args import parse_consume_arguments
@@ -35,6 +36,7 @@ class ShardCore(Protocol):
     queues: dict[tuple[str, str], Queue]
     durable: DurableLog | None
     timers: Timers
+    pages: PageStore | None
 
     def send(self, identity: bytes, msg: list) -> None: ...
 
@@ -54,12 +56,15 @@ def delivered_header(entry: QueueEntry) -> bytes:
 
 def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     """PUBLISH: enqueue on each named queue that exists; PUBLISH_RESULT if seq != 0;
-    then notify consumers (seed 002)."""
+    then notify consumers (seed 002). A queue over its memory budget keeps the body in the
+    node's page files (node/paging.py)."""
     _, seq, vhost, names, exchange, routing_key, header, body, publisher = msg
     queues = shard.queues
+    pages = shard.pages
     routed = 0
     refused = 0
     lsn = 0
+    paged = None        # one page-file copy of the body, shared by this node's queues
     for name in names:
         q = queues.get((vhost, name))
         if q is not None:
@@ -76,6 +81,12 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
                     refused += 1
             else:
                 routed += 1
+            if pages is not None and e is not None and q.ready_bytes > (
+                    pages.default_budget if q.cfg.max_in_memory_bytes is None
+                    else q.cfg.max_in_memory_bytes) and not e.is_dead:
+                if paged is None:
+                    paged = pages.page_out(body)
+                e.body = paged
     if seq:
         res = [TAG_PUBLISH_RESULT, seq, RESOURCE_ERROR if refused else 0, routed]
         if lsn:
@@ -168,8 +179,8 @@ def on_get(shard: ShardCore, state: RouterPeer, msg: list) -> list | None:
     e = q.get()
     if e is None:
         return None
-    reply = [e.entry_id, e.redelivered, e.exchange, e.routing_key, delivered_header(e), e.body,
-             0]
+    reply = [e.entry_id, e.redelivered, e.exchange, e.routing_key, delivered_header(e),
+             body_bytes(e.body), 0]
     if no_ack:
         q.dequeue(e)        # drops the entry's bytes: the reply holds them
     else:

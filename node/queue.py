@@ -44,7 +44,8 @@ class Queue(QueueFeatures):
     ``exclusive_owner``: ``"<router_id>/<connection_id>"`` or None. ``arguments``: the declare
     table (checked into ``cfg``; raises AMQPError 406 on bad values). ``next_id``: callable
     returning node-unique entry ids. ``available``: count of AVAILABLE entries (the AMQP
-    ``message_count``); ``held``: scheduled entries not yet visible. ``timers``: the node's
+    ``message_count``); ``held``: scheduled entries not yet visible; ``ready_bytes``: body bytes
+    of the AVAILABLE and HELD entries (x-max-length-bytes, paging). ``timers``: the node's
     deadline heap (its ``now`` is the queue's clock).
     """
 
@@ -118,6 +119,7 @@ class Queue(QueueFeatures):
         if cfg.plain and not flags & 0x01 and not (flags & 0x20 and scheduled(header)):
             self.entries.add(entry)                        # no expiration, not scheduled
             self.available += 1
+            self.ready_bytes += len(body)
             return entry
         return self._enqueue_featured(entry, flags << 8)
 
@@ -157,6 +159,7 @@ class Queue(QueueFeatures):
                 elif (plain or self._interest(consumer, node)) and node.acquire(consumer):
                     consumer.pointer = node
                     self.available -= 1
+                    self.ready_bytes -= len(node.body)
                     if not self.cfg.plain or self.groups is not None or consumer.timeout:
                         self._after_acquire(node, consumer)
                     return node
@@ -168,8 +171,6 @@ class Queue(QueueFeatures):
         return None
 
     def _after_acquire(self, e: QueueEntry, c: QueueConsumer | None) -> None:
-        if self.cfg.max_length_bytes is not None:
-            self.ready_bytes -= len(e.body)
         self._acquired(e, c)
 
     def _browse_next(self, c: QueueConsumer) -> QueueEntry | None:
@@ -220,6 +221,7 @@ class Queue(QueueFeatures):
                 elif (groups is None or e.group is None or e.group not in groups) \
                         and e.acquire(None):
                     self.available -= 1
+                    self.ready_bytes -= len(e.body)
                     if not self.cfg.plain:
                         self._after_acquire(e, None)
                     return e
@@ -247,9 +249,8 @@ class Queue(QueueFeatures):
         if not entry.release():
             return False
         self.available += 1
+        self.ready_bytes += len(entry.body)
         if not cfg.plain or self.groups is not None:
-            if cfg.max_length_bytes is not None:
-                self.ready_bytes += len(entry.body)
             self._unacquired(entry, c)
             if entry.expires_at and self._expired(entry):
                 self._remove_ready(entry, EXPIRED)

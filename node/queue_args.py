@@ -53,7 +53,8 @@ class QueueConfig:
                  "lvq_key",
                  "group_key", "shared_groups", "default_group", "message_ttl", "expires",
                  "max_length", "max_length_bytes", "overflow", "dlx", "dlrk",
-                 "max_returns", "consumer_timeout", "single_active", "plain", "needs_props")
+                 "max_returns", "consumer_timeout", "single_active", "plain", "needs_props",
+                 "max_in_memory_bytes")
 
     def __init__(self) -> None:
         self.type = QueueType.STANDARD
@@ -77,6 +78,7 @@ class QueueConfig:
         self.single_active = False
         self.plain = True
         self.needs_props = False       # enqueue must decode properties (type, groups)
+        self.max_in_memory_bytes: int | None = None   # paging budget (node/paging.py)
 
 
 def _bad(arg: str, queue: str, vhost: str, why: str) -> Exception:
@@ -207,6 +209,12 @@ def parse_queue_arguments(vhost: str, name: str, args: dict | None) -> QueueConf
         cfg.max_returns = qpid_limit - 1            # Qpid: deliveries allowed (0 = no limit)
     cfg.consumer_timeout = as_int(args, "x-consumer-timeout", 1, None, w)
     cfg.single_active = bool(as_bool(args, "x-single-active-consumer", w))
+    mode = as_str(args, "x-queue-mode", w)
+    if mode is not None and mode not in ("default", "lazy"):
+        raise _bad("x-queue-mode", name, vhost, f"expected default or lazy, got '{mode}'")
+    cfg.max_in_memory_bytes = as_int(args, "x-max-in-memory-bytes", 0, None, w)
+    if mode == "lazy" and cfg.max_in_memory_bytes is None:
+        cfg.max_in_memory_bytes = 0               # lazy: every body goes to the page files
     cfg.needs_props = cfg.type is not QueueType.STANDARD or cfg.group_key is not None
     cfg.plain = not (cfg.needs_props or cfg.message_ttl is not None or cfg.expires
                      or cfg.max_length is not None or cfg.max_length_bytes is not None

@@ -69,8 +69,7 @@ class QueueFeatures:
             self.timers.add(at, self._unhold, entry)
         else:
             self.available += 1
-        if cfg.max_length_bytes is not None:
-            self.ready_bytes += len(entry.body)
+        self.ready_bytes += len(entry.body)
         entries = self.entries
         entries.add(entry)
         if cfg.type is QueueType.LAST_VALUE and entries.replaced is not None:
@@ -87,8 +86,7 @@ class QueueFeatures:
             self.held -= 1
         else:
             self.available -= 1
-        if self.cfg.max_length_bytes is not None:
-            self.ready_bytes -= len(entry.body)
+        self.ready_bytes -= len(entry.body)
 
     def _over_limit(self, extra_bytes: int) -> bool:
         cfg = self.cfg
@@ -118,8 +116,7 @@ class QueueFeatures:
             self.held -= 1
         else:
             self.available -= 1
-        if self.cfg.max_length_bytes is not None:
-            self.ready_bytes -= len(e.body)
+        self.ready_bytes -= len(e.body)
         self.entries.entry_dead(e)
         if reason is not None:
             self._dead_letter(e, reason)

@@ -31,6 +31,7 @@ from shoal.shared.wire import T, decode_batch, encode_batch
 
 from .alarms import ResourceAlarms
 from .journal import Journal, JournalUnavailable, fsync_dir
+from .paging import PageStore
 from .shard import Shard
 
 log = logging.getLogger("shoal.node")
@@ -149,6 +150,8 @@ class NodeServer:
         path = Path(directory) if directory is not None else \
             Path(self.settings.data_dir).expanduser() / "journal"
         self.journal = Journal.open(path)
+        self.shard.pages = PageStore(path.parent / "pages",
+                                     self.settings.queue_max_in_memory_bytes)
         marker = path / CLEAN_MARKER
         clean = marker.exists()
         try:
@@ -479,6 +482,8 @@ class NodeServer:
                     log.warning("journal: cannot mark a clean stop: %s", exc)
             self.journal.close()
             self.journal = None
+        if self.shard.pages is not None:
+            self.shard.pages.close()
 
 
 def _reason(exc: JournalUnavailable) -> str:

@@ -41,6 +41,7 @@ from .durable import DurableLog
 from .entry import QueueEntry
 from .journal import Journal
 from .messages import delivered_header
+from .paging import PageStore, body_bytes
 from .peers import Peers, RouterPeer
 from .queue import Queue
 from .queue_args import parse_queue_arguments
@@ -79,6 +80,8 @@ class Shard:
         #: journal glue (node/durable.py) once :meth:`attach_journal` ran; None: nothing
         #: is durable (unit tests, a node without a data dir)
         self.durable: DurableLog | None = None
+        #: page files for bodies over a queue's memory budget (node/paging.py); None: no paging
+        self.pages: PageStore | None = None
         self.topology = Topology(self._emit)
         #: the routers (node/peers.py); ``peers``: identity -> RouterPeer
         self.links = Peers(node_id, self.incarnation, self.settings, self._forget)
@@ -202,7 +205,7 @@ class Shard:
         peer = consumer.peer
         self.send(peer.identity, [TAG_DELIVER, consumer.consumer_id, entry.entry_id,
                                   entry.redelivered, entry.exchange, entry.routing_key,
-                                  delivered_header(entry), entry.body])
+                                  delivered_header(entry), body_bytes(entry.body)])
         if not consumer.no_ack and consumer.acquires:
             peer.unsettled[entry.entry_id] = entry
             if entry.queue.journaled:
@@ -225,7 +228,7 @@ class Shard:
             return
         rk = q.cfg.dlrk if q.cfg.dlrk is not None else entry.routing_key
         self.send(next(iter(self.peers)), [TAG_REPUBLISH, q.vhost, q.cfg.dlx, rk, header,
-                                            entry.body])
+                                            body_bytes(entry.body)])
 
     def browse_done(self, consumer: QueueConsumer) -> None:
         """x-filter-auto-close: the browser reached the end of the queue; it is cancelled

@@ -130,6 +130,9 @@ class Settings:
     vm_memory_high_watermark_absolute: int = 0  #: node: the same in bytes (0 = use the fraction)
     disk_free_limit: int = 50_000_000        #: node: disk alarm below this many bytes free on
     #: the data directory's file system (RabbitMQ's default, 50 MB); node/alarms.py
+    queue_max_in_memory_bytes: int = 64 * 1024 * 1024  #: node: body bytes of ready messages
+    #: a queue keeps in memory; later bodies go to page files beside the journal (RabbitMQ's
+    #: paging; a queue's own ``x-max-in-memory-bytes``, or ``x-queue-mode: lazy`` = 0, wins)
     max_output_buffer: int = 4 * 1024 * 1024  #: bytes unflushed per client before pausing
     management_port: int = 15672             #: router: the management HTTP API (RabbitMQ's
     #: port; 0 = off); routers on one host share it as they share the AMQP port
@@ -178,7 +181,8 @@ class Settings:
         if not isinstance(self.vm_memory_high_watermark, (int, float)) or \
                 not 0 < self.vm_memory_high_watermark <= 1:
             raise bad("vm_memory_high_watermark", "must be a fraction above 0, at most 1")
-        for name in ("vm_memory_high_watermark_absolute", "disk_free_limit"):
+        for name in ("vm_memory_high_watermark_absolute", "disk_free_limit",
+                     "queue_max_in_memory_bytes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise bad(name, "must be a number of bytes (0 or more)")
         if not isinstance(self.consumer_max_per_channel, int) or \
