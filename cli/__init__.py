@@ -18,13 +18,15 @@ from shoal.shared.definitions import definitions_for
 from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings
 
-USAGE = """usage: shoal {serve,node,router,cluster,loadtest,report,keygen} [options]
+USAGE = """usage: shoal {serve,node,router,ctl,cluster,loadtest,report,keygen} [options]
 
 commands:
   serve    run a local cluster: N nodes and R routers on one port (node-0 in the
            router with --embed-node)
   node     run one node process (owns a shard of queues)
   router   run one router process (speaks AMQP 0-9-1 to clients)
+  ctl      manage a running broker over its management API: list, purge, delete,
+           close-connection, export/import definitions, users, vhosts, permissions
   loadtest load any AMQP 0-9-1 broker and write Parquet results (PerfTest-like)
   cluster  docker clusters for load tests: build, up, loadtest, status, down
   report   Spark job over loadtest runs: HTML report + Parquet/CSV aggregates
@@ -121,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"pip install 'shoal[loadtest]'", file=sys.stderr)
             return 2
         return loadtest_main(rest)
+    if command == "ctl":
+        from shoal.deploy.ctl import main as ctl_main
+        return ctl_main(rest)
     if command == "cluster":
         from shoal.deploy.dockercluster import main as cluster_main
         return cluster_main(rest)

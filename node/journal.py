@@ -27,6 +27,7 @@ import fcntl
 import logging
 import os
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -40,6 +41,7 @@ from .journal_format import (HEADER_BYTES, RECORD_OVERHEAD, TOPOLOGY_TYPES, Batc
 from .journal_compact import (Job, JournalConfig, JournalStats, Kind, Pending, Segment, fsync_dir,
                               plan_compaction)
 from .journal_recover import recover_segments
+from .stats import COMMIT_BUCKETS, FSYNC_BUCKETS, Histogram
 from .journal_state import JournalState, LiveEntry, Recovered
 
 __all__ = ["Journal", "JournalConfig", "JournalStats", "JournalError", "JournalCorrupt",
@@ -76,6 +78,9 @@ class Journal:
         self._lock_fd = -1
         self.commits = 0
         self.fsyncs = 0
+        #: seconds per commit's fdatasync and records per commit (NODE_STATS, metrics)
+        self.fsync_seconds = Histogram(FSYNC_BUCKETS)
+        self.commit_records = Histogram(COMMIT_BUCKETS)
 
     # ------------------------------------------------------------------ open / recover
     @classmethod
@@ -365,7 +370,9 @@ class Journal:
             n = os.pwrite(fd, view, pos)
             view = view[n:]
             pos += n
+        t0 = time.perf_counter()
         os.fdatasync(fd)
+        job.fsync_s = time.perf_counter() - t0
         if job.new:
             fsync_dir(self.directory)
         for seg in job.delete:
@@ -414,6 +421,8 @@ class Journal:
         self._force_roll = False
         self.commits += 1
         self.fsyncs += 1
+        self.fsync_seconds.observe(job.fsync_s)
+        self.commit_records.observe(len(job.placed))
 
     def _failed(self, job: Job) -> None:
         """A commit's disk work failed: keep its node records buffered (same LSNs, in front)."""

@@ -102,7 +102,7 @@ class Job:
     """One commit's disk work, prepared on the loop thread, run by :meth:`Journal._run`."""
 
     __slots__ = ("segment", "new", "offset", "data", "placed", "delete", "truncate", "upto",
-                 "fd", "dir_fd")
+                 "fd", "dir_fd", "fsync_s")
 
     def __init__(self, segment: Segment, new: bool, offset: int, data: bytes,
                  placed: list[tuple[Pending, int, int]], delete: list[Segment],
@@ -116,6 +116,7 @@ class Job:
         self.truncate = truncate
         self.upto = upto
         self.fd = -1
+        self.fsync_s = 0.0
 
 
 def fsync_dir(path: Path) -> None:

@@ -423,6 +423,7 @@ class NodeServer:
         alarms = asyncio.ensure_future(ResourceAlarms(
             self.settings, str(self.journal.directory) if self.journal is not None
             else self.settings.data_dir, self._set_alarm).run())
+        self.shard.loop_lag.start()
         stats_path = os.environ.get("SHOAL_NODE_STATS_FILE")
         stats = asyncio.ensure_future(self._write_stats(stats_path.replace(
             "{node}", self.shard.node_id))) if stats_path else None
@@ -437,6 +438,7 @@ class NodeServer:
             self._flush()
         finally:
             alarms.cancel()
+            self.shard.loop_lag.stop()
             loop.remove_reader(fd)
             loop.remove_reader(mon_fd)
             if self._timer is not None:

@@ -18,7 +18,6 @@ node/messages.py's, the routers and their outboxes node/peers.py's.
 """
 from __future__ import annotations
 
-import collections
 
 import itertools
 import logging
@@ -45,6 +44,7 @@ from .paging import PageStore, body_bytes
 from .peers import Peers, RouterPeer
 from .queue import Queue
 from .queue_args import parse_queue_arguments
+from .stats import LoopLag, on_node_stats, on_queue_list
 from .timers import Timers
 from .topology import Topology, check_equivalent
 
@@ -82,6 +82,7 @@ class Shard:
         self.durable: DurableLog | None = None
         #: page files for bodies over a queue's memory budget (node/paging.py); None: no paging
         self.pages: PageStore | None = None
+        self.loop_lag = LoopLag()       #: started by the node's server (node/stats.py)
         self.topology = Topology(self._emit)
         #: the routers (node/peers.py); ``peers``: identity -> RouterPeer
         self.links = Peers(node_id, self.incarnation, self.settings, self._forget)
@@ -114,7 +115,8 @@ class Shard:
             T.TOPOLOGY_SNAPSHOT: (2, (int,), cls._on_snapshot, True),
             T.TOPOLOGY_SYNCED: (2, (int,), cls._on_synced, False),
             T.CONNECTION_CLOSED: (2, (str,), cls._on_connection_closed, False),
-            T.QUEUE_LIST: (3, (int, _S), cls._on_queue_list, True),
+            T.QUEUE_LIST: (3, (int, _S), on_queue_list, True),
+            T.NODE_STATS: (2, (int,), on_node_stats, True),
             T.PUBLISH: (9, None, M.on_publish, False),      # hot path: count only
             T.CONSUME: (10, (int, int, str, str, str, int, int, _D, _S), M.on_consume, True),
             T.CANCEL: (3, (int, int), M.on_cancel, True),
@@ -455,15 +457,6 @@ class Shard:
         """QUEUE_PURGE (spec 1.7.2.7) -> [purged count]. Raises 404, 405."""
         _, _, vhost, name, owner = msg
         return [self.queue_for(vhost, name, owner).purge()]
-
-    def _on_queue_list(self, state: RouterPeer, msg: list) -> list:
-        """QUEUE_LIST -> this node's queues (of ``msg[2]``, a vhost, unless None)."""
-        vhost, unacked = msg[2], collections.Counter()
-        for peer in self.peers.values():
-            unacked.update(id(e.queue) for e in peer.unsettled.values())
-        return [[q.vhost, q.name, q.durable, q.exclusive_owner is not None, q.auto_delete,
-                 q.arguments, q.message_count, q.consumer_count, unacked[id(q)]]
-                for q in self.queues.values() if vhost is None or q.vhost == vhost]
 
     def _on_connection_closed(self, state: RouterPeer, msg: list) -> None:
         owner = msg[1]

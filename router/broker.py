@@ -70,8 +70,14 @@ class Broker:
         self.links: dict[str, NodeLink] = {}
         self.consumers: dict[int, tuple[BrokerChannel, Consumer]] = {}  # by consumer_id
         #: Pull-model counters (seed 002 DG3): WORK notifications received, drain grants
-        #: sent, drains that came back with nothing delivered, deliveries.
-        self.stats = {"work": 0, "drains": 0, "empty_drains": 0, "delivered": 0}
+        #: sent, drains that came back with nothing delivered, deliveries; and RabbitMQ's
+        #: global message counters (publishes received, routed and unroutable, confirmed,
+        #: acknowledged) and the times publishers were paused for a full node link
+        #: (router/management/metrics.py)
+        self.stats = {"work": 0, "drains": 0, "empty_drains": 0, "delivered": 0,
+                      "received": 0, "routed": 0, "unroutable": 0, "returned": 0,
+                      "confirmed": 0,
+                      "acknowledged": 0, "publishers_paused": 0}
         self.publishes: dict[int, PendingPublish] = {}
         self.connections: set[BrokerClient] = set()
         self._next_consumer = 0
@@ -175,7 +181,8 @@ class Broker:
             for q in queues:
                 by_node.setdefault(self._owner(ch.vhost, q, "q"), []).append(q)
         want_result = seq or ev.mandatory or future is not None
-        if not want_result:
+        if not want_result:     # routed as far as the router knows (no node answer)
+            self.stats["routed" if queues else "unroutable"] += 1
             for node_id, qs in by_node.items():
                 link = self.links[node_id]
                 if link.up:
@@ -202,6 +209,9 @@ class Broker:
         ch = p.channel
         if p.future is not None and not p.future.done():
             p.future.set_result(p)
+        if not p.failed:
+            self.stats["routed" if p.routed else
+                       "returned" if p.ev.mandatory else "unroutable"] += 1
         if ch.closed:
             return
         amqp = ch.client.amqp
@@ -261,6 +271,8 @@ class Broker:
         """Forward settlements to the nodes (one SETTLE per node) and free their credit."""
         by_node: dict[str, list[int]] = {}
         touched = []
+        if outcome == wire.OUTCOME_ACK:
+            self.stats["acknowledged"] += len(deliveries)
         for d in deliveries:
             if d.node_id is not None:
                 by_node.setdefault(d.node_id, []).append(d.delivery_id)
@@ -403,6 +415,7 @@ class Broker:
         was = self.congested
         self._congested_links += 1 if on else -1
         if was != self.congested:
+            self.stats["publishers_paused"] += self.congested
             for client in self.connections:
                 if client.publisher:
                     client.set_reading(not self.congested)

@@ -208,6 +208,7 @@ class Channel:
         failed; mandatory and unroutable: basic.return 312 NO_ROUTE before the confirm.
         """
         b = self.broker
+        b.stats["received"] += 1
         seq = 0
         if self.confirm:
             self.publish_seq += 1
@@ -236,6 +237,7 @@ class Channel:
     def confirmed(self, seq: int, ack: bool) -> None:
         """Publish ``seq`` is settled (every target queue accepted it, or one failed)."""
         self._confirmed[seq] = ack
+        self.broker.stats["confirmed"] += ack
         self.broker.mark_dirty(self.client)
 
     def flush_confirms(self) -> None:

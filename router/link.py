@@ -91,6 +91,11 @@ class NodeLink:
         self.ready = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    @property
+    def queue_depth(self) -> int:
+        """Wire messages waiting here for the node (metrics: shoal_link_queue_depth)."""
+        return len(self._outbox) + len(self._urgent)
+
     # ---- lifecycle ---------------------------------------------------------------------------
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         """The event loop, looked up once: on Python 3.11 every asyncio.get_running_loop()

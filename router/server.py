@@ -34,6 +34,7 @@ from shoal.shared.errors import CONNECTION_FORCED, StartupError
 from shoal.shared.settings import Settings
 
 from . import tls
+from .management import metrics
 from .management import server as management
 from .broker import Broker
 from .client import ClientConnection, heartbeat_loop
@@ -121,6 +122,9 @@ async def serve(settings: Settings, host_node: HostNode | None = None,
         reloader = asyncio.ensure_future(tls.reload_loop(tls_ctx, settings))
     mgmt = await management.start(broker, settings.host, settings.management_port) \
         if settings.management_port else None
+    prom = await management.serve(metrics.make_app(broker), settings.host,
+                                  settings.prometheus_port, "Prometheus metrics",
+                                  "/metrics") if settings.prometheus_port else None
     print(f"shoal router ready on {host}:{port}{direct}", flush=True)
     log.info("router %s accepting AMQP 0-9-1 on %s:%s, %d nodes", broker.router_id, host, port,
              len(broker.links))
@@ -134,8 +138,9 @@ async def serve(settings: Settings, host_node: HostNode | None = None,
     log.info("router stopping: closing %d client connections", len(broker.connections))
     for srv in servers:
         srv.close()
-    if mgmt is not None:
-        await mgmt.cleanup()
+    for runner in (mgmt, prom):
+        if runner is not None:
+            await runner.cleanup()
     ticker.cancel()
     for client in list(broker.connections):
         client.shutdown(CONNECTION_FORCED, "CONNECTION_FORCED - broker shutdown")

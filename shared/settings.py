@@ -136,6 +136,8 @@ class Settings:
     max_output_buffer: int = 4 * 1024 * 1024  #: bytes unflushed per client before pausing
     management_port: int = 15672             #: router: the management HTTP API (RabbitMQ's
     #: port; 0 = off); routers on one host share it as they share the AMQP port
+    prometheus_port: int = 15692             #: router: Prometheus metrics at /metrics
+    #: (RabbitMQ's rabbitmq_prometheus port; 0 = off); shared by routers on one host
     log_level: str = "info"                  #: debug, info, warning, error
     stats_file: str = ""                     #: router: rewrite counters (JSON) here each second
 
@@ -163,8 +165,9 @@ class Settings:
             raise bad("max_message_size", f"must be an integer from 1 to "
                                           f"{MAX_MESSAGE_SIZE_LIMIT} (bytes, 512 MiB as in "
                                           f"RabbitMQ)")
-        if not isinstance(self.management_port, int) or not 0 <= self.management_port <= 65535:
-            raise bad("management_port", "must be 0 (off) or an integer from 1 to 65535")
+        for name in ("management_port", "prometheus_port"):
+            if not isinstance(getattr(self, name), int) or not 0 <= getattr(self, name) <= 65535:
+                raise bad(name, "must be 0 (off) or an integer from 1 to 65535")
         if not isinstance(self.tls_port, int) or not -1 <= self.tls_port <= 65535:
             raise bad("tls_port", "must be -1 (none) or an integer from 0 to 65535")
         if self.tls_port >= 0 and not (self.tls_certfile and self.tls_keyfile):

@@ -132,6 +132,12 @@ class T(IntEnum):
                           #   exclusive, auto_delete, arguments, messages_ready, consumers,
                           #   messages_unacknowledged], ...]: the node's queues (of one vhost),
                           #   for max-queues and the management API
+    NODE_STATS = 52       # R->N [T, req_id] -> payload {rss_bytes, queues, messages_ready,
+                          #   loop_lag_seconds, loop_lag_max_seconds, routers, blocked, and
+                          #   with paging paged_bytes, paged_messages, page_outs; with a
+                          #   journal fsync_seconds and commit_records ([bucket bounds,
+                          #   per-bucket counts with +Inf last, sum, count]), journal_bytes}
+                          #   (node/stats.py; the routers' Prometheus metrics)
 
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the

@@ -199,6 +199,7 @@ def start_cluster(data_dir: Path, nodes: int, embed: bool = EMBED, routers: int 
                             text=True, bufsize=1, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1",
                                  "SHOAL_WIRE_CHECK": "1", "SHOAL_MANAGEMENT_PORT": "0",
+                                 "SHOAL_PROMETHEUS_PORT": "0",
                                  **(env or {})})
     log.close()
     lines: queue.Queue[str | None] = queue.Queue()

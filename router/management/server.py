@@ -20,7 +20,7 @@ from aiohttp import web
 from shoal.shared.errors import AMQPError, ConfigError
 
 from ..broker import Broker
-from . import views
+from . import messages, views
 
 log = logging.getLogger("shoal.router.management")
 
@@ -118,21 +118,29 @@ def make_app(broker: Broker) -> web.Application:
     app = web.Application(middlewares=[guard])
     app["broker"] = broker
     views.add_routes(app)
+    messages.add_routes(app)
     return app
 
 
 async def start(broker: Broker, host: str, port: int) -> web.AppRunner | None:
     """Serve the API on ``host:port`` (SO_REUSEPORT, as routers share the AMQP port). A port
     in use is logged and the API stays off; the broker goes on."""
-    runner = web.AppRunner(make_app(broker), access_log=None)
+    return await serve(make_app(broker), host, port, "management API", "/api/")
+
+
+async def serve(app: web.Application, host: str, port: int, what: str,
+                path: str) -> web.AppRunner | None:
+    """Serve ``app`` on ``host:port`` (SO_REUSEPORT); a port in use is logged (``what`` is
+    not started) and None returned."""
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=hasattr(socket, "SO_REUSEPORT"))
     try:
         await site.start()
     except OSError as exc:
-        log.warning("management API not started: cannot listen on %s:%s (%s)", host, port,
+        log.warning("%s not started: cannot listen on %s:%s (%s)", what, host, port,
                     exc.strerror)
         await runner.cleanup()
         return None
-    log.info("management API on http://%s:%s/api/", host, port)
+    log.info("%s on http://%s:%s%s", what, host, port, path)
     return runner

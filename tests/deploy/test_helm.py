@@ -5,6 +5,7 @@ the Kubernetes API schemas of KUBE_VERSION (kubernetes-validate, strict: unknown
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,9 @@ OVERRIDES = {
         "nodePorts": {"amqp": 30672}}},
     "no-persistence": {"persistence": {"enabled": False}},
     "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True,
-                                                       "labels": {"release": "prom"}}}},
+                                                       "labels": {"release": "prom"}},
+                                    "grafanaDashboard": {"enabled": True}}},
+    "no-management": {"management": {"enabled": False}},
     "resources-hard-affinity": {
         "nodes": {"resources": {"requests": {"cpu": "1", "memory": "1Gi"},
                                 "limits": {"memory": "2Gi"}},
@@ -238,7 +241,8 @@ def test_overrides_reach_the_manifests() -> None:
     docs = render(OVERRIDES["existing-secret-netpol"])
     assert ("Secret", FULL) not in docs
     env = container(docs, "Deployment", f"{FULL}-router")["env"]
-    assert env[0]["valueFrom"]["secretKeyRef"]["name"] == "my-users"
+    users = next(e for e in env if e["name"] == "SHOAL_USERS")
+    assert users["valueFrom"]["secretKeyRef"]["name"] == "my-users"
     claim = docs[("StatefulSet", f"{FULL}-node")]["spec"]["volumeClaimTemplates"][0]["spec"]
     assert claim["storageClassName"] == "fast-ssd"
     assert claim["resources"]["requests"]["storage"] == "50Gi"
@@ -266,3 +270,29 @@ def test_schema_refuses_bad_values(bad: dict) -> None:
         chart.validate_schema(bad)
     report = helm.lint(str(CHART), bad, namespace=NAMESPACE)
     assert report["errors"] or any(m["severity"] == 3 for m in report["messages"])
+
+
+def test_service_monitor_scrapes_the_port_the_routers_serve_metrics_on() -> None:
+    """Issue 23, point 3: the ServiceMonitor's endpoint is the router Service's ``metrics``
+    port, which targets the container port the router is told to serve /metrics on."""
+    docs = render(OVERRIDES["service-monitor"])
+    mon = docs[("ServiceMonitor", FULL)]
+    assert [(e["port"], e["path"]) for e in mon["spec"]["endpoints"]] == [("metrics", "/metrics")]
+    svc_port = next(p for p in docs[("Service", FULL)]["spec"]["ports"] if p["name"] == "metrics")
+    router = container(docs, "Deployment", f"{FULL}-router")
+    ports = {p["name"]: p["containerPort"] for p in router["ports"]}
+    env = {e["name"]: e.get("value") for e in router["env"]}
+    assert svc_port["targetPort"] == "metrics"
+    assert ports["metrics"] == svc_port["port"] == int(env["SHOAL_PROMETHEUS_PORT"]) == 15692
+    assert ports["management"] == int(env["SHOAL_MANAGEMENT_PORT"]) == 15672
+    board = docs[("ConfigMap", f"{FULL}-dashboard")]
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(board["data"]["shoal-overview.json"])
+    assert dashboard["uid"] == "shoal-overview" and dashboard["panels"]
+
+
+def test_metrics_and_management_off_means_no_listener() -> None:
+    router = container(render(OVERRIDES["no-management"]), "Deployment", f"{FULL}-router")
+    env = {e["name"]: e.get("value") for e in router["env"]}
+    assert env["SHOAL_PROMETHEUS_PORT"] == "0" and env["SHOAL_MANAGEMENT_PORT"] == "0"
+    assert {p["name"] for p in router["ports"]} == {"amqp"}

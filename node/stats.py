@@ -1,0 +1,111 @@
+"""What a node tells routers about itself (issue 23: the management API and Prometheus
+metrics): its queues (wire QUEUE_LIST) and its own figures (wire NODE_STATS): resident memory,
+event-loop lag, the journal's fsync latency and group-commit sizes as histograms, and paging.
+
+:class:`Histogram` keeps Prometheus-style cumulative-bucket data without a dependency (the
+node does not serve HTTP; the routers render what nodes send with prometheus-client).
+"""
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+#: fsync latency buckets, seconds (Prometheus' default buckets from 0.5 ms)
+FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+#: group-commit size buckets, records per commit
+COMMIT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+LAG_PERIOD_S = 1.0
+
+
+class Histogram:
+    """Counts of observations at or under each upper bound (the last bucket is +Inf), their
+    sum and count."""
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: tuple) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def to_wire(self) -> list:
+        """``[bounds, per-bucket counts (not cumulative; the last is +Inf), sum, count]``."""
+        return [list(self.bounds), list(self.counts), self.sum, self.count]
+
+
+class LoopLag:
+    """The event loop's lag: how late a callback due every ``LAG_PERIOD_S`` ran (seconds);
+    ``last`` and ``max`` since start."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+        self.max = 0.0
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            due = time.monotonic() + LAG_PERIOD_S
+            await asyncio.sleep(LAG_PERIOD_S)
+            self.last = max(0.0, time.monotonic() - due)
+            self.max = max(self.max, self.last)
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (VmRSS), bytes; the peak if /proc is not there."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def on_queue_list(shard: Any, state: Any, msg: list) -> list:
+    """QUEUE_LIST (from ``state``, a RouterPeer) -> the queues of ``shard`` (of ``msg[2]``, a
+    vhost, unless None)."""
+    vhost, unacked = msg[2], collections.Counter()
+    for peer in shard.peers.values():
+        unacked.update(id(e.queue) for e in peer.unsettled.values())
+    return [[q.vhost, q.name, q.durable, q.exclusive_owner is not None, q.auto_delete,
+             q.arguments, q.message_count, q.consumer_count, unacked[id(q)]]
+            for q in shard.queues.values() if vhost is None or q.vhost == vhost]
+
+
+def on_node_stats(shard: Any, state: Any, msg: list) -> dict[str, Any]:
+    """NODE_STATS -> this node's figures (shared/wire.py lists the keys). ``shard``: the
+    node's Shard (not imported here: the journal imports this module)."""
+    out: dict[str, Any] = {
+        "rss_bytes": rss_bytes(), "queues": len(shard.queues),
+        "messages_ready": sum(q.message_count for q in shard.queues.values()),
+        "loop_lag_seconds": shard.loop_lag.last, "loop_lag_max_seconds": shard.loop_lag.max,
+        "routers": len(shard.peers), "blocked": shard.blocked_reason or "",
+    }
+    pages = shard.pages
+    if pages is not None:
+        out.update(paged_bytes=pages.paged_bytes, paged_messages=pages.paged_messages,
+                   page_outs=pages.page_outs)
+    journal = shard.durable.journal if shard.durable is not None else None
+    if journal is not None:
+        out.update(fsync_seconds=journal.fsync_seconds.to_wire(),
+                   commit_records=journal.commit_records.to_wire(),
+                   journal_bytes=journal.stats().bytes_on_disk)
+    return out

@@ -1,0 +1,110 @@
+"""The management API's message endpoints and ``shoal ctl`` (issue 23, points 1 and 4): get
+messages with RabbitMQ's ackmodes, the aliveness test, and the operator's command line over
+the API, against a real cluster."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pika
+import pytest
+
+from tests.e2e.test_management import call, mgmt  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.e2e
+
+
+def publish(cl, queue: str, *bodies: bytes, **props) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(cl.url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for b in bodies:
+        ch.basic_publish("", queue, b, pika.BasicProperties(**props))
+    conn.close()
+
+
+def ctl(cl, *args: str, user: str = "guest") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "shoal.cli", "ctl", "--url", f"http://127.0.0.1:{cl.mgmt_port}",
+         "--user", user, "--password", "guest", *args],
+        capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_get_messages_requeue_then_drop(mgmt, uid):
+    q = f"get-{uid}"
+    assert call(mgmt, "PUT", f"/queues/%2F/{q}", {"durable": False})[0] == 201
+    publish(mgmt, q, b"one", b"\xff\xfe", content_type="text/plain",
+            headers={"k": "v"}, delivery_mode=2)
+    status, got, _ = call(mgmt, "POST", f"/queues/%2F/{q}/get",
+                          {"count": 5, "ackmode": "ack_requeue_true", "encoding": "auto"})
+    assert status == 200 and len(got) == 2
+    assert got[0]["payload"] == "one" and got[0]["payload_encoding"] == "string"
+    assert got[0]["payload_bytes"] == 3 and got[0]["message_count"] == 1
+    assert got[0]["properties"] == {"content_type": "text/plain", "headers": {"k": "v"},
+                                    "delivery_mode": 2}
+    assert got[1]["payload_encoding"] == "base64" and got[1]["payload"] == "//4="
+    assert call(mgmt, "GET", f"/queues/%2F/{q}")[1]["messages_ready"] == 2   # requeued
+    status, again, _ = call(mgmt, "POST", f"/queues/%2F/{q}/get",
+                            {"count": 1, "ackmode": "ack_requeue_false", "encoding": "base64",
+                             "truncate": 2})
+    assert again[0]["redelivered"] is True and again[0]["payload"] == "b24="   # "on"
+    assert call(mgmt, "GET", f"/queues/%2F/{q}")[1]["messages_ready"] == 1
+
+
+def test_get_messages_bad_input_is_the_apis_error_json(mgmt, uid):
+    q = f"get-bad-{uid}"
+    call(mgmt, "PUT", f"/queues/%2F/{q}", {})
+    status, body, _ = call(mgmt, "POST", f"/queues/%2F/{q}/get", {"count": 1, "ackmode": "x"})
+    assert status == 400 and body["error"] == "bad_request" and "ackmode" in body["reason"]
+    status, body, _ = call(mgmt, "POST", f"/queues/%2F/{q}/get", {"count": 0})
+    assert status == 400 and "count" in body["reason"]
+    status, body, _ = call(mgmt, "POST", "/queues/%2F/no-such-queue-at-all/get", {"count": 1})
+    assert status == 404 and body["error"] == "not_found"
+
+
+def test_aliveness_test(mgmt):
+    assert call(mgmt, "GET", "/aliveness-test/%2F")[:2] == (200, {"status": "ok"})
+    status, body, _ = call(mgmt, "GET", "/aliveness-test/no-such-vhost")
+    assert status == 404 and body == {"error": "not_found", "reason": "vhost_not_found"}
+
+
+def test_ctl_lists_purges_deletes_and_exports(mgmt, uid, tmp_path):
+    q = f"ctl-{uid}"
+    call(mgmt, "PUT", f"/queues/%2F/{q}", {"durable": True})
+    publish(mgmt, q, b"a", b"b")
+    r = ctl(mgmt, "list", "queues")
+    assert r.returncode == 0, r.stderr
+    header, *rows = r.stdout.splitlines()
+    assert header.split() == ["vhost", "name", "node", "messages_ready",
+                              "messages_unacknowledged", "consumers", "durable"]
+    assert [row.split()[1:] for row in rows if row.split()[1] == q] == \
+        [[q, mgmt.owner(q), "2", "0", "0", "true"]]
+    listed = json.loads(ctl(mgmt, "list", "queues", "--json").stdout)
+    assert any(x["name"] == q and x["messages"] == 2 for x in listed)
+    assert ctl(mgmt, "purge", q).stdout.strip() == f"purged queue '{q}'"
+    assert call(mgmt, "GET", f"/queues/%2F/{q}")[1]["messages"] == 0
+    out = tmp_path / "defs.json"
+    assert ctl(mgmt, "export", str(out)).returncode == 0
+    assert any(x["name"] == q for x in json.loads(out.read_text())["queues"])
+    assert ctl(mgmt, "delete", "queue", q).returncode == 0
+    assert call(mgmt, "GET", f"/queues/%2F/{q}")[0] == 404
+    assert ctl(mgmt, "import", str(out)).returncode == 0          # the queue is back
+    assert call(mgmt, "GET", f"/queues/%2F/{q}")[0] == 200
+    assert ctl(mgmt, "-p", "/", "delete", "queue", q).returncode == 0
+
+
+def test_ctl_errors_are_one_line_and_exit_non_zero(mgmt):
+    r = ctl(mgmt, "purge", "no-such-queue-at-all")
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [
+        "shoal ctl: DELETE /api/queues/%2F/no-such-queue-at-all/contents: 404 not_found: "
+        "no queue 'no-such-queue-at-all' in vhost '/'"]
+    r = ctl(mgmt, "list", "queues", user="nobody")
+    assert r.returncode == 1 and "401 not_authorised: Login failed" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "shoal.cli", "ctl", "--url",
+                        "http://127.0.0.1:1", "list", "nodes"], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 1 and r.stderr.startswith(
+        "shoal ctl: cannot reach the management API at http://127.0.0.1:1")
+    assert ctl(mgmt, "list", "everything").returncode == 2             # argparse: bad usage
