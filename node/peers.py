@@ -8,7 +8,7 @@ consumers, unsettled deliveries and exclusive queues) is the shard's: it passes 
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 from shoal.shared.settings import Settings
 from shoal.shared.wire import (TAG_GOODBYE, TAG_HEARTBEAT, TAG_NODE_BLOCKED, WIRE_VERSION,
@@ -30,7 +30,7 @@ class RouterPeer:
     holds acquired (released when it goes away).
     """
 
-    __slots__ = ("identity", "router_id", "last_seen", "consumers", "unsettled")
+    __slots__ = ("identity", "router_id", "last_seen", "consumers", "unsettled", "report")
 
     def __init__(self, identity: bytes, router_id: str, now_ms: float) -> None:
         self.identity = identity
@@ -38,6 +38,8 @@ class RouterPeer:
         self.last_seen = now_ms
         self.consumers: dict[int, QueueConsumer] = {}
         self.unsettled: dict[int, QueueEntry] = {}
+        #: its latest ROUTER_REPORT and when it came (ms): node/stats.py
+        self.report: tuple[Any, float] | None = None
 
 
 class Peers:

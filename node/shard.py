@@ -44,7 +44,8 @@ from .paging import PageStore, body_bytes
 from .peers import Peers, RouterPeer
 from .queue import Queue
 from .queue_args import parse_queue_arguments
-from .stats import LoopLag, on_node_stats, on_queue_list
+from .stats import (LoopLag, on_force_close, on_node_stats, on_queue_list, on_router_report,
+                    on_router_reports)
 from .timers import Timers
 from .topology import Topology, check_equivalent
 
@@ -117,6 +118,9 @@ class Shard:
             T.CONNECTION_CLOSED: (2, (str,), cls._on_connection_closed, False),
             T.QUEUE_LIST: (3, (int, _S), on_queue_list, True),
             T.NODE_STATS: (2, (int,), on_node_stats, True),
+            T.ROUTER_REPORT: (3, (str, dict), on_router_report, False),
+            T.ROUTER_REPORTS: (2, (int,), on_router_reports, True),
+            T.FORCE_CLOSE: (4, (str, str, str), on_force_close, False),
             T.PUBLISH: (9, None, M.on_publish, False),      # hot path: count only
             T.CONSUME: (10, (int, int, str, str, str, int, int, _D, _S), M.on_consume, True),
             T.CANCEL: (3, (int, int), M.on_cancel, True),

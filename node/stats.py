@@ -109,3 +109,22 @@ def on_node_stats(shard: Any, state: Any, msg: list) -> dict[str, Any]:
                    commit_records=journal.commit_records.to_wire(),
                    journal_bytes=journal.stats().bytes_on_disk)
     return out
+
+
+def on_router_report(shard: Any, state: Any, msg: list) -> None:
+    """ROUTER_REPORT: keep ``state``'s (a RouterPeer's) latest report of its live objects."""
+    state.report = (msg[2], shard.timers.now)
+
+
+def on_router_reports(shard: Any, state: Any, msg: list) -> list:
+    """ROUTER_REPORTS -> [[router_id, report, age_ms], ...] of every router that sent one."""
+    now = shard.timers.now
+    return [[p.router_id, p.report[0], now - p.report[1]] for p in shard.peers.values()
+            if p.report is not None]
+
+
+def on_force_close(shard: Any, state: Any, msg: list) -> None:
+    """FORCE_CLOSE: pass it on to the router it names (its connection is closed there)."""
+    for peer in shard.peers.values():
+        if peer.router_id == msg[1]:
+            shard.send(peer.identity, list(msg))

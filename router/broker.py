@@ -16,7 +16,7 @@ from pamqp import commands as C
 
 from shoal.shared import placement, wire
 from shoal.shared.definitions import Definitions, definitions_for
-from shoal.shared.errors import INTERNAL_ERROR, NO_ROUTE
+from shoal.shared.errors import CONNECTION_FORCED, INTERNAL_ERROR, NO_ROUTE
 from shoal.shared.linkauth import connect_curve
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH, TAG_SETTLE
@@ -80,6 +80,8 @@ class Broker:
                       "acknowledged": 0, "publishers_paused": 0}
         self.publishes: dict[int, PendingPublish] = {}
         self.connections: set[BrokerClient] = set()
+        #: set when a connection opens or closes: router/live.py reports at once
+        self.report_soon = asyncio.Event()
         self._next_consumer = 0
         self._next_publish = 0
         self._next_conn = 0
@@ -339,6 +341,8 @@ class Broker:
             link.send([int(T.TOPOLOGY_SYNCED), msg[1]], urgent=True)
         elif tag == T.REPUBLISH:
             self._republish(*msg[1:])
+        elif tag == T.FORCE_CLOSE:            # the management API of some router asked
+            self.close_connection(msg[2], msg[3])
         elif tag == T.NODE_BLOCKED:
             self._set_node_blocked(link.node_id, msg[2] if msg[1] else None)
         elif tag == T.TOPOLOGY_EVENT:
@@ -350,6 +354,16 @@ class Broker:
                         l.send([T.UNBIND_DESTINATION, msg[2][0], wire.DEST_EXCHANGE, msg[2][1]])
         else:
             log.warning("unexpected message %r from node %s", tag, link.node_id)
+
+    def close_connection(self, name: str, reason: str) -> bool:
+        """Close this router's client connection ``name`` (router/live.py's rows) with 320
+        CONNECTION_FORCED and ``reason`` (RabbitMQ: "Closed via management plugin"). Returns
+        whether it was here."""
+        for client in list(self.connections):
+            if getattr(client, "name", None) == name:
+                client.shutdown(CONNECTION_FORCED, f"CONNECTION_FORCED - {reason}"[:255])
+                return True
+        return False
 
     def _delivery_failed(self, link: NodeLink, ch: BrokerChannel, delivery_id: int) -> None:
         """A bug while writing a delivery (called from an ``except`` block): log it with its

@@ -62,6 +62,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.channels: dict[int, Channel] = {}
         self.exclusive_queues: set[str] = set()
         self.capabilities: dict = {}
+        self.client_properties: dict = {}
+        self.name = ""
         self.transport: asyncio.Transport | None = None
         self.amqp: AMQPConnection | None = None
         self._settings = s
@@ -82,6 +84,12 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.transport = transport
         s = self._settings
         peer = transport.get_extra_info("peername")
+        local = transport.get_extra_info("sockname")
+        self.peer = tuple(peer[:2]) if isinstance(peer, tuple) else ("?", 0)
+        self.local = tuple(local[:2]) if isinstance(local, tuple) else ("?", 0)
+        #: RabbitMQ's connection name (the management API's, router/live.py)
+        self.name = f"{self.peer[0]}:{self.peer[1]} -> {self.local[0]}:{self.local[1]}"
+        self.connected_at = int(time.time() * 1000)
         users, loopback = self.broker.users, _is_loopback(peer)
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
         identity = peer_identity(transport.get_extra_info("ssl_object"),
@@ -228,12 +236,20 @@ class ClientConnection(asyncio.BufferedProtocol):
                 self.access = self.broker.users.vhost_access(ev.user, ev.vhost)
                 self.broker.limits.connection_opened(ev.user, ev.vhost)
                 self._counted = (ev.user, ev.vhost)
-                caps = (ev.client_properties or {}).get("capabilities") or {}
+                self.broker.report_soon.set()
+                props = ev.client_properties
+                self.client_properties = props if isinstance(props, dict) else {}
+                caps = self.client_properties.get("capabilities") or {}
                 self.capabilities = caps if isinstance(caps, dict) else {}
             elif t is E.ConnectionClosed:
                 self._teardown()
         if acks:
             ack_channel.handle_acks(acks)
+
+    @property
+    def blocked(self) -> bool:
+        """Blocked by a resource alarm (connection.blocked sent, not read)."""
+        return self._alarm_paused
 
     def _block(self, reason: str) -> None:
         """A publish while the broker is blocked (a node's resource alarm or unwritable
@@ -304,6 +320,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             if link.up:
                 link.send([T.CONNECTION_CLOSED, self.owner])
         self.broker.connections.discard(self)
+        self.broker.report_soon.set()
 
 
 async def heartbeat_loop(broker: Broker) -> None:

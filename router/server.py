@@ -33,7 +33,7 @@ from shoal.shared.definitions import Definitions
 from shoal.shared.errors import CONNECTION_FORCED, StartupError
 from shoal.shared.settings import Settings
 
-from . import tls
+from . import live, tls
 from .management import metrics
 from .management import server as management
 from .broker import Broker
@@ -129,10 +129,11 @@ async def serve(settings: Settings, host_node: HostNode | None = None,
     log.info("router %s accepting AMQP 0-9-1 on %s:%s, %d nodes", broker.router_id, host, port,
              len(broker.links))
     ticker = asyncio.ensure_future(heartbeat_loop(broker))
+    reports = asyncio.ensure_future(live.report_loop(broker))   # for any router's API
     stats = asyncio.ensure_future(_write_stats(broker, settings.stats_file)) \
         if settings.stats_file else None
     await stop.wait()
-    for task in (stats, reloader):
+    for task in (stats, reloader, reports):
         if task is not None:
             task.cancel()
     log.info("router stopping: closing %d client connections", len(broker.connections))

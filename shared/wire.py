@@ -138,6 +138,16 @@ class T(IntEnum):
                           #   journal fsync_seconds and commit_records ([bucket bounds,
                           #   per-bucket counts with +Inf last, sum, count]), journal_bytes}
                           #   (node/stats.py; the routers' Prometheus metrics)
+    ROUTER_REPORT = 53    # R->N [T, router_id, report]  no reply, every second: the router's
+                          #   live objects for the management API, report = {"connections":
+                          #   [...], "channels": [...], "consumers": [...]} as RabbitMQ's JSON
+                          #   rows (router/live.py); the node keeps the latest per router
+    ROUTER_REPORTS = 54   # R->N [T, req_id] -> payload [[router_id, report, age_ms], ...]: the
+                          #   latest report of every router the node knows (any router
+                          #   answers for all)
+    FORCE_CLOSE = 55      # R->N [T, router_id, connection_name, reason]  no reply: the node
+                          #   passes it on, unchanged, to that router (N->R), which closes the
+                          #   connection with 320 CONNECTION_FORCED (management API DELETE)
 
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the

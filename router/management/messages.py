@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime
-import decimal
 import uuid
-from typing import Any
 
 from aiohttp import web
 from pamqp import commands as C
@@ -20,6 +17,7 @@ from shoal.shared.errors import AMQPError
 from shoal.shared.wire import T
 
 from ..amqp.fastpath import parse_properties
+from ..live import json_safe
 from .views import ApiError, _arg, _body, _broker, _vhost
 
 #: ackmode -> the settlement of every fetched message once all are fetched (RabbitMQ fetches
@@ -31,25 +29,10 @@ ACKMODES = {"ack_requeue_true": wire.OUTCOME_REQUEUE, "reject_requeue_true": wir
 _PROP_NAMES = {"message_type": "type"}
 
 
-def _json_value(v: Any) -> Any:
-    """A field-table value as JSON (RabbitMQ shows timestamps as epoch seconds)."""
-    if isinstance(v, dict):
-        return {k: _json_value(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_value(x) for x in v]
-    if isinstance(v, datetime.datetime):
-        return int(v.replace(tzinfo=v.tzinfo or datetime.timezone.utc).timestamp())
-    if isinstance(v, decimal.Decimal):
-        return float(v)
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return bytes(v).decode("utf-8", "replace")
-    return v
-
-
 def properties_json(header: bytes) -> dict:
     """A content header's set properties as RabbitMQ's JSON (only the ones present)."""
     props = parse_properties(header)
-    return {_PROP_NAMES.get(k, k): _json_value(v) for k, v in dict(props).items()
+    return {_PROP_NAMES.get(k, k): json_safe(v) for k, v in dict(props).items()
             if v is not None and not (k == "cluster_id" and v == "")}
 
 

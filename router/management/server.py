@@ -12,6 +12,7 @@ import base64
 import binascii
 import json
 import logging
+import re
 import socket
 from typing import Any
 
@@ -20,7 +21,7 @@ from aiohttp import web
 from shoal.shared.errors import AMQPError, ConfigError
 
 from ..broker import Broker
-from . import messages, views
+from . import live_views, messages, views
 
 log = logging.getLogger("shoal.router.management")
 
@@ -48,19 +49,62 @@ def _user(broker: Broker, request: web.Request):
 
 
 def _columns(data: Any, request: web.Request) -> Any:
-    """RabbitMQ's ``columns=a,b.c`` (keep those keys) and ``sort=key`` on lists."""
+    """RabbitMQ's ``columns=a,b.c`` (keep those keys), ``sort=key`` and pagination on lists:
+    with ``page`` (from 1), ``page_size`` (default 100, at most 500), ``name`` (a substring,
+    or a regular expression with ``use_regex=true``) a list becomes RabbitMQ's page object
+    (``items``, ``page``, ``page_count``, ``page_size``, ``item_count``, ``filtered_count``,
+    ``total_count``). Raises ApiError 400 for a bad page, page size or expression."""
     cols = request.query.get("columns")
     sort = request.query.get("sort")
     if isinstance(data, list):
         if sort:
             data = sorted(data, key=lambda d: (str(d.get(sort, "")),),
                           reverse=request.query.get("sort_reverse") == "true")
+        page = _page(data, request)
         if cols:
             keep = [c.strip() for c in cols.split(",") if c.strip()]
-            data = [_pick(d, keep) for d in data]
+            if page is not None:
+                page["items"] = [_pick(d, keep) for d in page["items"]]
+            else:
+                data = [_pick(d, keep) for d in data]
+        if page is not None:
+            return page
     elif isinstance(data, dict) and cols:
         data = _pick(data, [c.strip() for c in cols.split(",") if c.strip()])
     return data
+
+
+def _page(data: list, request: web.Request) -> dict | None:
+    q = request.query
+    if "page" not in q:
+        return None
+    try:
+        page, size = int(q["page"]), int(q.get("page_size", "100"))
+    except ValueError:
+        raise views.ApiError(400, "bad_request", "page and page_size must be integers") \
+            from None
+    if page < 1 or not 1 <= size <= 500:
+        raise views.ApiError(400, "bad_request", "page must be 1 or more and page_size from "
+                                                 "1 to 500")
+    total = len(data)
+    name = q.get("name", "")
+    if name:
+        if q.get("use_regex") == "true":
+            try:
+                rx = re.compile(name)
+            except re.error as exc:
+                raise views.ApiError(400, "bad_request", f"bad name expression: {exc}") \
+                    from None
+            data = [d for d in data if rx.search(str(d.get("name", "")))]
+        else:
+            data = [d for d in data if name in str(d.get("name", ""))]
+    count = max(1, -(-len(data) // size))
+    if page > count:
+        raise views.ApiError(400, "bad_request", f"page {page} is past the last page "
+                                                 f"({count})")
+    items = data[(page - 1) * size:page * size]
+    return {"filtered_count": len(data), "item_count": len(items), "items": items,
+            "page": page, "page_count": count, "page_size": size, "total_count": total}
 
 
 def _pick(d: dict, keep: list[str]) -> dict:
@@ -90,6 +134,8 @@ def make_app(broker: Broker) -> web.Application:
         request["user"] = user
         try:
             out = await handler(request)
+            if out is not None and not isinstance(out, web.StreamResponse):
+                out = _columns(out, request)
         except web.HTTPException as exc:
             return error(exc.status, "not_found" if exc.status == 404 else "bad_request",
                          exc.reason or "")
@@ -110,7 +156,7 @@ def make_app(broker: Broker) -> web.Application:
             return out
         if out is None:
             return web.Response(status=204)
-        resp = web.json_response(_columns(out, request))
+        resp = web.json_response(out)
         if request.get("missing_nodes"):      # nodes that did not answer in time
             resp.headers["X-Shoal-Missing-Nodes"] = ",".join(request["missing_nodes"])
         return resp
@@ -119,6 +165,7 @@ def make_app(broker: Broker) -> web.Application:
     app["broker"] = broker
     views.add_routes(app)
     messages.add_routes(app)
+    live_views.add_routes(app)
     return app
 
 

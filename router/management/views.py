@@ -22,6 +22,7 @@ from shoal.shared.definitions import parse_definitions
 from shoal.shared.errors import AMQPError
 from shoal.shared.wire import T
 
+from .. import live
 from ..amqp.handshake import shoal_version
 from ..broker import Broker
 from ..import_definitions import declare_topology
@@ -235,13 +236,13 @@ async def publish(request: web.Request):
 # ---- the rest -------------------------------------------------------------------------------
 async def overview(request: web.Request):
     b = _broker(request)
-    rows, _ = await queue_rows(b, None)
-    channels = sum(len(c.channels) for c in b.connections)
+    (rows, _), (objects, _) = await asyncio.gather(queue_rows(b, None), live.cluster_report(b))
     return {
         "management_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
         "product_name": "Shoal", "product_version": shoal_version(),
         "cluster_name": f"shoal@{request.host.split(':')[0]}", "node": b.router_id,
-        "object_totals": {"connections": len(b.connections), "channels": channels,
+        "object_totals": {"connections": len(objects["connections"]),
+                          "channels": len(objects["channels"]),
                           "exchanges": len(b.topology.exchanges), "queues": len(rows),
                           "consumers": sum(r["consumers"] for r in rows)},
         "queue_totals": {"messages": sum(r["messages"] for r in rows),
