@@ -162,8 +162,11 @@ def parser() -> argparse.ArgumentParser:
                                                    "http://127.0.0.1:15672"),
                    help="the management API (default http://127.0.0.1:15672, env "
                         "SHOAL_MANAGEMENT_URL)")
-    p.add_argument("--user", "-u", default=os.environ.get("SHOAL_USER", "guest"))
-    p.add_argument("--password", default=os.environ.get("SHOAL_PASSWORD", "guest"))
+    p.add_argument("--user", "-u", dest="api_user", default=os.environ.get("SHOAL_USER", "guest"),
+                   help="who logs in to the API (default guest, env SHOAL_USER)")
+    p.add_argument("--password", dest="api_password",
+                   default=os.environ.get("SHOAL_PASSWORD", "guest"),
+                   help="their password (default guest, env SHOAL_PASSWORD)")
     p.add_argument("--vhost", "-p", default=None, help="virtual host (default /)")
     # -p VHOST also after the command, as rabbitmqctl takes it (set-permissions -p VH ...)
     common = argparse.ArgumentParser(add_help=False)
@@ -209,7 +212,7 @@ def main(argv: list[str]) -> int:
     a.vhost_given = a.vhost is not None
     a.vhost = a.vhost if a.vhost is not None else "/"
     try:
-        out = run(Api(a.url, a.user, a.password), a)
+        out = run(Api(a.url, a.api_user, a.api_password), a)
     except CtlError as exc:
         print(f"shoal ctl: {exc}", file=sys.stderr)
         return 1

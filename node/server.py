@@ -152,6 +152,7 @@ class NodeServer:
         self.journal = Journal.open(path)
         self.shard.pages = PageStore(path.parent / "pages",
                                      self.settings.queue_max_in_memory_bytes)
+        self.shard.access.load(path.parent)
         marker = path / CLEAN_MARKER
         clean = marker.exists()
         try:

@@ -34,6 +34,7 @@ from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_REMOVED, TAG_DELIVER, TAG_GO
                                TAG_WORK, T)
 
 from . import messages as M
+from .access_store import AccessStore, on_access_get, on_access_set
 from .consumer import QueueConsumer
 from .deadletter import dead_letter_header
 from .durable import DurableLog
@@ -84,6 +85,7 @@ class Shard:
         #: page files for bodies over a queue's memory budget (node/paging.py); None: no paging
         self.pages: PageStore | None = None
         self.loop_lag = LoopLag()       #: started by the node's server (node/stats.py)
+        self.access = AccessStore()     #: users and permissions (node/access_store.py)
         self.topology = Topology(self._emit)
         #: the routers (node/peers.py); ``peers``: identity -> RouterPeer
         self.links = Peers(node_id, self.incarnation, self.settings, self._forget)
@@ -121,6 +123,8 @@ class Shard:
             T.ROUTER_REPORT: (3, (str, dict), on_router_report, False),
             T.ROUTER_REPORTS: (2, (int,), on_router_reports, True),
             T.FORCE_CLOSE: (4, (str, str, str), on_force_close, False),
+            T.ACCESS_GET: (2, (int,), on_access_get, True),
+            T.ACCESS_SET: (4, (int, int, dict), on_access_set, True),
             T.PUBLISH: (9, None, M.on_publish, False),      # hot path: count only
             T.CONSUME: (10, (int, int, str, str, str, int, int, _D, _S), M.on_consume, True),
             T.CANCEL: (3, (int, int), M.on_cancel, True),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 from pamqp import commands as C
@@ -67,6 +67,10 @@ class Broker:
         self.users = UserStore(self.definitions, tuple(settings.loopback_users))
         self.limits = Limits(self.definitions)
         self.topology = Topology(self.users.vhosts)
+        #: the stored users and permissions' version in use, and who applies a new one
+        #: (router/access_sync.py, wired by router/server.py: this module does not import it)
+        self.access_version = 0
+        self.on_access: Callable[[int, dict], None] = lambda version, doc: None
         self.links: dict[str, NodeLink] = {}
         self.consumers: dict[int, tuple[BrokerChannel, Consumer]] = {}  # by consumer_id
         #: Pull-model counters (seed 002 DG3): WORK notifications received, drain grants
@@ -346,6 +350,9 @@ class Broker:
         elif tag == T.NODE_BLOCKED:
             self._set_node_blocked(link.node_id, msg[2] if msg[1] else None)
         elif tag == T.TOPOLOGY_EVENT:
+            if msg[1] == wire.EV_ACCESS:
+                self.on_access(*msg[2])
+                return
             for vhost, name in self.topology.apply(msg[1], msg[2]):
                 self._queue_removed(vhost, name)
             if msg[1] == wire.EV_EXCHANGE_REMOVED:

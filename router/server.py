@@ -33,7 +33,7 @@ from shoal.shared.definitions import Definitions
 from shoal.shared.errors import CONNECTION_FORCED, StartupError
 from shoal.shared.settings import Settings
 
-from . import live, tls
+from . import access_sync, live, tls
 from .management import metrics
 from .management import server as management
 from .broker import Broker
@@ -99,6 +99,8 @@ async def serve(settings: Settings, host_node: HostNode | None = None,
         await broker.stop()
         await _stop_hosted(hosted, ctx)
         return 1
+    broker.on_access = lambda version, doc: access_sync.apply(broker, version, doc)
+    await access_sync.sync_at_start(broker)      # users and permissions the first node keeps
     await declare_topology(broker, broker.definitions)   # load_definitions' topology
     server = await loop.create_server(
         lambda: ClientConnection(broker), settings.host, settings.port,

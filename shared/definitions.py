@@ -257,3 +257,37 @@ def _known(defs: Definitions, user: str, vhost: str, source: str, where: str) ->
         raise ConfigError(f"{source}: {where}: no user '{user}' in the file")
     if vhost not in defs.vhosts:
         raise ConfigError(f"{source}: {where}: no vhost '{vhost}' in the file")
+
+
+def access_document(defs: Definitions) -> dict:
+    """The users, vhosts, permissions, topic permissions and vhost limits of ``defs`` as a
+    RabbitMQ definitions document (what the first node stores; :func:`parse_definitions`
+    reads it back)."""
+    return {
+        "users": [{"name": u.name, "password_hash": u.password_hash,
+                   "hashing_algorithm": u.hashing_algorithm, "tags": list(u.tags),
+                   "limits": dict(u.limits)} for u in defs.users.values()],
+        "vhosts": [{"name": v} for v in defs.vhosts],
+        "permissions": [{"user": p.user, "vhost": p.vhost, "configure": p.configure,
+                         "write": p.write, "read": p.read} for p in defs.permissions.values()],
+        "topic_permissions": [{"user": t.user, "vhost": t.vhost, "exchange": t.exchange,
+                               "write": t.write, "read": t.read}
+                              for t in defs.topic_permissions],
+        "parameters": [{"vhost": v, "component": "vhost-limits", "name": "limits",
+                        "value": dict(lim)} for v, lim in defs.vhost_limits.items()],
+    }
+
+
+def merge_access(base: Definitions, extra: Definitions) -> Definitions:
+    """``base`` with ``extra``'s users, vhosts, permissions, topic permissions and vhost
+    limits added; an entry of ``extra`` replaces ``base``'s of the same name (as importing
+    definitions into RabbitMQ does). Topology is not merged."""
+    out = Definitions(users={**base.users, **extra.users},
+                      vhosts=list(dict.fromkeys(base.vhosts + extra.vhosts)),
+                      permissions={**base.permissions, **extra.permissions},
+                      vhost_limits={**base.vhost_limits, **extra.vhost_limits})
+    seen = {(t.user, t.vhost, t.exchange) for t in extra.topic_permissions}
+    out.topic_permissions = [t for t in base.topic_permissions
+                             if (t.user, t.vhost, t.exchange) not in seen] + \
+        list(extra.topic_permissions)
+    return out

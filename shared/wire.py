@@ -75,6 +75,7 @@ class T(IntEnum):
     # EV_BINDING_ADDED    data = [vhost, exchange, dest_kind, destination, routing_key, arguments]
     # EV_BINDING_REMOVED  data = same as EV_BINDING_ADDED
     # EV_QUEUE_REMOVED    data = [vhost, name]   (deleted, auto-deleted, exclusive owner gone)
+    # EV_ACCESS           data = [version, definitions]   (node/access_store.py)
     TOPOLOGY_SYNC = 21    # N->R [T, sync_id]: a topology request of another router changed
                           #   the topology (the TOPOLOGY_EVENTs before this); answer
                           #   TOPOLOGY_SYNCED once they are applied. The node holds that
@@ -148,6 +149,12 @@ class T(IntEnum):
     FORCE_CLOSE = 55      # R->N [T, router_id, connection_name, reason]  no reply: the node
                           #   passes it on, unchanged, to that router (N->R), which closes the
                           #   connection with 320 CONNECTION_FORCED (management API DELETE)
+    ACCESS_GET = 56       # R->N [T, req_id] -> payload [version, definitions or None]: the
+                          #   users, vhosts and permissions the first node keeps
+                          #   (node/access_store.py; version 0: nothing stored yet)
+    ACCESS_SET = 57       # R->N [T, req_id, expected_version, definitions] -> [version];
+                          #   406 if the version moved on. Every router gets EV_ACCESS before
+                          #   the reply (TOPOLOGY_SYNC, as for declares)
 
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the
@@ -168,6 +175,7 @@ EV_EXCHANGE_REMOVED = 2
 EV_BINDING_ADDED = 3
 EV_BINDING_REMOVED = 4
 EV_QUEUE_REMOVED = 5
+EV_ACCESS = 6           # data = [version, definitions]: users, vhosts and permissions changed
 
 # Settlement outcomes (SETTLE).
 OUTCOME_ACK = 1       # basic.ack: dequeue

@@ -21,7 +21,7 @@ from aiohttp import web
 from shoal.shared.errors import AMQPError, ConfigError
 
 from ..broker import Broker
-from . import live_views, messages, views
+from . import access_views, live_views, messages, views
 
 log = logging.getLogger("shoal.router.management")
 
@@ -166,6 +166,7 @@ def make_app(broker: Broker) -> web.Application:
     views.add_routes(app)
     messages.add_routes(app)
     live_views.add_routes(app)
+    access_views.add_routes(app)
     return app
 
 

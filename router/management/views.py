@@ -18,14 +18,12 @@ from pamqp import commands as C
 from pamqp.header import ContentHeader
 
 from shoal.shared import wire
-from shoal.shared.definitions import parse_definitions
 from shoal.shared.errors import AMQPError
 from shoal.shared.wire import T
 
 from .. import live
 from ..amqp.handshake import shoal_version
 from ..broker import Broker
-from ..import_definitions import declare_topology
 from ..routing import BUILTIN_EXCHANGES, EXCHANGE_TYPES
 
 NODE_TIMEOUT_S = 5.0
@@ -310,30 +308,6 @@ async def definitions(request: web.Request):
     }
 
 
-async def import_definitions(request: web.Request):
-    """POST /api/definitions: the file's exchanges, queues and bindings are declared (as at
-    start, router/import_definitions.py). Users, vhosts and permissions cannot change at run
-    time yet: a file whose users, vhosts or permissions differ from what the routers loaded
-    is refused with 400 (the topology is then not imported either)."""
-    b = _broker(request)
-    defs = parse_definitions(await _body(request), "the posted definitions")
-    loaded = b.users
-    differs = [what for what, ok in (
-        ("users", all(u in loaded.users and loaded.users[u].tags == defs.users[u].tags
-                      for u in defs.users)),
-        ("vhosts", set(defs.vhosts) <= set(loaded.vhosts)),
-        ("permissions", all(loaded.permissions.get(k) == p
-                            for k, p in defs.permissions.items()))) if not ok]
-    if differs:
-        raise ApiError(400, "bad_request", f"{', '.join(differs)} cannot change at run time "
-                                           f"yet: start the routers with --definitions")
-    done, skipped = await declare_topology(b, defs)
-    if skipped:
-        raise ApiError(400, "bad_request", f"{skipped} of {done + skipped} objects were "
-                                           f"skipped (see the broker log)")
-    return web.Response(status=204)
-
-
 async def alarms(request: web.Request):
     """RabbitMQ's /api/health/checks/alarms: 200 ok, or 503 with the alarms in effect."""
     reason = _broker(request).blocked_reason
@@ -354,7 +328,6 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/users", users)
     r.add_get("/api/permissions", permissions)
     r.add_get("/api/definitions", definitions)
-    r.add_post("/api/definitions", import_definitions)
     r.add_get("/api/health/checks/alarms", alarms)
     r.add_get("/api/queues", queues)
     r.add_get("/api/queues/{vhost}", queues)

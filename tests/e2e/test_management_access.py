@@ -1,0 +1,103 @@
+"""Users, vhosts and permissions changed at run time through the management API (issue 23,
+point 1; issue 22, point 1): stored by the first node, seen by every router at once (two
+routers share the API's port here), surviving a restart, and effective for pika clients:
+a new user logs in, a permission change is enforced, a deleted user's connection is closed.
+Also ``shoal ctl``'s user commands."""
+from __future__ import annotations
+
+import time
+
+import pika
+import pytest
+
+from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
+from tests.e2e.test_management import _free_port, call
+from tests.e2e.test_management_ops import ctl
+
+pytestmark = pytest.mark.e2e
+
+
+def start(data_dir, port):
+    c = start_cluster(data_dir, 2, routers=2, env={"SHOAL_MANAGEMENT_PORT": str(port)})
+    c.mgmt_port = port
+    return c
+
+
+def url(cl, user: str, password: str, vhost: str = "%2F", router: int = 0) -> str:
+    return cl.router_url(router).replace("guest:guest@", f"{user}:{password}@").rsplit(
+        "/", 1)[0] + f"/{vhost}"
+
+
+def refused_login(cl, user: str, password: str, vhost: str = "%2F") -> bool:
+    try:
+        pika.BlockingConnection(pika.URLParameters(url(cl, user, password, vhost))).close()
+        return False
+    except (pika.exceptions.ProbableAuthenticationError,
+            pika.exceptions.ProbableAccessDeniedError, pika.exceptions.ConnectionClosedByBroker):
+        return True
+
+
+def test_users_vhosts_and_permissions_change_at_run_time(tmp_path, uid):
+    if EXTERNAL_URL:
+        pytest.skip("needs clusters of its own")
+    port = _free_port()
+    cl = start(tmp_path / "c", port)
+    try:
+        u = f"app-{uid}"
+        assert call(cl, "PUT", f"/users/{u}", {"password": "s3cret", "tags": "management"}
+                    )[0] == 201
+        assert call(cl, "PUT", "/vhosts/apps", {})[0] == 201
+        status, body, _ = call(cl, "PUT", "/permissions/apps/nobody-at-all",
+                               {"configure": ".*", "write": ".*", "read": ".*"})
+        assert status == 400 and body["error"] == "bad_request"
+        assert call(cl, "PUT", f"/permissions/apps/{u}",
+                    {"configure": "^app-", "write": ".*", "read": ".*"})[0] == 201
+        # both routers know at once (the API answered after every router applied it)
+        for router in (0, 1):
+            conn = pika.BlockingConnection(pika.URLParameters(url(cl, u, "s3cret", "apps",
+                                                                  router)))
+            ch = conn.channel()
+            ch.queue_declare(f"app-q-{router}")
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+                ch.queue_declare(f"other-q-{router}")
+            assert exc.value.reply_code == 403
+            conn.close()
+        assert refused_login(cl, u, "wrong")
+        assert call(cl, "GET", f"/users/{u}")[1]["tags"] == ["management"]
+        assert [p["vhost"] for p in call(cl, "GET", f"/users/{u}/permissions")[1]] == ["apps"]
+        # a permission widened applies to an open connection's next declare
+        conn = pika.BlockingConnection(pika.URLParameters(url(cl, u, "s3cret", "apps")))
+        assert call(cl, "PUT", f"/permissions/apps/{u}",
+                    {"configure": ".*", "write": ".*", "read": ".*"})[0] == 204
+        conn.channel().queue_declare(f"other-{uid}")
+        # deleting the user closes its connection (320) and refuses the next login
+        assert call(cl, "DELETE", f"/users/{u}")[0] == 204
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                conn.process_data_events(time_limit=0.2)
+        assert closed.value.reply_code == 320
+        assert refused_login(cl, u, "s3cret", "apps")
+        assert call(cl, "DELETE", f"/users/{u}")[0] == 404
+        # kept by the first node: a restarted cluster still has the vhost and the new user
+        r = ctl(cl, "add-user", f"ops-{uid}", "pw", "--tags", "administrator")
+        assert r.returncode == 0, r.stderr
+        assert ctl(cl, "set-permissions", "-p", "apps", f"ops-{uid}", ".*", ".*", ".*"
+                   ).returncode == 0
+    finally:
+        stop_cluster(cl)
+    cl = start(tmp_path / "c", port)
+    try:
+        assert "apps" in [v["name"] for v in call(cl, "GET", "/vhosts")[1]]
+        conn = pika.BlockingConnection(pika.URLParameters(url(cl, f"ops-{uid}", "pw", "apps")))
+        conn.close()
+        assert ctl(cl, "change-password", f"ops-{uid}", "pw2").returncode == 0
+        assert refused_login(cl, f"ops-{uid}", "pw", "apps")
+        assert call(cl, "GET", "/queues/apps")[0] == 200
+        assert call(cl, "DELETE", "/vhosts/apps")[0] == 204
+        assert call(cl, "GET", "/queues/apps")[0] == 404
+        assert ctl(cl, "delete-user", f"ops-{uid}").returncode == 0
+        assert ctl(cl, "add-vhost", f"v-{uid}").returncode == 0
+        assert f"v-{uid}" in [v["name"] for v in call(cl, "GET", "/vhosts")[1]]
+    finally:
+        stop_cluster(cl)
