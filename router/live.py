@@ -27,6 +27,9 @@ REPORT_INTERVAL_S = 1.0
 ASK_TIMEOUT_S = 5.0         #: how long :func:`cluster_report` waits for a node
 STALE_MS = 10_000           #: a report older than this is left out
 COALESCE_S = 0.05           #: connections opened or closed together: one report
+#: Broker.stats counters reported, summed over routers for the API's message_stats
+STATS = ("received", "routed", "unroutable", "returned", "confirmed", "delivered",
+         "acknowledged")
 
 
 def json_safe(v: Any) -> Any:
@@ -83,7 +86,8 @@ def report(broker: Broker) -> dict[str, list[dict]]:
                         "channel_details": details, "ack_required": not t.no_ack,
                         "prefetch_count": ch.pool.prefetch_count, "exclusive": False,
                         "arguments": {}, "active": True, "activity_status": "up"})
-    return {"connections": conns, "channels": chans, "consumers": cons}
+    return {"connections": conns, "channels": chans, "consumers": cons,
+            "stats": {k: broker.stats[k] for k in STATS}}
 
 
 async def report_loop(broker: Broker) -> None:
@@ -106,9 +110,10 @@ async def report_loop(broker: Broker) -> None:
                 link.send([T.ROUTER_REPORT, broker.router_id, rows])
 
 
-async def cluster_report(broker: Broker) -> tuple[dict[str, list[dict]], list[str]]:
-    """Every router's connections, channels and consumers, and the nodes that did not answer
-    in time. Of several nodes' copies of one router's report the newest is taken."""
+async def cluster_report(broker: Broker) -> tuple[dict[str, Any], list[str]]:
+    """Every router's connections, channels and consumers (lists of rows) and ``stats``
+    (:data:`STATS` summed over routers), and the nodes that did not answer in time. Of
+    several nodes' copies of one router's report the newest is taken."""
     ids = [n for n, link in broker.links.items() if link.up]
     results = await asyncio.gather(*(asyncio.wait_for(
         broker.links[n].request([T.ROUTER_REPORTS]), ASK_TIMEOUT_S) for n in ids),
@@ -125,10 +130,15 @@ async def cluster_report(broker: Broker) -> tuple[dict[str, list[dict]], list[st
             if router_id not in newest or age < newest[router_id][0]:
                 newest[router_id] = (age, rep)
     newest[broker.router_id] = (0.0, report(broker))       # ours, as of now
-    merged: dict[str, list[dict]] = {"connections": [], "channels": [], "consumers": []}
+    merged: dict[str, Any] = {"connections": [], "channels": [], "consumers": []}
+    stats = dict.fromkeys(STATS, 0)
     for _, rep in newest.values():
         for key, rows in merged.items():
             rows.extend(r for r in rep.get(key, ()) if isinstance(r, dict))
-    for rows in merged.values():
-        rows.sort(key=lambda r: str(r.get("name", r.get("consumer_tag", ""))))
+        for key, n in (rep.get("stats") or {}).items():
+            if key in stats and isinstance(n, int):
+                stats[key] += n
+    merged["stats"] = stats
+    for key in ("connections", "channels", "consumers"):
+        merged[key].sort(key=lambda r: str(r.get("name", r.get("consumer_tag", ""))))
     return merged, missing

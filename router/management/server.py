@@ -1,19 +1,22 @@
 """The management API's HTTP side: the aiohttp application, HTTP basic auth against the
 broker's users, RabbitMQ's error JSON, and ``columns=`` / ``sort=`` on lists.
 
-Only users tagged ``administrator`` or ``management`` get in (``monitoring`` too, read-only:
-it may GET); others get 401 ``{"error": "not_authorised", "reason": "Not management user"}``,
+The web console (``/``, static files in ``console/``) is served without a login: it holds no
+data and asks the API with the credentials typed into it. Only users tagged ``administrator``
+or ``management`` get in (``monitoring`` too, read-only: it may GET); others get 401 ``{"error": "not_authorised", "reason": "Not management user"}``,
 as RabbitMQ answers. Errors are ``{"error": ..., "reason": ...}`` with RabbitMQ's status
 codes, never a traceback.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import logging
 import re
 import socket
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -21,10 +24,12 @@ from aiohttp import web
 from shoal.shared.errors import AMQPError, ConfigError
 
 from ..broker import Broker
+from ..link import NodeDown
 from . import access_views, live_views, messages, views
 
 log = logging.getLogger("shoal.router.management")
 
+CONSOLE = Path(__file__).resolve().parent / "console"
 WRITE_TAGS = frozenset({"administrator", "management"})
 READ_TAGS = WRITE_TAGS | {"monitoring"}
 
@@ -122,9 +127,16 @@ def _pick(d: dict, keep: list[str]) -> dict:
     return out
 
 
+async def _console_page(request: web.Request) -> web.FileResponse:
+    """``/``: the web console (router/management/console/, a static page over this API)."""
+    return web.FileResponse(CONSOLE / "index.html")
+
+
 def make_app(broker: Broker) -> web.Application:
     @web.middleware
     async def guard(request: web.Request, handler):
+        if not request.path.startswith("/api/"):   # the console's static files: no data
+            return await handler(request)
         user = _user(broker, request)
         if user is None or not (set(user.tags) & READ_TAGS):
             return error(401, "not_authorised", "Login failed" if user is None
@@ -141,6 +153,10 @@ def make_app(broker: Broker) -> web.Application:
                          exc.reason or "")
         except views.ApiError as exc:
             return error(exc.status, exc.kind, exc.reason)
+        except NodeDown as exc:             # the node that holds it is down: try again later
+            return error(503, "service_unavailable", exc.text)
+        except asyncio.TimeoutError:
+            return error(503, "service_unavailable", "a node did not answer in time")
         except AMQPError as exc:
             status = {404: 404, 403: 401, 405: 400, 406: 400}.get(exc.reply_code, 500)
             text = exc.reply_text.split(" - ", 1)[-1]
@@ -163,7 +179,10 @@ def make_app(broker: Broker) -> web.Application:
 
     app = web.Application(middlewares=[guard])
     app["broker"] = broker
+    app["rates"] = {}
     views.add_routes(app)
+    app.router.add_get("/", _console_page)
+    app.router.add_static("/console/", CONSOLE)
     messages.add_routes(app)
     live_views.add_routes(app)
     access_views.add_routes(app)

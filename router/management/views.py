@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 import urllib.parse
 
 from aiohttp import web
@@ -247,8 +248,31 @@ async def overview(request: web.Request):
                          "messages_ready": sum(r["messages_ready"] for r in rows),
                          "messages_unacknowledged": sum(r["messages_unacknowledged"]
                                                         for r in rows)},
-        "message_stats": {}, "listeners": [], "contexts": [],
+        "message_stats": message_stats(request.app, objects["stats"]),
+        "listeners": [], "contexts": [],
     }
+
+
+#: RabbitMQ's message_stats names -> the routers' summed counters (router/live.py)
+MESSAGE_STATS = {"publish": "received", "deliver_get": "delivered", "ack": "acknowledged",
+                 "confirm": "confirmed", "drop_unroutable": "unroutable",
+                 "return_unroutable": "returned"}
+
+
+def message_stats(app: web.Application, stats: dict) -> dict:
+    """RabbitMQ's ``message_stats``: each total and its ``_details.rate`` (per second, since
+    this router's previous overview; 0.0 on the first)."""
+    now = time.monotonic()
+    memo = app["rates"]             # a dict made with the app (its state may not change)
+    prev_t, prev = memo.get("prev", (now, stats))
+    memo["prev"] = (now, stats)
+    dt = now - prev_t
+    out: dict = {}
+    for name, key in MESSAGE_STATS.items():
+        out[name] = stats.get(key, 0)
+        rate = (stats.get(key, 0) - prev.get(key, 0)) / dt if dt > 0 else 0.0
+        out[f"{name}_details"] = {"rate": round(max(rate, 0.0), 1)}
+    return out
 
 
 async def whoami(request: web.Request):

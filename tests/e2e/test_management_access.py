@@ -5,6 +5,8 @@ a new user logs in, a permission change is enforced, a deleted user's connection
 Also ``shoal ctl``'s user commands."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pika
@@ -99,5 +101,27 @@ def test_users_vhosts_and_permissions_change_at_run_time(tmp_path, uid):
         assert ctl(cl, "delete-user", f"ops-{uid}").returncode == 0
         assert ctl(cl, "add-vhost", f"v-{uid}").returncode == 0
         assert f"v-{uid}" in [v["name"] for v in call(cl, "GET", "/vhosts")[1]]
+    finally:
+        stop_cluster(cl)
+
+
+def test_a_change_while_the_first_node_is_stuck_is_503(tmp_path, uid):
+    """The store's node does not answer (SIGSTOP): a change is refused with 503 within the
+    API's 5 s, never a hang or a traceback; once it runs again, changes go through."""
+    if EXTERNAL_URL:
+        pytest.skip("needs clusters of its own")
+    cl = start(tmp_path / "c", _free_port())
+    try:
+        node0 = cl.node("node-0")
+        if node0.embedded:
+            pytest.skip("node-0 runs inside router-0 here (--embed-node): stopping it would "
+                        "stop the API too")
+        os.kill(node0.pid, signal.SIGSTOP)
+        try:
+            status, body, _ = call(cl, "PUT", f"/users/stuck-{uid}", {"password": "x"})
+        finally:
+            os.kill(node0.pid, signal.SIGCONT)
+        assert status == 503 and body["error"] == "service_unavailable"
+        assert call(cl, "PUT", f"/users/stuck-{uid}", {"password": "x"})[0] == 201
     finally:
         stop_cluster(cl)
