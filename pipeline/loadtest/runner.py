@@ -64,7 +64,8 @@ class Runner:
         self.out = out
         self.workers = ([(S.ROLE_CONSUMER, i) for i in range(cfg.consumers)]
                         + [(S.ROLE_PRODUCER, i) for i in range(cfg.producers)])
-        self.per_second: dict[int, dict] = {}   # second -> {"sent","received","lat","seen"}
+        #: second -> {"sent", "received", "errors" (nacked + returned), "lat", "seen"}
+        self.per_second: dict[int, dict] = {}
         self.window_lat = array("q")
         self.all_lat_count = 0
         self.producer_totals: dict[int, list] = {}
@@ -78,8 +79,8 @@ class Runner:
 
     # -- reports ----------------------------------------------------------------------
     def on_second(self, role, index, second, rows, extra, writer: RunWriter) -> None:
-        agg = self.per_second.setdefault(second, {"sent": 0, "received": 0, "lat": array("q"),
-                                                  "seen": set()})
+        agg = self.per_second.setdefault(second, {"sent": 0, "received": 0, "errors": 0,
+                                                  "lat": array("q"), "seen": set()})
         agg["seen"].add((role, index))
         t_us = (self.start_ns + second * 1_000_000_000) // 1000
         out = []
@@ -93,6 +94,7 @@ class Runner:
             out.append(row)
             agg["sent"] += counters[0]
             agg["received"] += counters[4]
+            agg["errors"] += counters[2] + counters[3]      # nacked + returned
             self.received_total += counters[4]
         writer.add_per_second(out)
         if extra is not None:
@@ -119,7 +121,7 @@ class Runner:
             phase = "" if s < self.cfg.time_s else " (drain)"
             self.log(f"time {s + 1:>3} s{phase}, sent {agg['sent']} msg/s, received "
                      f"{agg['received']} msg/s, consumer latency p50/p95/p99 "
-                     f"{ms[0]}/{ms[1]}/{ms[2]} ms")
+                     f"{ms[0]}/{ms[1]}/{ms[2]} ms, errors {agg['errors']}")
             agg["lat"] = array("q")
             self.printed += 1
 

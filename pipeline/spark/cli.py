@@ -44,7 +44,9 @@ def run(runs: list[str], master: str, out: str, approx: bool = False) -> str:
     progress = report.stderr_progress(13)
     progress(f"starting Spark ({master})")
     spark = (SparkSession.builder.master(master).appName("shoal report")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.ui.showConsoleProgress", "true")    # Spark's stage progress bar
+             .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     inputs = report.read_inputs(spark, runs)
     tables = report.collect(report.aggregate(spark, inputs, approx, progress), progress)

@@ -26,11 +26,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 
-from shoal.shared.wire import T
-
 from ..amqp.handshake import shoal_version
 from ..broker import Broker
-from .views import NODE_TIMEOUT_S, RABBITMQ_VERSION, queue_rows
+from .views import RABBITMQ_VERSION, node_stats, queue_rows
 
 #: RabbitMQ's global counters (``rabbitmq_global_messages_*_total``) -> Broker.stats keys
 GLOBAL_COUNTERS = {
@@ -62,20 +60,6 @@ class RouterLag:
             await asyncio.sleep(1.0)
             self.last = max(0.0, time.monotonic() - due)
             self.max = max(self.max, self.last)
-
-
-async def node_stats(broker: Broker) -> dict[str, tuple[dict | None, float]]:
-    """node id -> (its NODE_STATS, or None if it did not answer in time; round trip, s)."""
-    async def one(link) -> tuple[dict | None, float]:
-        t0 = time.perf_counter()
-        try:
-            got = await asyncio.wait_for(link.request([T.NODE_STATS]), NODE_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - down, slow or old: reported as not up
-            return None, 0.0
-        return got, time.perf_counter() - t0
-    ids = list(broker.links)
-    results = await asyncio.gather(*(one(broker.links[n]) for n in ids))
-    return dict(zip(ids, results))
 
 
 def _histogram(name: str, doc: str, wire: list, labels: dict) -> HistogramMetricFamily:

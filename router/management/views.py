@@ -281,13 +281,38 @@ async def whoami(request: web.Request):
 
 
 async def nodes(request: web.Request):
-    rows, _ = await queue_rows(_broker(request), None)
+    """Shoal's nodes: ``running`` (its link is up and it answered NODE_STATS), ``queues``,
+    ``mem_used`` (resident bytes, RabbitMQ's field), ``mem_alarm``, ``messages_ready`` and
+    ``paged_bytes`` (node/paging.py)."""
+    b = _broker(request)
+    (rows, _), stats = await asyncio.gather(queue_rows(b, None), node_stats(b))
     per_node: dict[str, int] = {}
     for r in rows:
         per_node[r["node"]] = per_node.get(r["node"], 0) + 1
-    return [{"name": node_id, "type": "disc", "running": link.up,
-             "queues": per_node.get(node_id, 0)}
-            for node_id, link in _broker(request).links.items()]
+    out = []
+    for node_id, link in b.links.items():
+        st = stats.get(node_id, (None, 0.0))[0] or {}
+        out.append({"name": node_id, "type": "disc", "running": link.up and bool(st),
+                    "queues": per_node.get(node_id, 0), "mem_used": st.get("rss_bytes", 0),
+                    "messages_ready": st.get("messages_ready", 0),
+                    "paged_bytes": st.get("paged_bytes", 0),
+                    "mem_alarm": st.get("blocked", "") == "low on memory"})
+    return out
+
+
+async def node_stats(broker: Broker) -> dict[str, tuple[dict | None, float]]:
+    """node id -> (its NODE_STATS, or None if it did not answer in time; round trip, s)."""
+    async def one(link) -> tuple[dict | None, float]:
+        t0 = time.perf_counter()
+        try:
+            got = await asyncio.wait_for(link.request([T.NODE_STATS]), NODE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - down, slow or old: reported as not up
+            return None, 0.0
+        return got, time.perf_counter() - t0
+    ids = list(broker.links)
+    results = await asyncio.gather(*(one(broker.links[n]) for n in ids))
+    return dict(zip(ids, results))
+
 
 
 async def vhosts(request: web.Request):

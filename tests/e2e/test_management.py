@@ -69,6 +69,7 @@ def test_overview_and_whoami(mgmt):
     nodes = call(mgmt, "GET", "/nodes")[1]
     assert [n["name"] for n in nodes] == ["node-0", "node-1"] and all(n["running"]
                                                                      for n in nodes)
+    assert all(n["mem_used"] > 0 and n["mem_alarm"] is False for n in nodes)
 
 
 def test_queue_declare_publish_count_purge_delete(mgmt, uid):

@@ -52,6 +52,7 @@ def test_short_run_against_a_cluster(cluster, tmp_path, uid):
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("time ")]
     assert len(lines) >= 4 and "sent" in lines[0] and "p50/p95/p99" in lines[0]
+    assert all(ln.endswith("errors 0") for ln in lines)     # no nack, no return
     assert "summary:" in r.stdout
 
     run = read_run(out)
