@@ -71,7 +71,9 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
             e = q.enqueue(exchange, routing_key, header, body, publisher)
             if e is None:
                 refused += 1
-            elif q.journaled and is_persistent(header):
+                continue
+            q.stats[0] += 1
+            if q.journaled and is_persistent(header):
                 try:
                     lsn = shard.durable.enqueue(q, e, shard.timers.now)
                     routed += 1
@@ -81,7 +83,7 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
                     refused += 1
             else:
                 routed += 1
-            if pages is not None and e is not None and q.ready_bytes > (
+            if pages is not None and q.ready_bytes > (
                     pages.default_budget if q.cfg.max_in_memory_bytes is None
                     else q.cfg.max_in_memory_bytes) and not e.is_dead:
                 if paged is None:
@@ -153,6 +155,7 @@ def on_settle(shard: ShardCore, state: RouterPeer, msg: list) -> None:
         for i in ids:
             e = unsettled.pop(i, None)
             if e is not None:
+                e.queue.stats[2] += 1
                 e.queue.dequeue(e)
     elif outcome == OUTCOME_REQUEUE:
         touched: dict[Queue, None] = {}
@@ -179,6 +182,7 @@ def on_get(shard: ShardCore, state: RouterPeer, msg: list) -> list | None:
     e = q.get()
     if e is None:
         return None
+    q.stats[1] += 1
     reply = [e.entry_id, e.redelivered, e.exchange, e.routing_key, delivered_header(e),
              body_bytes(e.body), 0]
     if no_ack:

@@ -52,7 +52,7 @@ class Queue(QueueFeatures):
     __slots__ = ("vhost", "name", "durable", "exclusive_owner", "auto_delete", "arguments",
                  "entries", "qcm", "available", "sink", "next_id", "deleted", "had_consumers",
                  "exclusive_consumer", "work_wanted", "cfg", "timers", "held", "ready_bytes",
-                 "groups", "active", "last_used", "journaled")
+                 "groups", "active", "last_used", "journaled", "stats")
 
     def __init__(self, vhost: str, name: str, *, durable: bool = False,
                  exclusive_owner: str | None = None, auto_delete: bool = False,
@@ -89,6 +89,9 @@ class Queue(QueueFeatures):
         self.last_used = self.timers.now
         #: persistent messages of this queue go to the node's journal (node/durable.py)
         self.journaled = False
+        #: messages published to it, delivered or fetched from it, acknowledged (QUEUE_LIST:
+        #: the management API's message_stats); [publish, deliver_get, ack]
+        self.stats = [0, 0, 0]
         if self.cfg.expires:
             self.timers.add(self.last_used + self.cfg.expires, self._check_expires)
 

@@ -213,6 +213,7 @@ class Shard:
     # DeliverySink (called by Queue)
     def deliver(self, consumer: QueueConsumer, entry: QueueEntry) -> None:
         peer = consumer.peer
+        entry.queue.stats[1] += 1
         self.send(peer.identity, [TAG_DELIVER, consumer.consumer_id, entry.entry_id,
                                   entry.redelivered, entry.exchange, entry.routing_key,
                                   delivered_header(entry), body_bytes(entry.body)])

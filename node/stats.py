@@ -86,7 +86,7 @@ def on_queue_list(shard: Any, state: Any, msg: list) -> list:
     for peer in shard.peers.values():
         unacked.update(id(e.queue) for e in peer.unsettled.values())
     return [[q.vhost, q.name, q.durable, q.exclusive_owner is not None, q.auto_delete,
-             q.arguments, q.message_count, q.consumer_count, unacked[id(q)]]
+             q.arguments, q.message_count, q.consumer_count, unacked[id(q)], q.stats]
             for q in shard.queues.values() if vhost is None or q.vhost == vhost]
 
 

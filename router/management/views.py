@@ -73,20 +73,49 @@ async def queue_rows(broker: Broker, vhost: str | None) -> tuple[list[dict], lis
         broker.links[n].request([T.QUEUE_LIST, vhost]), NODE_TIMEOUT_S) for n in ids),
         return_exceptions=True)
     rows, missing = [], []
+    now, memo = time.monotonic(), _LAST_COUNTS
     for node_id, result in zip(ids, results):
         if isinstance(result, BaseException):
             missing.append(node_id)
             continue
-        for vh, name, durable, exclusive, auto_delete, args, ready, consumers, unacked in result:
+        for vh, name, durable, exclusive, auto_delete, args, ready, consumers, unacked, \
+                counts in result:
             rows.append({
                 "name": name, "vhost": vh, "durable": durable, "exclusive": exclusive,
                 "auto_delete": auto_delete, "arguments": args, "node": node_id,
                 "messages": ready + unacked, "messages_ready": ready,
                 "messages_unacknowledged": unacked, "consumers": consumers,
                 "state": "running", "type": args.get("x-queue-type", "classic"),
-                "policy": None, "message_stats": {}})
+                "policy": None,
+                "message_stats": queue_message_stats(memo, (node_id, vh, name), counts, now)})
     rows.sort(key=lambda r: (r["vhost"], r["name"]))
+    if vhost is None and not missing:        # forget deleted queues
+        listed = {(r["node"], r["vhost"], r["name"]) for r in rows}
+        for key in [k for k in memo if k not in listed]:
+            del memo[key]
     return rows, missing
+
+
+#: a queue's counters (QUEUE_LIST) -> RabbitMQ's message_stats names
+QUEUE_STATS = ("publish", "deliver_get", "ack")
+
+
+#: (node, vhost, queue) -> (when, counters) last listed by this router (for rates)
+_LAST_COUNTS: dict[tuple, tuple[float, list]] = {}
+
+
+def queue_message_stats(memo: dict, key: tuple, counts: list, now: float) -> dict:
+    """RabbitMQ's per-queue ``message_stats``: ``publish``, ``deliver_get``, ``ack`` since the
+    node started, each with ``_details.rate`` (per second since this router last listed the
+    queue; 0.0 the first time)."""
+    prev_t, prev = memo.get(key, (now, counts))
+    memo[key] = (now, counts)
+    dt = now - prev_t
+    out: dict = {}
+    for name, n, p in zip(QUEUE_STATS, counts, prev):
+        out[name] = n
+        out[f"{name}_details"] = {"rate": round(max(n - p, 0) / dt, 1) if dt > 0 else 0.0}
+    return out
 
 
 async def queues(request: web.Request):

@@ -49,7 +49,11 @@ def test_get_messages_requeue_then_drop(mgmt, uid):
                             {"count": 1, "ackmode": "ack_requeue_false", "encoding": "base64",
                              "truncate": 2})
     assert again[0]["redelivered"] is True and again[0]["payload"] == "b24="   # "on"
-    assert call(mgmt, "GET", f"/queues/%2F/{q}")[1]["messages_ready"] == 1
+    row = call(mgmt, "GET", f"/queues/%2F/{q}")[1]
+    assert row["messages_ready"] == 1
+    stats = row["message_stats"]                    # RabbitMQ's per-queue counters
+    assert (stats["publish"], stats["deliver_get"], stats["ack"]) == (2, 3, 1)
+    assert {"rate"} == set(stats["publish_details"])
 
 
 def test_get_messages_bad_input_is_the_apis_error_json(mgmt, uid):
