@@ -87,7 +87,8 @@ async def queue_rows(broker: Broker, vhost: str | None) -> tuple[list[dict], lis
                 "messages_unacknowledged": unacked, "consumers": consumers,
                 "state": "running", "type": args.get("x-queue-type", "classic"),
                 "policy": None,
-                "message_stats": queue_message_stats(memo, (node_id, vh, name), counts, now)})
+                "message_stats": with_rates(memo, (node_id, vh, name),
+                                            dict(zip(QUEUE_STATS, counts)), now)})
     rows.sort(key=lambda r: (r["vhost"], r["name"]))
     if vhost is None and not missing:        # forget deleted queues
         listed = {(r["node"], r["vhost"], r["name"]) for r in rows}
@@ -104,17 +105,17 @@ QUEUE_STATS = ("publish", "deliver_get", "ack")
 _LAST_COUNTS: dict[tuple, tuple[float, list]] = {}
 
 
-def queue_message_stats(memo: dict, key: tuple, counts: list, now: float) -> dict:
-    """RabbitMQ's per-queue ``message_stats``: ``publish``, ``deliver_get``, ``ack`` since the
-    node started, each with ``_details.rate`` (per second since this router last listed the
-    queue; 0.0 the first time)."""
-    prev_t, prev = memo.get(key, (now, counts))
-    memo[key] = (now, counts)
+def with_rates(memo: dict, key: object, totals: dict[str, int], now: float) -> dict:
+    """RabbitMQ's ``message_stats``: each of ``totals`` and its ``_details.rate``, per second
+    since the totals last stored in ``memo`` under ``key`` (0.0 the first time)."""
+    prev_t, prev = memo.get(key, (now, totals))
+    memo[key] = (now, totals)
     dt = now - prev_t
     out: dict = {}
-    for name, n, p in zip(QUEUE_STATS, counts, prev):
+    for name, n in totals.items():
         out[name] = n
-        out[f"{name}_details"] = {"rate": round(max(n - p, 0) / dt, 1) if dt > 0 else 0.0}
+        out[f"{name}_details"] = {"rate": round(max(n - prev.get(name, 0), 0) / dt, 1)
+                                  if dt > 0 else 0.0}
     return out
 
 
@@ -289,19 +290,11 @@ MESSAGE_STATS = {"publish": "received", "deliver_get": "delivered", "ack": "ackn
 
 
 def message_stats(app: web.Application, stats: dict) -> dict:
-    """RabbitMQ's ``message_stats``: each total and its ``_details.rate`` (per second, since
-    this router's previous overview; 0.0 on the first)."""
-    now = time.monotonic()
-    memo = app["rates"]             # a dict made with the app (its state may not change)
-    prev_t, prev = memo.get("prev", (now, stats))
-    memo["prev"] = (now, stats)
-    dt = now - prev_t
-    out: dict = {}
-    for name, key in MESSAGE_STATS.items():
-        out[name] = stats.get(key, 0)
-        rate = (stats.get(key, 0) - prev.get(key, 0)) / dt if dt > 0 else 0.0
-        out[f"{name}_details"] = {"rate": round(max(rate, 0.0), 1)}
-    return out
+    """The overview's ``message_stats`` (the routers' summed counters), with rates since this
+    router's previous overview (``app["rates"]``: a dict made with the app)."""
+    return with_rates(app["rates"], "overview",
+                      {name: stats.get(key, 0) for name, key in MESSAGE_STATS.items()},
+                      time.monotonic())
 
 
 async def whoami(request: web.Request):

@@ -64,6 +64,9 @@ def test_overview_and_whoami(mgmt):
     assert status == 200 and body["product_name"] == "Shoal"
     assert {"queues", "exchanges", "connections", "channels", "consumers"} <= \
         set(body["object_totals"])
+    stats = body["message_stats"]               # summed over routers, RabbitMQ's names
+    assert {"publish", "deliver_get", "ack", "confirm"} <= set(stats)
+    assert set(stats["publish_details"]) == {"rate"}
     assert call(mgmt, "GET", "/whoami")[1] == {"name": "guest", "tags": ["administrator"]}
     assert call(mgmt, "GET", "/health/checks/alarms")[:2] == (200, {"status": "ok"})
     nodes = call(mgmt, "GET", "/nodes")[1]
