@@ -2,8 +2,9 @@
 broker's users, RabbitMQ's error JSON, and ``columns=`` / ``sort=`` on lists.
 
 The web console (``/``, static files in ``console/``) is served without a login: it holds no
-data and asks the API with the credentials typed into it. Only users tagged ``administrator``
-or ``management`` get in (``monitoring`` too, read-only: it may GET); others get 401 ``{"error": "not_authorised", "reason": "Not management user"}``,
+data and asks the API with the credentials typed into it. Users tagged ``administrator`` may
+do everything; ``management`` and ``monitoring`` read only (GET, and not users, permissions
+or definitions: 401 "Not administrator user"); others get 401 ``{"error": "not_authorised", "reason": "Not management user"}``,
 as RabbitMQ answers. Errors are ``{"error": ..., "reason": ...}`` with RabbitMQ's status
 codes, never a traceback.
 """
@@ -30,8 +31,14 @@ from . import access_views, live_views, messages, views
 log = logging.getLogger("shoal.router.management")
 
 CONSOLE = Path(__file__).resolve().parent / "console"
-WRITE_TAGS = frozenset({"administrator", "management"})
-READ_TAGS = WRITE_TAGS | {"monitoring"}
+#: Who may do what (the issue's rule, RabbitMQ's tags): administrators everything; users tagged
+#: management or monitoring read (GET) what is not an administrator's business.
+WRITE_TAGS = frozenset({"administrator"})
+READ_TAGS = WRITE_TAGS | {"management", "monitoring"}
+#: Paths only administrators may read (RabbitMQ: "Not administrator user"): password hashes,
+#: permissions and definitions
+ADMIN_PATHS = re.compile(r"^/api/(users|permissions|topic-permissions|definitions)(/|$)"
+                         r"|^/api/vhosts/[^/]+/permissions$")
 
 
 def error(status: int, kind: str, reason: str) -> web.Response:
@@ -141,8 +148,9 @@ def make_app(broker: Broker) -> web.Application:
         if user is None or not (set(user.tags) & READ_TAGS):
             return error(401, "not_authorised", "Login failed" if user is None
                          else "Not management user")
-        if request.method != "GET" and not set(user.tags) & WRITE_TAGS:
-            return error(401, "not_authorised", "Not management user")
+        admin = bool(set(user.tags) & WRITE_TAGS)
+        if not admin and (request.method != "GET" or ADMIN_PATHS.match(request.path)):
+            return error(401, "not_authorised", "Not administrator user")
         request["user"] = user
         try:
             out = await handler(request)

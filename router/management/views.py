@@ -234,6 +234,36 @@ async def bind(request: web.Request):
     return web.Response(status=201)
 
 
+def _pair_rows(request: web.Request) -> list[dict]:
+    b, vhost = _broker(request), _vhost(request)
+    source, dest = _arg(request, "source"), _arg(request, "dest")
+    kind = "queue" if request.match_info["kind"] == "q" else "exchange"
+    if b.topology.get(vhost, source) is None:
+        raise ApiError(404, "not_found", "Object Not Found")
+    return [r for r in binding_rows(b, vhost) if r["source"] == source
+            and r["destination"] == dest and r["destination_type"] == kind]
+
+
+async def bindings_between(request: web.Request):
+    """GET /api/bindings/{vhost}/e/{source}/{q|e}/{destination}: the bindings between them."""
+    return _pair_rows(request)
+
+
+async def unbind(request: web.Request):
+    """DELETE /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{props}: ``props`` is the
+    binding's ``properties_key`` (its routing key, ``~`` for an empty one). 404 if none."""
+    b, vhost, source = _broker(request), _vhost(request), _arg(request, "source")
+    props = _arg(request, "props")
+    row = next((r for r in _pair_rows(request) if r["properties_key"] == props), None)
+    if row is None:
+        raise ApiError(404, "not_found", "Object Not Found")
+    kind = wire.DEST_QUEUE if row["destination_type"] == "queue" else wire.DEST_EXCHANGE
+    await b.exchange_link(vhost, source).request(
+        [T.UNBIND, vhost, source, kind, row["destination"], row["routing_key"],
+         row["arguments"]])
+    return None
+
+
 async def publish(request: web.Request):
     """POST /api/exchanges/{vhost}/{name}/publish: ``{"routed": bool}``; the message goes
     without a confirm, as RabbitMQ's HTTP publish (meant for tests and operators)."""
@@ -414,5 +444,7 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/bindings", bindings)
     r.add_get("/api/bindings/{vhost}", bindings)
     r.add_post("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", bind)
+    r.add_get("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", bindings_between)
+    r.add_delete("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}/{props}", unbind)
     r.add_post("/api/exchanges/{vhost}/{name}/publish", publish)
 

@@ -110,6 +110,13 @@ def test_exchanges_and_bindings(mgmt, uid):
     assert call(mgmt, "POST", f"/exchanges/%2F/{x}/publish",
                 {"routing_key": "a.b", "payload": "m", "properties": {}})[1] == {"routed": True}
     assert call(mgmt, "GET", f"/queues/%2F/{q}")[1]["messages"] == 1
+    pair = call(mgmt, "GET", f"/bindings/%2F/e/{x}/q/{q}")[1]
+    assert [b["properties_key"] for b in pair] == ["a.#"]
+    assert call(mgmt, "DELETE", f"/bindings/%2F/e/{x}/q/{q}/a.%23")[0] == 204
+    assert call(mgmt, "GET", f"/bindings/%2F/e/{x}/q/{q}")[1] == []
+    assert call(mgmt, "POST", f"/exchanges/%2F/{x}/publish",
+                {"routing_key": "a.b", "payload": "m", "properties": {}})[1] == {"routed": False}
+    assert call(mgmt, "DELETE", f"/bindings/%2F/e/{x}/q/{q}/a.%23")[0] == 404
     assert call(mgmt, "PUT", "/exchanges/%2F/amq.mine", {"type": "direct"})[0] == 403
     assert call(mgmt, "PUT", f"/exchanges/%2F/{x}-2", {"type": "nope"})[0] == 400
     assert call(mgmt, "DELETE", f"/exchanges/%2F/{x}")[0] == 204

@@ -66,6 +66,13 @@ def test_users_vhosts_and_permissions_change_at_run_time(tmp_path, uid):
             conn.close()
         assert refused_login(cl, u, "wrong")
         assert call(cl, "GET", f"/users/{u}")[1]["tags"] == ["management"]
+        # a management user reads, administrators change (and see users and permissions)
+        assert call(cl, "GET", "/queues", user=u, password="s3cret")[0] == 200
+        assert call(cl, "PUT", f"/queues/apps/app-x-{uid}", {}, user=u, password="s3cret"
+                    )[:2] == (401, {"error": "not_authorised",
+                                    "reason": "Not administrator user"})
+        assert call(cl, "GET", "/users", user=u, password="s3cret")[0] == 401
+        assert call(cl, "GET", "/definitions", user=u, password="s3cret")[0] == 401
         assert [p["vhost"] for p in call(cl, "GET", f"/users/{u}/permissions")[1]] == ["apps"]
         # a permission widened applies to an open connection's next declare
         conn = pika.BlockingConnection(pika.URLParameters(url(cl, u, "s3cret", "apps")))
