@@ -38,50 +38,40 @@ def owner_link(broker: Broker):
 
 
 async def sync_at_start(broker: Broker) -> None:
-    """Read (and seed, or merge ``load_definitions`` into) the stored document; routers that
-    start together and seed at once: the one that loses reads again. The first node down or
-    slow: logged, the router goes on with what it loaded."""
-    link = owner_link(broker)
+    """Read (and seed, or merge ``load_definitions`` into) the stored document: an empty store
+    gets what this router loaded; a ``load_definitions`` file is merged into a stored one;
+    otherwise the stored one is used as it is. The first node down or slow: logged, the
+    router goes on with what it loaded."""
+    if broker.settings.load_definitions:
+        def edit(current: Definitions) -> Definitions:
+            return merge_access(current, broker.definitions)
+    else:
+        def edit(current: Definitions) -> Definitions:
+            return current
     try:
-        for attempt in range(RETRIES):
-            version, doc = await asyncio.wait_for(link.request([T.ACCESS_GET]),
-                                                  ASK_TIMEOUT_S)
-            if doc is None:
-                wanted = access_document(broker.definitions)
-            elif broker.settings.load_definitions:
-                wanted = access_document(merge_access(
-                    parse_definitions(copy.deepcopy(doc), "stored access"), broker.definitions))
-            else:
-                wanted = doc
-            if wanted == doc:
-                apply(broker, version, doc)
-                return
-            try:
-                await asyncio.wait_for(link.request([T.ACCESS_SET, version, wanted]),
-                                       ASK_TIMEOUT_S)
-                return
-            except AMQPError as err:
-                if "changed meanwhile" not in err.text or attempt == RETRIES - 1:
-                    raise
+        await change(broker, edit)
     except (asyncio.TimeoutError, AMQPError, ConfigError) as exc:
         log.warning("users and permissions not read from %s (%s): using what this router "
-                    "loaded until they change", link.node_id, exc)
+                    "loaded until they change", owner_link(broker).node_id, exc)
 
 
 async def change(broker: Broker, edit: Callable[[Definitions], Definitions | None]) -> None:
-    """Read the stored document, let ``edit`` change a copy (it may raise, e.g. the API's 404,
-    or return None for "nothing to change"), and store it by compare-and-set, again from the
-    start if another router changed it meanwhile. Raises AMQPError (the node's refusal,
-    406 when it kept changing) or ConfigError (the result does not check)."""
+    """Read the stored document (none yet: start from what this router loaded), let ``edit``
+    change a copy (it may raise, e.g. the API's 404, or return None for "no change"), and
+    store the result by compare-and-set, again from the start if another router changed it
+    meanwhile; a result equal to the stored document is only applied here. Raises AMQPError
+    (the node's refusal, 406 when it kept changing; NodeDown), asyncio.TimeoutError or
+    ConfigError (the result does not check)."""
     link = owner_link(broker)
     for attempt in range(RETRIES):
         version, doc = await asyncio.wait_for(link.request([T.ACCESS_GET]), ASK_TIMEOUT_S)
         current = parse_definitions(copy.deepcopy(doc), "stored access") if doc is not None \
             else copy.deepcopy(broker.definitions)
         new = edit(current)
-        if new is None:
+        new_doc = access_document(new if new is not None else current)
+        if new_doc == doc:
+            apply(broker, version, doc)
             return
-        new_doc = access_document(new)
         parse_definitions(copy.deepcopy(new_doc), "the change")     # checks it (ConfigError)
         try:
             await asyncio.wait_for(link.request([T.ACCESS_SET, version, new_doc]),

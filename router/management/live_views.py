@@ -27,12 +27,17 @@ async def connections(request: web.Request):
     return await _rows(request, "connections")
 
 
-async def connection(request: web.Request):
+async def _named(request: web.Request, key: str) -> dict:
+    """The row of ``key`` (connections, channels) named by the path's ``{name}``; 404."""
     name = _arg(request, "name")
-    for row in await _rows(request, "connections"):
-        if row["name"] == name:
-            return row
-    raise ApiError(404, "not_found", "Object Not Found")
+    row = next((r for r in await _rows(request, key) if r["name"] == name), None)
+    if row is None:
+        raise ApiError(404, "not_found", "Object Not Found")
+    return row
+
+
+async def connection(request: web.Request):
+    return await _named(request, "connections")
 
 
 async def close_connection(request: web.Request):
@@ -42,9 +47,7 @@ async def close_connection(request: web.Request):
     reason = request.headers.get("X-Reason", REASON)
     if b.close_connection(name, reason):
         return None
-    row = next((r for r in await _rows(request, "connections") if r["name"] == name), None)
-    if row is None:
-        raise ApiError(404, "not_found", "Object Not Found")
+    row = await _named(request, "connections")
     link = next((x for x in b.links.values() if x.up), None)   # any node passes it on
     if link is None:
         raise ApiError(503, "service_unavailable", "no node is up to reach that router")
@@ -63,11 +66,7 @@ async def channels(request: web.Request):
 
 
 async def channel(request: web.Request):
-    name = _arg(request, "name")
-    for row in await _rows(request, "channels"):
-        if row["name"] == name:
-            return row
-    raise ApiError(404, "not_found", "Object Not Found")
+    return await _named(request, "channels")
 
 
 async def consumers(request: web.Request):

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
-from tests.e2e.test_management import _free_port, call
+from tests.conftest import stop_cluster
+from tests.e2e.test_management import call, http_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -39,12 +39,8 @@ def browser():
 
 @pytest.fixture(scope="module")
 def console(tmp_path_factory):
-    if EXTERNAL_URL:
-        pytest.skip("needs a cluster started with its own management port")
-    port = _free_port()
-    c = start_cluster(tmp_path_factory.mktemp("shoal-console"), 2,
-                      env={"SHOAL_MANAGEMENT_PORT": str(port)})
-    c.mgmt_port = port
+    c = http_cluster(tmp_path_factory.mktemp("shoal-console"),
+                     mgmt_port="SHOAL_MANAGEMENT_PORT")
     yield c
     stop_cluster(c)
 

@@ -24,14 +24,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def http_cluster(data_dir, nodes: int = 2, routers: int = 1, **ports: str):
+    """A cluster whose routers serve HTTP: ``ports`` maps a Cluster attribute (``mgmt_port``,
+    ``prom_port``) to the setting's env name, each given a free port. The caller stops it."""
+    if EXTERNAL_URL:
+        pytest.skip("needs a cluster started with its own HTTP ports")
+    chosen = {attr: _free_port() for attr in ports}
+    c = start_cluster(data_dir, nodes, routers=routers,
+                      env={env: str(chosen[attr]) for attr, env in ports.items()})
+    for attr, port in chosen.items():
+        setattr(c, attr, port)
+    return c
+
+
 @pytest.fixture(scope="module")
 def mgmt(tmp_path_factory):
-    if EXTERNAL_URL:
-        pytest.skip("needs a cluster started with its own management port")
-    port = _free_port()
-    c = start_cluster(tmp_path_factory.mktemp("shoal-mgmt"), 2,
-                      env={"SHOAL_MANAGEMENT_PORT": str(port)})
-    c.mgmt_port = port
+    c = http_cluster(tmp_path_factory.mktemp("shoal-mgmt"), mgmt_port="SHOAL_MANAGEMENT_PORT")
     yield c
     stop_cluster(c)
 

@@ -12,20 +12,15 @@ import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
-from tests.e2e.test_management import _free_port
+from tests.conftest import stop_cluster
+from tests.e2e.test_management import http_cluster
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory):
-    if EXTERNAL_URL:
-        pytest.skip("needs a cluster started with its own metrics port")
-    port = _free_port()
-    c = start_cluster(tmp_path_factory.mktemp("shoal-prom"), 2,
-                      env={"SHOAL_PROMETHEUS_PORT": str(port)})
-    c.prom_port = port
+    c = http_cluster(tmp_path_factory.mktemp("shoal-prom"), prom_port="SHOAL_PROMETHEUS_PORT")
     yield c
     stop_cluster(c)
 
