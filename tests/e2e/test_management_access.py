@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pika
 import pytest
@@ -110,8 +111,9 @@ def test_users_vhosts_and_permissions_change_at_run_time(tmp_path, uid):
 
 
 def test_a_change_while_the_first_node_is_stuck_is_503(tmp_path, uid):
-    """The store's node does not answer (SIGSTOP): a change is refused with 503 within the
-    API's 5 s, never a hang or a traceback; once it runs again, changes go through."""
+    """A node does not answer (SIGSTOP on node-0, which keeps the users): a change is refused
+    with 503 after the API's 5 s, lists answer with what the other nodes have and name the
+    missing node, never a hang or a traceback; once it runs again, changes go through."""
     if EXTERNAL_URL:
         pytest.skip("needs clusters of its own")
     cl = start(tmp_path / "c", _free_port())
@@ -120,12 +122,25 @@ def test_a_change_while_the_first_node_is_stuck_is_503(tmp_path, uid):
         if node0.embedded:
             pytest.skip("node-0 runs inside router-0 here (--embed-node): stopping it would "
                         "stop the API too")
+        q = next(f"stuck-q-{uid}-{i}" for i in range(100)
+                 if cl.owner(f"stuck-q-{uid}-{i}") == "node-1")
+        assert call(cl, "PUT", f"/queues/%2F/{q}", {})[0] == 201
         os.kill(node0.pid, signal.SIGSTOP)
         try:
             status, body, _ = call(cl, "PUT", f"/users/stuck-{uid}", {"password": "x"})
+            listed, rows, headers = call(cl, "GET", "/queues")      # what the others have
+            nodes = call(cl, "GET", "/nodes")[1]
         finally:
             os.kill(node0.pid, signal.SIGCONT)
         assert status == 503 and body["error"] == "service_unavailable"
-        assert call(cl, "PUT", f"/users/stuck-{uid}", {"password": "x"})[0] == 201
+        assert listed == 200 and q in [r["name"] for r in rows]
+        assert headers["X-Shoal-Missing-Nodes"] == "node-0"
+        assert {n["name"]: n["running"] for n in nodes} == {"node-0": False, "node-1": True}
+        # the routers may have given node-0 up meanwhile (link_timeout_ms): they reconnect
+        deadline, status = time.monotonic() + 30, 0
+        while status != 201 and time.monotonic() < deadline:
+            status = call(cl, "PUT", f"/users/stuck-{uid}", {"password": "x"})[0]
+            time.sleep(0.2)
+        assert status == 201
     finally:
         stop_cluster(cl)
