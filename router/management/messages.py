@@ -14,7 +14,7 @@ from pamqp.header import ContentHeader
 
 from shoal.shared import wire
 from shoal.shared.errors import AMQPError
-from shoal.shared.wire import T
+from shoal.shared.wire import TAG_SETTLE, T
 
 from ..amqp.fastpath import parse_properties
 from ..live import json_safe
@@ -89,7 +89,7 @@ async def get_messages(request: web.Request):
                         "payload_encoding": kind})
     finally:
         if ids:
-            link.send([T.SETTLE, ACKMODES[ackmode], ids])
+            link.send([TAG_SETTLE, ACKMODES[ackmode], ids])    # a hot message: plain ints
     return out
 
 

@@ -324,12 +324,30 @@ def test_a_killed_router_is_restarted_on_the_same_ports(own_routers2):
         time.sleep(0.2)
     assert info["routers"][0]["direct_port"] == c.routers[0].direct_port
     for url in (c.router_url(0), c.url):
-        conn = connect(url)                 # the same ports serve again
-        conn.channel().queue_declare(name("after"), exclusive=True)
-        conn.close()
+        _declare_when_served(url, time.monotonic() + 30)     # the same ports serve again
     c.routers[0].pid = info["routers"][0]["pid"]
     c.stop()                                # Ctrl-C still stops every process, exit 0
 
+
+
+def _declare_when_served(url: str, deadline: float) -> None:
+    """Declare an exclusive queue through ``url``. With ``--embed-node``, node-0 died with
+    router-0 and comes back with it: the other router answers 404 "node 'node-0' is down or
+    unreachable" until its link has said HELLO to the new node-0, so that answer is retried
+    (bounded); any other refusal fails the test."""
+    while True:
+        conn = connect(url)
+        try:
+            conn.channel().queue_declare(name("after"), exclusive=True)
+            return
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code != 404 or "is down or unreachable" not in exc.reply_text \
+                    or time.monotonic() > deadline:
+                raise
+        finally:
+            if conn.is_open:
+                conn.close()
+        time.sleep(0.2)
 
 
 def _await_queue_gone(conn, q: str, why: str, timeout: float = 20.0) -> None:
