@@ -208,7 +208,7 @@ class DurableLog:
                 if m.not_before_ms and e.state is HELD:
                     e.not_before = timers.wall_to_monotonic(m.not_before_ms)
                     timers.add(e.not_before, q._unhold, e)
-                if pages is not None and q.ready_bytes > pages.budget(q.cfg.max_in_memory_bytes):
+                if pages is not None and pages.over_budget(q):
                     e.body = pages.page_out(m.body)     # a long queue restored: paged again
             q.next_id = keep_id
         log.log(logging.INFO if rec.queues or rec.exchanges else logging.DEBUG,

@@ -41,8 +41,8 @@ from .journal_format import (HEADER_BYTES, RECORD_OVERHEAD, TOPOLOGY_TYPES, Batc
 from .journal_compact import (Job, JournalConfig, JournalStats, Kind, Pending, Segment, fsync_dir,
                               plan_compaction)
 from .journal_recover import recover_segments
-from .stats import COMMIT_BUCKETS, FSYNC_BUCKETS, Histogram
 from .journal_state import JournalState, LiveEntry, Recovered
+from .stats import COMMIT_BUCKETS, FSYNC_BUCKETS, Histogram
 
 __all__ = ["Journal", "JournalConfig", "JournalStats", "JournalError", "JournalCorrupt",
            "JournalUnavailable", "Recovered"]

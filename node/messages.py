@@ -83,9 +83,7 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
                     refused += 1
             else:
                 routed += 1
-            if pages is not None and q.ready_bytes > (
-                    pages.default_budget if q.cfg.max_in_memory_bytes is None
-                    else q.cfg.max_in_memory_bytes) and not e.is_dead:
+            if pages is not None and pages.over_budget(q) and not e.is_dead:
                 if paged is None:
                     paged = pages.page_out(body)
                 e.body = paged

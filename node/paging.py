@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("shoal.node")
 
@@ -89,10 +90,11 @@ class PageStore:
         self.paged_messages = 0
         self.page_outs = 0
 
-    def budget(self, own: int | None) -> int:
-        """A queue's budget in bytes: its own (``x-max-in-memory-bytes``, lazy = 0) or the
-        node's default."""
-        return self.default_budget if own is None else own
+    def over_budget(self, q: Any) -> bool:
+        """Whether queue ``q``'s ready bytes pass its budget: its own (``x-max-in-memory-bytes``,
+        lazy = 0) or the node's default. A new message's body then goes to the page files."""
+        own = q.cfg.max_in_memory_bytes
+        return q.ready_bytes > (self.default_budget if own is None else own)
 
     def page_out(self, body: bytes) -> "PagedBody | bytes":
         """Write ``body`` to the current segment; returns its :class:`PagedBody`, or ``body``

@@ -164,7 +164,7 @@ class Queue(QueueFeatures):
                     self.available -= 1
                     self.ready_bytes -= len(node.body)
                     if not self.cfg.plain or self.groups is not None or consumer.timeout:
-                        self._after_acquire(node, consumer)
+                        self._acquired(node, consumer)
                     return node
             n = nxt(node)
             if n is None:
@@ -172,9 +172,6 @@ class Queue(QueueFeatures):
                 return None
             node = n
         return None
-
-    def _after_acquire(self, e: QueueEntry, c: QueueConsumer | None) -> None:
-        self._acquired(e, c)
 
     def _browse_next(self, c: QueueConsumer) -> QueueEntry | None:
         nxt = self.entries.next
@@ -226,7 +223,7 @@ class Queue(QueueFeatures):
                     self.available -= 1
                     self.ready_bytes -= len(e.body)
                     if not self.cfg.plain:
-                        self._after_acquire(e, None)
+                        self._acquired(e, None)
                     return e
             e = n
         return None

@@ -18,7 +18,6 @@ node/messages.py's, the routers and their outboxes node/peers.py's.
 """
 from __future__ import annotations
 
-
 import itertools
 import logging
 import time
