@@ -3,7 +3,7 @@
 Finds the ``shoal router|node|serve`` process in /proc, loads its settings exactly as it did
 (``--config`` file < ``SHOAL_*`` environment < flags, via shoal.shared.settings) and connects:
 a router or ``serve`` on its AMQP port, a node on its ZeroMQ ``tcp://`` endpoint (an ``ipc://``
-endpoint must exist as a socket file). Exit 1 with one line on stderr otherwise. Other commands
+or ``unix://`` endpoint must exist as a socket file). Exit 1 with one line on stderr otherwise. Other commands
 (``loadtest``) are healthy while they run.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ def target(role: str, args: list[str], env: dict[str, str]) -> tuple[str, int] |
         "host": known.host, "port": known.port, "node_bind": known.bind})
     if role == "node":
         scheme, _, rest = settings.node_bind.partition("://")
-        if scheme == "ipc":
+        if scheme in ("ipc", "unix"):
             return rest
         host, _, port = rest.rpartition(":")
     else:

@@ -70,10 +70,13 @@ def _child_setup(cpu: int | None):
     return setup
 
 
-def _endpoint(run_dir: Path, node_id: str) -> str:
+def _endpoint(run_dir: Path, node_id: str, local_link: str = "zmq") -> str:
+    """Where node ``node_id`` listens: ``ipc://`` (``local_link`` zmq) or ``unix://``
+    (``local_link`` unix) in the run directory, or ZeroMQ on a free TCP port when that path is
+    too long for a socket address."""
     path = run_dir / f"{node_id}.sock"
     if len(str(path)) < 100:  # sun_path limit
-        return f"ipc://{path}"
+        return f"{'unix' if local_link == 'unix' else 'ipc'}://{path}"
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -178,9 +181,10 @@ class Cluster:
             if i == 0 and self.settings.embed_node:
                 node.update(endpoint=f"inproc://{node['id']}", embedded=True)
                 if self.settings.serve_routers() > 1:
-                    node["shared_endpoint"] = _endpoint(self.run_dir, node["id"])
+                    node["shared_endpoint"] = _endpoint(self.run_dir, node["id"],
+                                                        self.settings.local_link)
                 continue
-            node["endpoint"] = _endpoint(self.run_dir, node["id"])
+            node["endpoint"] = _endpoint(self.run_dir, node["id"], self.settings.local_link)
             if self.node_cpus:
                 node["cpu"] = self.node_cpus[i - self.embedded]
             self._spawn_node(node)

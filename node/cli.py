@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default sys.argv[1:]), run the node, return the exit code."""
     p = argparse.ArgumentParser(prog="shoal node", description="Run one Shoal node process.")
     p.add_argument("--node-id", help="this node's id (e.g. node-0)")
-    p.add_argument("--bind", help="ZeroMQ endpoint to bind (tcp://host:port or ipc:///path)")
+    p.add_argument("--bind", help="endpoint to bind: ZeroMQ tcp://host:port or ipc:///path, or "
+                                  "unix:///path (the same-host link without ZeroMQ)")
     p.add_argument("--config", help="YAML settings file")
     p.add_argument("--data-dir", help="directory for the journal and runtime files")
     p.add_argument("--log-level", help="debug, info, warning or error")
@@ -45,9 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     gc.set_threshold(20_000, 50, 100)
     try:
         return run_node(settings)
-    except zmq.ZMQError as exc:
-        print(f"shoal node: cannot bind {settings.node_bind}: {exc}", file=sys.stderr)
-        return 1
     except (JournalCorrupt, JournalUnavailable) as exc:
         print(f"shoal node: cannot open the journal: {exc}", file=sys.stderr)
         return 3
+    except (zmq.ZMQError, OSError) as exc:
+        print(f"shoal node: cannot bind {settings.node_bind}: {exc}", file=sys.stderr)
+        return 1

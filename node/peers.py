@@ -147,6 +147,17 @@ class Peers:
             self.forget(state)
         return len(gone)
 
+    def disconnected(self, identity: bytes) -> bool:
+        """The connection of router ``identity`` closed (a ``unix://`` link says whose): forget
+        it now, releasing its deliveries. False when it was not known (no HELLO, or forgotten
+        already)."""
+        state = self.by_identity.get(identity)
+        if state is None:
+            return False
+        log.warning("router %r disconnected: forgetting it", state.router_id)
+        self.forget(state)
+        return True
+
     def tick(self, now_ms: float) -> None:
         """Queue HEARTBEAT to every router each ``link_heartbeat_ms``; forget routers silent
         for more than ``link_timeout_ms`` (settings)."""

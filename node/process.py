@@ -53,15 +53,11 @@ def hosted_node(settings: Settings, node_id: str, endpoint: str,
     except (JournalCorrupt, JournalUnavailable) as exc:
         server.sock.close(linger=0)
         raise StartupError(f"cannot open the journal of {node_id}: {exc}", 3) from None
-    bind = endpoint
     try:
-        server.bind()
-        if settings.embed_bind:
-            bind = settings.embed_bind
-            server.sock.bind(bind)
-            log.info("shoal node %s also listening on %s", node_id, bind)
-    except zmq.ZMQError as exc:
+        server.bind()                       # endpoint, and embed_bind when set
+    except (zmq.ZMQError, OSError) as exc:
         server.close()
+        bind = " and ".join(e for e in (endpoint, settings.embed_bind) if e)
         raise StartupError(f"cannot bind {bind} for {node_id}: {exc}", 1) from None
     return server
 
@@ -72,7 +68,7 @@ def run_node(settings: Settings, server: NodeServer | None = None) -> int:
     First it opens the journal in ``<settings.data_dir>/journal`` and rebuilds the shard.
     On stop it commits the journal, sends GOODBYE to every known router, flushes and closes
     the socket and the journal. Signal handlers are only installed when called from the main
-    thread. Raises zmq.ZMQError when ``settings.node_bind`` cannot be bound, JournalCorrupt /
+    thread. Raises zmq.ZMQError or OSError when ``settings.node_bind`` cannot be bound, JournalCorrupt /
     JournalUnavailable when the journal cannot be opened.
     """
     server = server or NodeServer(settings)

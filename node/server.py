@@ -24,15 +24,17 @@ from typing import Callable
 
 import zmq
 
-from shoal.shared import wire
+from shoal.shared import stream, wire
 from shoal.shared.linkauth import serve_curve
 from shoal.shared.settings import Settings
-from shoal.shared.wire import T, decode_batch, encode_batch
+from shoal.shared.wire import encode_batch
 
 from .alarms import ResourceAlarms
+from .intake import feed_frames
 from .journal import Journal, JournalUnavailable, fsync_dir
 from .paging import PageStore
 from .shard import Shard
+from .unix_listener import UnixListener
 
 log = logging.getLogger("shoal.node")
 
@@ -54,48 +56,6 @@ _NOBLOCK = int(zmq.NOBLOCK)
 #: Frames from an in-process router (attach_local) that may wait for a turn, as the ROUTER
 #: socket's RCVHWM bounds a remote router's.
 LOCAL_HWM = 16
-
-
-#: Settlements and credit: handled before the publishes read in the same turn, so consumers
-#: keep flowing while publishers flood (safe: a router sends CREDIT only after CONSUME's reply
-#: and SETTLE only for deliveries already made).
-_URGENT = frozenset({T.SETTLE, T.CREDIT})
-
-
-def feed_frame(shard: Shard, peer: bytes, frame: bytes, now_ms: float) -> int:
-    """Decode one ZeroMQ frame from ``peer`` and hand each wire message to ``shard``."""
-    return feed_frames(shard, [(peer, frame)], now_ms)
-
-
-def feed_frames(shard: Shard, frames: list[tuple[bytes, bytes]], now_ms: float,
-                batches: list[tuple[bytes, list]] | None = None) -> int:
-    """Decode the frames read in one turn and hand their wire messages to ``shard``:
-    settlements and credit first, then everything else in arrival order. ``batches``: batches
-    already decoded (handed over in memory by a router in this process, ``attach_local``),
-    handled before the frames.
-
-    This is the node's one broad catch: an undecodable frame or a message that makes a handler
-    fail is logged and dropped; the node never crashes on input. Returns messages handled.
-    """
-    batches = list(batches) if batches else []
-    for peer, frame in frames:
-        try:
-            batches.append((peer, decode_batch(frame)))
-        except ValueError as exc:
-            log.warning("dropping frame from %r: %s", peer, exc)
-    n = 0
-    urgent = len(batches) > 1
-    for first_pass in ((True, False) if urgent else (None,)):
-        for peer, batch in batches:
-            for msg in batch:
-                if first_pass is not None and (msg[0] in _URGENT) != first_pass:
-                    continue
-                try:
-                    shard.handle(peer, msg, now_ms)
-                    n += 1
-                except Exception:  # noqa: BLE001 - the one place that keeps the node alive
-                    log.exception("dropping wire message from %r that failed", peer)
-    return n
 
 
 def _now_ms() -> float:
@@ -142,6 +102,11 @@ class NodeServer:
         #: the batches they sent that wait for the next turn.
         self._local: dict[bytes, Callable[[list], None]] = {}
         self._local_in: list[tuple[bytes, list]] = []
+        #: The same-host link (a ``unix://`` endpoint), its routers gone since the last turn,
+        #: and whether the ZeroMQ socket is bound at all (else turns leave it alone).
+        self._unix: UnixListener | None = None
+        self._unix_gone: list[bytes] = []
+        self._zmq_bound = False
 
     def open_journal(self, directory: str | os.PathLike | None = None) -> int:
         """Open the journal (default ``<settings.data_dir>/journal``) and rebuild the shard
@@ -271,9 +236,25 @@ class NodeServer:
         return send
 
     def bind(self) -> str:
-        self.sock.bind(self.settings.node_bind)
-        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT) or self.settings.node_bind
-        log.info("shoal node %s listening on %s", self.shard.node_id, self.endpoint)
+        """Bind ``node_bind`` and, when set, ``embed_bind`` (a node hosted in router-0 that
+        the other routers reach): a ``unix://PATH`` endpoint on :class:`UnixListener` (one at
+        most), any other on the ZeroMQ socket. Returns the first endpoint. Raises
+        zmq.ZMQError or OSError (the node CLI exits 1)."""
+        for i, endpoint in enumerate(e for e in (self.settings.node_bind,
+                                                 self.settings.embed_bind) if e):
+            path = stream.scheme_path(endpoint)
+            if path is not None:
+                if self._unix is not None:
+                    raise OSError(f"one unix:// endpoint per node, not {endpoint} too")
+                self._unix = UnixListener(path, self._poke, self._unix_gone.append)
+                self._unix.bind()
+            else:
+                self.sock.bind(endpoint)
+                self._zmq_bound = True
+                endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT) or endpoint
+            log.info("shoal node %s listening on %s", self.shard.node_id, endpoint)
+            if i == 0:
+                self.endpoint = endpoint
         return self.endpoint
 
     def stop(self) -> None:
@@ -297,7 +278,8 @@ class NodeServer:
             self._loop.call_soon(self._turn)
 
     def _drain(self, socket: bool = True) -> int:
-        """Feed the shard what waits: batches of in-process routers, then (``socket``) up to
+        """Feed the shard what waits: batches of in-process routers, frames of the ``unix://``
+        link, then (``socket``) up to
         MAX_READ_PER_TURN frames from the ROUTER socket. Returns the socket messages read."""
         sock = self.sock
         n = 0
@@ -308,6 +290,8 @@ class NodeServer:
             self._local_in.clear()
             for _, batch in local:
                 wire.received(batch)
+        if self._unix is not None:
+            frames = self._unix.take()
         # Ask ZMQ_EVENTS first (a plain int: no enum): ending every drain with a zmq.Again
         # exception costs more.
         while socket and n < MAX_READ_PER_TURN and sock.get(_EVENTS) & _POLLIN:
@@ -324,21 +308,30 @@ class NodeServer:
             feed_frames(self.shard, frames, _now_ms(), local)
             for _, batch in local or ():
                 wire.received(batch)
+        if self._unix_gone:     # after their last frames: a router's acks before it closed
+            for identity in self._unix_gone:
+                self.shard.links.disconnected(identity)
+            self._unix_gone.clear()
         return n
 
     def _flush(self) -> bool:
-        """Send the shard's outbox: one batch per router. True when any went to the socket."""
+        """Send the shard's outbox: one batch per router, to an in-process router, over the
+        ``unix://`` link or over the ZeroMQ socket. True when any went to the ZeroMQ socket."""
         out = self.shard.take_outbox()
         sent = False
+        unix = self._unix
         for peer, msgs in out.items():
             local = self._local.get(peer)
             try:
-                frame = encode_batch(msgs) if local is None else wire.handover(msgs)
+                if local is not None:
+                    local(wire.handover(msgs))
+                    continue
+                if unix is not None and unix.owns(peer):
+                    unix.send(peer, msgs)
+                    continue
+                frame = encode_batch(msgs)
             except TypeError as exc:
                 log.error("cannot encode batch for %r: %s", peer, exc)
-                continue
-            if local is not None:
-                local(frame)
                 continue
             sent = True
             try:
@@ -364,6 +357,7 @@ class NodeServer:
         if self._stopping:
             self._poke()
             return
+        socket = socket and self._zmq_bound
         try:
             self._drain(socket)
             now = _now_ms()
@@ -425,6 +419,8 @@ class NodeServer:
             self.settings, str(self.journal.directory) if self.journal is not None
             else self.settings.data_dir, self._set_alarm).run())
         self.shard.loop_lag.start()
+        if self._unix is not None:
+            await self._unix.start()
         stats_path = os.environ.get("SHOAL_NODE_STATS_FILE")
         stats = asyncio.ensure_future(self._write_stats(stats_path.replace(
             "{node}", self.shard.node_id))) if stats_path else None
@@ -447,6 +443,8 @@ class NodeServer:
                 self._timer = None
             self.sock.disable_monitor()
             mon.close(linger=0)
+            if self._unix is not None:
+                self._unix.close()
             if stats is not None:
                 stats.cancel()
             if self._retry is not None:
@@ -470,6 +468,8 @@ class NodeServer:
         self._clean = True
 
     def close(self) -> None:
+        if self._unix is not None:
+            self._unix.close()      # serve() closed it, unless it never ran
         self.sock.close(linger=1000)
         if self._auth is not None:
             self._auth.stop()

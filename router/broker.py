@@ -25,7 +25,8 @@ from . import consumers as credit
 from .access import UserStore
 from .limits import Limits
 from .consumers import Consumer, ConsumerTarget
-from .link import Attach, LocalLink, NodeLink
+from .link import Attach, NodeLink
+from .unix_link import open_link
 from .routing import Topology
 from .session import BrokerChannel, BrokerClient, Delivery
 
@@ -110,9 +111,8 @@ class Broker:
             args = (node_id, endpoint, self.router_id, s.link_heartbeat_ms, s.link_timeout_ms,
                     self._on_node_message, self._on_node_up, self._on_node_down,
                     self._on_congestion)
-            attach = self.local_nodes.get(node_id)
-            link = LocalLink(attach, *args) if attach is not None else \
-                NodeLink(self._ctx, *args, secure=lambda sock, ep: connect_curve(sock, ep, s))
+            link = open_link(self._ctx, self.local_nodes.get(node_id), args,
+                             lambda sock, ep: connect_curve(sock, ep, s))
             self.links[node_id] = link
             link.start()
         try:

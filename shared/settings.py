@@ -77,6 +77,10 @@ class Settings:
     #: (its Python thread and ZeroMQ's I/O thread) to one CPU, routers on the first share of
     #: the CPUs, nodes on the rest (:func:`cpu_plan`), as RabbitMQ binds its schedulers
     #: (``+stbt db``): a link hand-off then never crosses CPUs (docs/performance.md, issue 20)
+    local_link: str = "zmq"                  #: ``serve``: how routers reach the nodes on
+    #: this host: ``zmq`` (a ZeroMQ ``ipc://`` socket, design.md section 4) or ``unix`` (a Unix
+    #: stream socket read by each side's event loop, no ZeroMQ I/O threads: about half the
+    #: link's CPU per message, docs/performance.md issue 20); between hosts it is always ZeroMQ
     embed_bind: str = ""                     #: router: a second endpoint that the node it
     #: hosts (an ``inproc://`` endpoint) binds, where the other routers reach it (``serve``
     #: with ``embed_node`` and ``routers`` > 1: node-0 lives in router-0)
@@ -207,12 +211,18 @@ class Settings:
             raise bad("vhosts", "must name at least one virtual host")
         for ep in self.node_endpoints:
             if "://" not in ep:
-                raise bad("node_endpoints", "each entry must be a ZeroMQ endpoint like "
-                                            "tcp://host:port or ipc:///path")
+                raise bad("node_endpoints", "each entry must be an endpoint like "
+                                            "tcp://host:port, ipc:///path or unix:///path")
         if self.embed_bind and "://" not in self.embed_bind:
-            raise bad("embed_bind", "must be a ZeroMQ endpoint like ipc:///path")
+            raise bad("embed_bind", "must be an endpoint like ipc:///path or unix:///path")
         if "://" not in self.node_bind:
-            raise bad("node_bind", "must be a ZeroMQ endpoint like tcp://host:port")
+            raise bad("node_bind", "must be an endpoint like tcp://host:port or unix:///path")
+        if self.local_link not in ("zmq", "unix"):
+            raise bad("local_link", "must be zmq or unix")
+        if self.local_link == "unix" and self.link_curve_secret_key:
+            raise bad("local_link", "unix cannot carry the link's CURVE keys (its socket file's "
+                                    "owner-only mode is its access control); use zmq with "
+                                    "link_curve_*")
         return self
 
     def serve_cpus(self, routers: int, nodes: int) -> tuple[list[int], list[int]]:

@@ -22,6 +22,8 @@ control), with Shoal on 1, 2 and 4 node processes.
 
 ``--embed-node`` runs every Shoal with ``shoal serve --embed-node`` and puts the queue of loads
 1-4 on node-0, the node inside the router (``--queue-node`` picks another node).
+``--local-link unix`` runs every Shoal with ``shoal serve --local-link unix`` (the same-host
+link without ZeroMQ's I/O threads; the queue still on a node process).
 
 Not collected by pytest (no ``test_`` prefix): a benchmark asserts no speed.
 """
@@ -143,8 +145,9 @@ class Shoal:
     """A fresh ``shoal serve`` per run (a run that overloads it does not spoil the next)."""
 
     def __init__(self, port: int, nodes: int, work: Path, env: dict | None = None,
-                 embed: bool = False, queue_node: str = "") -> None:
+                 embed: bool = False, queue_node: str = "", local_link: str = "") -> None:
         self.port, self.nodes_n, self.work = port, nodes, work
+        self.local_link = local_link
         self.env = env
         #: the shoal command of the tree under test (env's PYTHONPATH shim, see shoal_env)
         self.cli = cli_module(Path(env["PYTHONPATH"]) / "shoal") if env else "shoal.cli"
@@ -162,7 +165,8 @@ class Shoal:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", self.cli, "serve", "--port", str(self.port),
              "--nodes", str(self.nodes_n), "--data-dir", str(data), "--log-level", "warning",
-             *(["--embed-node"] if self.embed else [])],
+             *(["--embed-node"] if self.embed else []),
+             *(["--local-link", self.local_link] if self.local_link else [])],
             stdout=subprocess.PIPE, stderr=open(data / "serve.log", "wb"), text=True,
             start_new_session=True, env=self.env)
         deadline = time.monotonic() + 60
@@ -360,6 +364,8 @@ def main(argv=None) -> int:
     p.add_argument("--embed-node", action="store_true",
                    help="run Shoal with 'shoal serve --embed-node' (node-0 in the router "
                         "process, over ZeroMQ inproc://)")
+    p.add_argument("--local-link", choices=["zmq", "unix"], default="",
+                   help="run Shoal with 'shoal serve --local-link' (default: serve's own)")
     p.add_argument("--queue-node", default=None,
                    help="put the queue of loads 1-4 on this Shoal node (default: node-0 with "
                         "--embed-node, else wherever a random name hashes)")
@@ -383,10 +389,12 @@ def main(argv=None) -> int:
     rabbit = RabbitMQ()
     queue_node = args.queue_node if args.queue_node is not None else \
         ("node-0" if args.embed_node else "")
-    shoal = Shoal(args.shoal_port, args.nodes, out, env, args.embed_node, queue_node)
+    shoal = Shoal(args.shoal_port, args.nodes, out, env, args.embed_node, queue_node,
+                  args.local_link)
     t0 = time.monotonic()
     results: dict = {"machine": machine(), "quick": args.quick, "nodes": args.nodes,
                      "fixed_rate": args.fixed_rate, "embed_node": args.embed_node,
+                     "local_link": args.local_link,
                      "queue_node": queue_node}
     try:
         rabbit.ensure()
@@ -406,7 +414,7 @@ def main(argv=None) -> int:
         if "5" in loads:
             results["load5"] = {}
             for n in (1, 2, 4):
-                s = Shoal(args.shoal_port, n, out, env, args.embed_node)
+                s = Shoal(args.shoal_port, n, out, env, args.embed_node, "", args.local_link)
                 for b in (s, rabbit) if n == 1 else (s,):
                     r = bench.run(b, "load5", LOAD5)
                     results["load5"][b.label] = {"receive_rate": r.get("receive_rate"),

@@ -3,6 +3,7 @@
     git archive <base-commit> | tar -x -C /tmp/base
     python tests/benchmarks/cpu_ab.py --base /tmp/base [--rate 5000] [--time 6] [--runs 6]
     python tests/benchmarks/cpu_ab.py --threads          # one run, CPU per thread
+    python tests/benchmarks/cpu_ab.py --base-local-link zmq --local-link unix  # the two links
 
 Each run starts ``shoal serve --nodes 2`` (from ``--base`` or the installed Shoal), runs
 ``shoal loadtest`` (1 producer, 1 consumer, 1 queue, 100 B, qos 200) at ``--rate`` and reads
@@ -10,7 +11,9 @@ utime+stime of the router and node processes from /proc around it (the base tree
 ``shoal/`` folder of symlinks so that ``shoal.*`` imports resolve to it). Runs alternate (ABBA...) so
 both sides see the same machine; it prints every run, the medians and their ratio. Extra
 ``shoal loadtest`` flags can follow ``--``. ``--threads`` prints, per thread, user and system
-µs per message and voluntary sleeps per message (/proc/PID/task/TID).
+µs per message and voluntary sleeps per message (/proc/PID/task/TID). ``--local-link`` and
+``--base-local-link`` pass ``serve --local-link`` to each side; with ``--base-local-link`` and
+no ``--base`` both sides run the installed Shoal (an A/B of the two same-host links).
 """
 from __future__ import annotations
 
@@ -51,16 +54,18 @@ def _children(pid: int) -> list[int]:
 
 
 def run_once(base: str | None, rate: int, time_s: int, extra: list[str],
-             embed: bool = False) -> dict:
+             embed: bool = False, local_link: str = "") -> dict:
     """One cluster + load run; returns cpu_us (per message), p50/p99 (ms), per-thread rows.
-    ``embed``: ``serve --embed-node`` with the queue on node-0 (in the router process)."""
+    ``embed``: ``serve --embed-node`` with the queue on node-0 (in the router process);
+    ``local_link``: ``serve --local-link`` (zmq, unix; "" = serve's default)."""
     code = f"import sys; from {cli_module(base)} import main; sys.exit(main())"
     if base:
         code = f"import sys; sys.path.insert(0, {base!r}); " + code
     d = tempfile.mkdtemp(prefix="shoal-ab-")
     proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", "0", "--nodes", "2",
                              "--data-dir", d, "--log-level", "warning",
-                             *(["--embed-node"] if embed else [])],
+                             *(["--embed-node"] if embed else []),
+                             *(["--local-link", local_link] if local_link else [])],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             cwd=base or d)
     try:
@@ -104,29 +109,36 @@ def main() -> None:
     p.add_argument("--threads", action="store_true", help="one run, CPU per thread")
     p.add_argument("--embed-node", action="store_true",
                    help="serve --embed-node, the queue on node-0 (inside the router)")
+    p.add_argument("--local-link", choices=["zmq", "unix"], default="",
+                   help="serve --local-link of the installed side (and of --threads)")
+    p.add_argument("--base-local-link", choices=["zmq", "unix"], default="",
+                   help="serve --local-link of the base side (without --base: the installed "
+                        "tree, so that the two links are compared)")
     p.add_argument("extra", nargs="*", help="more shoal loadtest flags (after --)")
     a = p.parse_args()
     if a.threads:
-        r = run_once(None, a.rate, a.time, a.extra, a.embed_node)
+        r = run_once(None, a.rate, a.time, a.extra, a.embed_node, a.local_link)
         for proc, thread, u, s, z in r["threads"]:
             if u + s >= 0.5:
                 print(f"{proc[:40]:40} {thread:14} user {u:6.1f} sys {s:6.1f} µs/msg, "
                       f"{z:.2f} sleeps/msg")
         print(f"total {r['cpu_us']:.1f} µs/msg, p50 {r['p50']} ms, p99 {r['p99']} ms")
         return
-    if not a.base:
-        p.error("--base is required (or --threads)")
-    base = str(Path(a.base).resolve())
-    shim = Path(base, "shoal")
-    shim.mkdir(exist_ok=True)
-    for sub in ("node", "router", "shared", "cli", "deploy", "pipeline"):
-        if Path(base, sub).is_dir() and not (shim / sub).exists():
-            (shim / sub).symlink_to(Path(base, sub))
+    if not a.base and not a.base_local_link:
+        p.error("--base is required (or --base-local-link, or --threads)")
+    base = str(Path(a.base).resolve()) if a.base else None
+    if base:
+        shim = Path(base, "shoal")
+        shim.mkdir(exist_ok=True)
+        for sub in ("node", "router", "shared", "cli", "deploy", "pipeline"):
+            if Path(base, sub).is_dir() and not (shim / sub).exists():
+                (shim / sub).symlink_to(Path(base, sub))
     res: dict[str, list[dict]] = {"base": [], "installed": []}
+    links = {"base": a.base_local_link, "installed": a.local_link}
     for i in range(a.runs):
         order = (("base", base), ("installed", None))
         for label, src in order if i % 2 == 0 else order[::-1]:
-            r = run_once(src, a.rate, a.time, a.extra, a.embed_node)
+            r = run_once(src, a.rate, a.time, a.extra, a.embed_node, links[label])
             res[label].append(r)
             print(f"{label:9} {r['cpu_us']:6.1f} µs/msg  p50 {r['p50']} ms  p99 {r['p99']} ms",
                   flush=True)

@@ -34,7 +34,7 @@ from pamqp import commands  # noqa: E402
 
 from amqp_testkit import PROTOCOL_HEADER, m, publish, start_ok_plain  # noqa: E402
 
-from shoal.node.server import feed_frames  # noqa: E402
+from shoal.node.intake import feed_frames  # noqa: E402
 from shoal.node.shard import Shard  # noqa: E402
 from shoal.router.broker import Broker  # noqa: E402
 from shoal.router.link import NodeLink  # noqa: E402

@@ -25,6 +25,7 @@ def curve_cluster(tmp_path_factory):
     # One pair for every process: nodes serve with it, routers connect with it, and the
     # nodes admit its public key.
     c = start_cluster(tmp_path_factory.mktemp("shoal-curve"), 2, env={
+        "SHOAL_LOCAL_LINK": "zmq",     # CURVE is ZeroMQ's (a unix:// link cannot carry it)
         "SHOAL_LINK_CURVE_PUBLIC_KEY": public, "SHOAL_LINK_CURVE_SECRET_KEY": secret,
         "SHOAL_LINK_CURVE_SERVER_KEY": public, "SHOAL_LINK_CURVE_CLIENTS": public})
     yield c
@@ -76,6 +77,9 @@ def test_a_node_refuses_a_peer_without_curve_or_with_an_unknown_key(curve_cluste
     ({"SHOAL_LINK_CURVE_PUBLIC_KEY": KEYS[0]}, "go together"),
     ({"SHOAL_LINK_CURVE_SERVER_KEY": KEYS[0]}, "needs its own"),
     ({"SHOAL_LINK_CURVE_CLIENTS": "not a key"}, "'link_curve_clients'"),
+    ({"SHOAL_LOCAL_LINK": "unix", "SHOAL_LINK_CURVE_PUBLIC_KEY": KEYS[0],
+      "SHOAL_LINK_CURVE_SECRET_KEY": KEYS[1]}, "'local_link': unix cannot carry"),
+    ({"SHOAL_LOCAL_LINK": "tcp"}, "'local_link': must be zmq or unix"),
 ])
 def test_bad_curve_settings_name_the_setting(env, words):
     with pytest.raises(ConfigError, match=words):

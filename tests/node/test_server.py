@@ -1,7 +1,10 @@
-"""The real node process: ZeroMQ ROUTER socket, garbage resistance, clean SIGTERM."""
+"""The real node process: ZeroMQ ROUTER socket or unix:// listener, garbage resistance, clean
+SIGTERM."""
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -10,9 +13,11 @@ import msgpack
 import zmq
 
 from shoal.node.cli import main as cli_main
+from shoal.node.intake import feed_frame
 from shoal.node.process import run_node
-from shoal.node.server import NodeServer, feed_frame
+from shoal.node.server import NodeServer
 from shoal.node.shard import Shard
+from shoal.shared import stream
 from shoal.shared.settings import Settings
 from shoal.shared.wire import WIRE_VERSION, T, decode_batch, encode_batch
 
@@ -108,3 +113,47 @@ def test_cli_bad_config_exits_2(capsys):
     assert cli_main(["--bind", "nonsense"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "node_bind" in err
+
+
+def _frames_until(sock: socket.socket, reader: stream.FrameReader, tag: T) -> list:
+    while True:
+        data = sock.recv(65536)
+        assert data, "the node closed the connection"
+        for frame in reader.feed(data):
+            for msg in decode_batch(frame):
+                if msg[0] == tag:
+                    return msg
+
+
+def test_node_process_on_a_unix_socket_hello_garbage_sigterm(tmp_path):
+    path = f"{tmp_path}/node.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "shoal.node", "--node-id", "node-3",
+                             "--bind", f"unix://{path}", "--data-dir", str(tmp_path)],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert f"shoal node node-3 listening on unix://{path}" in proc.stderr.readline()
+        # a second node on a live node's path stops with one line and exit 1
+        second = subprocess.run([sys.executable, "-m", "shoal.node", "--node-id", "node-4",
+                                 "--bind", f"unix://{path}", "--data-dir", f"{tmp_path}/b"],
+                                capture_output=True, text=True, timeout=30)
+        assert second.returncode == 1
+        assert "cannot bind" in second.stderr and "already listens" in second.stderr
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        s.connect(path)
+        reader = stream.FrameReader()
+        s.sendall(b"".join(stream.encode_frames([[T.HELLO, WIRE_VERSION, "r1", "node-3"]])))
+        assert _frames_until(s, reader, T.HELLO_OK)[:3] == [T.HELLO_OK, WIRE_VERSION, "node-3"]
+        s.sendall(b"\x00\x00\x00\x05junk!")          # a frame that is not msgpack: dropped
+        s.sendall(b"".join(stream.encode_frames([[T.TOPOLOGY_SNAPSHOT, 5]])))
+        assert _frames_until(s, reader, T.REPLY) == [T.REPLY, 5, 0, "", [[], []]]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        assert _frames_until(s, reader, T.GOODBYE) == [T.GOODBYE]
+        s.close()
+        assert not os.path.exists(path)                  # the node removed its socket file
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()

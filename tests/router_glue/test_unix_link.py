@@ -1,0 +1,186 @@
+"""UnixLink (router/unix_link.py) to a NodeServer on a ``unix://`` endpoint (node/unix_listener.py).
+
+Both sides run in one event loop here, each on its own end of a real Unix socket: the
+handshake and a request, back-pressure when the node falls behind (nothing dropped), a node
+that goes away and comes back on the same path, and a router whose connection closes being
+forgotten by the node at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import stat
+
+import pytest
+
+from shoal.node.server import NodeServer
+from shoal.router.unix_link import UnixLink
+from shoal.shared.settings import Settings
+from shoal.shared.wire import T
+
+DECLARE = [T.QUEUE_DECLARE, "/", "q1", False, False, False, False, {}, None]
+
+
+def _node(tmp_path, endpoint: str) -> NodeServer:
+    settings = dataclasses.replace(Settings(), node_id="node-0", node_bind=endpoint,
+                                   data_dir=str(tmp_path))
+    server = NodeServer(settings)
+    server.bind()
+    return server
+
+
+def _link(endpoint: str, events: list) -> UnixLink:
+    return UnixLink(None, "node-0", endpoint, "r1", 500, 10000,
+                    on_message=lambda l, m: None,
+                    on_up=lambda l, restarted: events.append(("up", restarted)),
+                    on_down=lambda l: events.append("down"),
+                    on_congestion=lambda l, on: events.append(("congested", on)))
+
+
+@pytest.fixture
+def endpoint(tmp_path):
+    return f"unix://{tmp_path}/n.sock"
+
+
+def test_handshake_and_a_request_over_a_private_socket(tmp_path, endpoint):
+    server = _node(tmp_path, endpoint)
+    events: list = []
+
+    async def go():
+        serving = asyncio.ensure_future(server.serve())
+        link = _link(endpoint, events)
+        link.start()
+        await asyncio.wait_for(link.ready.wait(), 5)
+        reply = await asyncio.wait_for(link.request(DECLARE), 5)
+        await link.stop()
+        server.stop()
+        await serving
+        return reply
+
+    try:
+        mode = stat.S_IMODE(os.stat(f"{tmp_path}/n.sock").st_mode)
+        assert mode == 0o600                       # the owner's only
+        assert asyncio.run(go()) == ["q1", 0, 0]
+        assert events == [("up", False)]
+    finally:
+        server.close()
+    assert not os.path.exists(f"{tmp_path}/n.sock")
+
+
+def test_a_node_that_falls_behind_pauses_publishers_and_loses_nothing(tmp_path, endpoint):
+    server = _node(tmp_path, endpoint)
+    events: list = []
+    n = 400                                  # 400 x 16 KiB: more than the link may buffer
+
+    async def go():
+        serving = asyncio.ensure_future(server.serve())
+        link = _link(endpoint, events)
+        link.start()
+        await asyncio.wait_for(link.ready.wait(), 5)
+        await link.request(DECLARE)
+        for i in range(n):               # in one loop turn: the node cannot read meanwhile
+            link.send([T.PUBLISH, 0, "/", ["q1"], "", "q1", b"", b"%06d" % i + b"x" * 16384,
+                       None])
+            if i % 16 == 15:
+                link._flush()            # a batch per 16, as separate loop turns would send
+        link._flush()
+        paused = link.congested
+        for _ in range(500):
+            if not link.congested and not link._outbox:
+                break
+            await asyncio.sleep(0.01)
+        reply = await link.request([T.QUEUE_DECLARE, "/", "q1", True, False, False, False,
+                                    {}, None])
+        await link.stop()
+        server.stop()
+        await serving
+        return paused, reply
+
+    try:
+        paused, reply = asyncio.run(go())
+        assert paused, "the link did not notice the node falling behind"
+        assert ("congested", True) in events and events[-1] == ("congested", False)
+        assert reply[1] == n             # every publish was enqueued, none dropped
+    finally:
+        server.close()
+
+
+def test_a_node_that_goes_away_is_down_at_once_and_found_again(tmp_path, endpoint):
+    events: list = []
+
+    async def go():
+        first = _node(tmp_path, endpoint)
+        serving = asyncio.ensure_future(first.serve())
+        link = _link(endpoint, events)
+        link.start()
+        await asyncio.wait_for(link.ready.wait(), 5)
+        first._unix.close()          # the process died: its connections close, no GOODBYE
+        for _ in range(200):
+            if not link.up:
+                break
+            await asyncio.sleep(0.01)
+        down = not link.up
+        first.stop()
+        await serving
+        first.close()
+        second = _node(tmp_path, endpoint)     # a restart binds the same path again
+        serving = asyncio.ensure_future(second.serve())
+        await asyncio.wait_for(link.ready.wait(), 5)
+        reply = await asyncio.wait_for(link.request(DECLARE), 5)
+        await link.stop()
+        second.stop()
+        await serving
+        second.close()
+        return down, reply
+
+    down, reply = asyncio.run(go())
+    assert down                          # well before link_timeout_ms (10 s)
+    assert reply == ["q1", 0, 0]
+    assert events == [("up", False), "down", ("up", True)]
+
+
+def test_a_router_whose_connection_closes_is_forgotten_at_once(tmp_path, endpoint):
+    server = _node(tmp_path, endpoint)
+
+    async def go():
+        serving = asyncio.ensure_future(server.serve())
+        link = _link(endpoint, [])
+        link.start()
+        await asyncio.wait_for(link.ready.wait(), 5)
+        before = set(server.shard.links.by_identity)
+        link._conn.transport.abort()     # the router died: no GOODBYE
+        for _ in range(200):
+            if not before & set(server.shard.links.by_identity):
+                break
+            await asyncio.sleep(0.01)
+        gone = not before & set(server.shard.links.by_identity)
+        await link.stop()
+        server.stop()
+        await serving
+        return before, gone
+
+    try:
+        before, gone = asyncio.run(go())
+        assert len(before) == 1
+        assert gone                      # not after 2 heartbeats of silence: at once
+    finally:
+        server.close()
+
+
+def test_a_live_nodes_path_is_not_taken_a_stale_one_is(tmp_path, endpoint):
+    server = _node(tmp_path, endpoint)
+    try:
+        second = NodeServer(dataclasses.replace(Settings(), node_id="node-1",
+                                                node_bind=endpoint, data_dir=str(tmp_path)))
+        with pytest.raises(OSError, match="already listens"):
+            second.bind()
+        second.close()
+        assert os.path.exists(f"{tmp_path}/n.sock")   # the live node's file is left alone
+    finally:
+        server.close()
+    import socket
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(f"{tmp_path}/n.sock")     # a socket file nobody listens on (a killed node's)
+    stale.close()
+    _node(tmp_path, endpoint).close()

@@ -1,0 +1,61 @@
+"""The same-host link's framing (shared/stream.py): batches cut from a byte stream whatever
+the socket reads return, in order, and large batches sent without joining their bytes."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from shoal.shared import stream, wire
+from shoal.shared.wire import T
+
+
+def _batches() -> list[list[list]]:
+    return [[[T.HEARTBEAT]],
+            [[T.PUBLISH, 7, "/", ["q"], "", "q", b"h", b"x" * 300, None]] * 3,
+            [[T.SETTLE, wire.OUTCOME_ACK, list(range(50))]]]
+
+
+def _stream_bytes(batches) -> bytes:
+    return b"".join(b"".join(stream.encode_frames(b)) for b in batches)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 5, 7, 64, 1000, 100_000])
+def test_frames_come_out_whole_and_in_order_whatever_the_reads(step):
+    data = _stream_bytes(_batches())
+    reader = stream.FrameReader()
+    got = []
+    for i in range(0, len(data), step):
+        got.extend(wire.decode_batch(f) for f in reader.feed(data[i:i + step]))
+    assert got == _batches()
+    assert reader.pending == 0
+
+
+def test_a_partial_frame_waits_for_its_rest():
+    data = _stream_bytes([[[T.HEARTBEAT]]])
+    reader = stream.FrameReader()
+    assert reader.feed(data[:-1]) == []
+    assert reader.pending == len(data) - 1
+    assert [wire.decode_batch(f) for f in reader.feed(data[-1:])] == [[[T.HEARTBEAT]]]
+
+
+def test_a_length_beyond_the_limit_is_refused(monkeypatch):
+    monkeypatch.setattr(stream, "MAX_FRAME", 1000)
+    with pytest.raises(ValueError, match="exceeds"):
+        stream.FrameReader().feed(struct.pack(">I", 1001) + b"x")
+
+
+def test_small_batches_are_one_buffer_large_ones_two():
+    small = stream.encode_frames([[T.HEARTBEAT]])
+    assert len(small) == 1
+    big = stream.encode_frames([[T.PUBLISH, 0, "/", ["q"], "", "q", b"", b"x" * 200_000, None]])
+    assert len(big) == 2 and big[0] == struct.pack(">I", len(big[1]))
+
+
+def test_a_batch_too_large_for_one_frame_is_split_in_order(monkeypatch):
+    monkeypatch.setattr(stream, "MAX_FRAME", 2000)
+    msgs = [[T.PUBLISH, i, "/", ["q"], "", "q", b"", b"x" * 900, None] for i in range(5)]
+    data = b"".join(stream.encode_frames(msgs))
+    frames = stream.FrameReader().feed(data)
+    assert len(frames) > 1
+    assert [m for f in frames for m in wire.decode_batch(f)] == msgs
