@@ -54,7 +54,7 @@ def hosted_node(settings: Settings, node_id: str, endpoint: str,
         server.sock.close(linger=0)
         raise StartupError(f"cannot open the journal of {node_id}: {exc}", 3) from None
     try:
-        server.bind()                       # endpoint, and embed_bind when set
+        server.bind(also=settings.embed_bind)
     except (zmq.ZMQError, OSError) as exc:
         server.close()
         bind = " and ".join(e for e in (endpoint, settings.embed_bind) if e)

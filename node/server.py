@@ -235,13 +235,12 @@ class NodeServer:
             return True
         return send
 
-    def bind(self) -> str:
-        """Bind ``node_bind`` and, when set, ``embed_bind`` (a node hosted in router-0 that
-        the other routers reach): a ``unix://PATH`` endpoint on :class:`UnixListener` (one at
-        most), any other on the ZeroMQ socket. Returns the first endpoint. Raises
-        zmq.ZMQError or OSError (the node CLI exits 1)."""
-        for i, endpoint in enumerate(e for e in (self.settings.node_bind,
-                                                 self.settings.embed_bind) if e):
+    def bind(self, also: str = "") -> str:
+        """Bind ``node_bind`` and, when given, ``also`` (the ``embed_bind`` of a node hosted in
+        router-0, where the other routers reach it): a ``unix://PATH`` endpoint on
+        :class:`UnixListener` (one at most), any other on the ZeroMQ socket. Returns the first
+        endpoint. Raises zmq.ZMQError or OSError (the node CLI exits 1)."""
+        for i, endpoint in enumerate(e for e in (self.settings.node_bind, also) if e):
             path = stream.scheme_path(endpoint)
             if path is not None:
                 if self._unix is not None:

@@ -84,10 +84,12 @@ class Settings:
     embed_bind: str = ""                     #: router: a second endpoint that the node it
     #: hosts (an ``inproc://`` endpoint) binds, where the other routers reach it (``serve``
     #: with ``embed_node`` and ``routers`` > 1: node-0 lives in router-0)
-    node_endpoints: list[str] = field(default_factory=list)  #: router: ZeroMQ node endpoints,
-    #: in node-id order; ``ID=ENDPOINT`` names the node, a bare endpoint is ``node-<index>``
+    node_endpoints: list[str] = field(default_factory=list)  #: router: node endpoints (ZeroMQ
+    #: ``tcp://``/``ipc://``, or ``unix://`` for the same-host link), in node-id order;
+    #: ``ID=ENDPOINT`` names the node, a bare endpoint is ``node-<index>``
     node_id: str = "node-0"                  #: node: its id (placement hashes over ids)
-    node_bind: str = "tcp://127.0.0.1:5680"  #: node: ZeroMQ endpoint to bind
+    node_bind: str = "tcp://127.0.0.1:5680"  #: node: endpoint to bind (ZeroMQ, or
+    #: ``unix://PATH``: the same-host link, node/unix_listener.py)
     users: dict[str, str] = field(default_factory=lambda: {"guest": "guest"})
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])  #: loopback-only users
     vhosts: list[str] = field(default_factory=lambda: ["/"])
