@@ -15,7 +15,6 @@ tells the routers (NODE_BLOCKED) and retries every :data:`COMMIT_RETRY_S`.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -34,6 +33,7 @@ from .intake import feed_frames
 from .journal import Journal, JournalUnavailable, fsync_dir
 from .paging import PageStore
 from .shard import Shard
+from .stats import write_stats_file
 from .unix_listener import UnixListener
 
 log = logging.getLogger("shoal.node")
@@ -46,8 +46,6 @@ MAX_READ_PER_TURN = 64  # batches; then tick and flush, so heartbeats flow under
 CLEAN_MARKER = "CLEAN"
 #: Seconds between commit retries while the journal cannot write.
 COMMIT_RETRY_S = 1.0
-#: Seconds between rewrites of the node stats file (SHOAL_NODE_STATS_FILE).
-STATS_EVERY_S = 1.0
 
 
 _EVENTS = int(zmq.EVENTS)
@@ -198,18 +196,6 @@ class NodeServer:
                        available=self.journal.available)
         return out
 
-    async def _write_stats(self, path: str) -> None:
-        """Rewrite ``path`` each second with :meth:`stats` as JSON (atomic rename)."""
-        tmp = path + ".tmp"
-        while True:
-            try:
-                with open(tmp, "w") as f:
-                    json.dump(self.stats(), f)
-                os.replace(tmp, path)
-            except OSError as exc:
-                log.warning("cannot write stats file %s: %s", path, exc.strerror)
-            await asyncio.sleep(STATS_EVERY_S)
-
     def attach_local(self, identity: bytes, deliver: Callable[[list], None]
                      ) -> Callable[[list], bool]:
         """Connect a router that runs in this process and event loop, without ZeroMQ.
@@ -245,7 +231,7 @@ class NodeServer:
             if path is not None:
                 if self._unix is not None:
                     raise OSError(f"one unix:// endpoint per node, not {endpoint} too")
-                self._unix = UnixListener(path, self._poke, self._unix_gone.append)
+                self._unix = UnixListener(path, self._poke, self._unix_lost)
                 self._unix.bind()
             else:
                 self.sock.bind(endpoint)
@@ -255,6 +241,12 @@ class NodeServer:
             if i == 0:
                 self.endpoint = endpoint
         return self.endpoint
+
+    def _unix_lost(self, identity: bytes) -> None:
+        """A router's ``unix://`` connection closed: forget it in the next turn, after the
+        frames it sent before closing."""
+        self._unix_gone.append(identity)
+        self._poke()
 
     def stop(self) -> None:
         """Ask the loop to say GOODBYE, flush and return (safe from signal handlers and threads)."""
@@ -278,8 +270,8 @@ class NodeServer:
 
     def _drain(self, socket: bool = True) -> int:
         """Feed the shard what waits: batches of in-process routers, frames of the ``unix://``
-        link, then (``socket``) up to
-        MAX_READ_PER_TURN frames from the ROUTER socket. Returns the socket messages read."""
+        link, then (``socket``) up to MAX_READ_PER_TURN frames from the ROUTER socket. Returns
+        the socket messages read."""
         sock = self.sock
         n = 0
         frames = []
@@ -421,8 +413,8 @@ class NodeServer:
         if self._unix is not None:
             await self._unix.start()
         stats_path = os.environ.get("SHOAL_NODE_STATS_FILE")
-        stats = asyncio.ensure_future(self._write_stats(stats_path.replace(
-            "{node}", self.shard.node_id))) if stats_path else None
+        stats = asyncio.ensure_future(write_stats_file(stats_path.replace(
+            "{node}", self.shard.node_id), self.stats)) if stats_path else None
         try:
             if self._stopping:
                 self._poke()

@@ -10,16 +10,23 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import json
+import logging
+import os
 import resource
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+log = logging.getLogger("shoal.node")
 
 #: fsync latency buckets, seconds (Prometheus' default buckets from 0.5 ms)
 FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 #: group-commit size buckets, records per commit
 COMMIT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 LAG_PERIOD_S = 1.0
+#: Seconds between rewrites of the node stats file (SHOAL_NODE_STATS_FILE).
+STATS_EVERY_S = 1.0
 
 
 class Histogram:
@@ -128,3 +135,17 @@ def on_force_close(shard: Any, state: Any, msg: list) -> None:
     for peer in shard.peers.values():
         if peer.router_id == msg[1]:
             shard.send(peer.identity, list(msg))
+
+
+async def write_stats_file(path: str, figures: Callable[[], dict]) -> None:
+    """Rewrite ``path`` every STATS_EVERY_S with ``figures()`` as JSON (atomic rename), until
+    cancelled; a file that cannot be written is logged and tried again."""
+    tmp = path + ".tmp"
+    while True:
+        try:
+            with open(tmp, "w") as f:
+                json.dump(figures(), f)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("cannot write stats file %s: %s", path, exc.strerror)
+        await asyncio.sleep(STATS_EVERY_S)
