@@ -16,6 +16,8 @@ from shoal.router.link import MAX_BATCH, LocalLink
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T
 
+from link_flood import flood
+
 
 def _hosted(ctx: zmq.Context) -> NodeServer:
     settings = dataclasses.replace(Settings(), node_id="node-0", node_bind="inproc://node-0")
@@ -66,17 +68,7 @@ def test_a_node_that_falls_behind_pauses_publishers_and_loses_nothing():
     async def go():
         serving = asyncio.ensure_future(server.serve())
         link = await _up(server, events)
-        await link.request([T.QUEUE_DECLARE, "/", "q1", False, False, False, False, {}, None])
-        for i in range(n):               # one loop turn: the node cannot read in between
-            link.send([T.PUBLISH, 0, "/", ["q1"], "", "q1", b"", b"m%d" % i, None])
-        link._flush()
-        paused = link.congested
-        for _ in range(200):
-            if not link.congested and not link._outbox:
-                break
-            await asyncio.sleep(0.01)
-        reply = await link.request([T.QUEUE_DECLARE, "/", "q1", True, False, False, False,
-                                    {}, None])
+        paused, reply = await flood(link, n)
         await link.stop()
         server.stop()
         await serving

@@ -17,9 +17,8 @@ import pytest
 from shoal.node.server import NodeServer
 from shoal.router.unix_link import UnixLink
 from shoal.shared.settings import Settings
-from shoal.shared.wire import T
 
-DECLARE = [T.QUEUE_DECLARE, "/", "q1", False, False, False, False, {}, None]
+from link_flood import DECLARE, flood
 
 
 def _node(tmp_path, endpoint: str) -> NodeServer:
@@ -78,20 +77,7 @@ def test_a_node_that_falls_behind_pauses_publishers_and_loses_nothing(tmp_path, 
         link = _link(endpoint, events)
         link.start()
         await asyncio.wait_for(link.ready.wait(), 5)
-        await link.request(DECLARE)
-        for i in range(n):               # in one loop turn: the node cannot read meanwhile
-            link.send([T.PUBLISH, 0, "/", ["q1"], "", "q1", b"", b"%06d" % i + b"x" * 16384,
-                       None])
-            if i % 16 == 15:
-                link._flush()            # a batch per 16, as separate loop turns would send
-        link._flush()
-        paused = link.congested
-        for _ in range(500):
-            if not link.congested and not link._outbox:
-                break
-            await asyncio.sleep(0.01)
-        reply = await link.request([T.QUEUE_DECLARE, "/", "q1", True, False, False, False,
-                                    {}, None])
+        paused, reply = await flood(link, n, size=16384, flush_every=16)
         await link.stop()
         server.stop()
         await serving
