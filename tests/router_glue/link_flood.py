@@ -29,3 +29,11 @@ async def flood(link: NodeLink, n: int, size: int = 0, flush_every: int = 0
             break
         await asyncio.sleep(0.01)
     return paused, await link.request(PASSIVE)
+
+
+def check_paused_and_lossless(paused: bool, reply: list, events: list, n: int) -> None:
+    """What :func:`flood` of ``n`` publishes must show: the link paused the publishers
+    (``events`` holds its on_congestion calls), resumed them last, and q1 holds all ``n``."""
+    assert paused, "the link did not notice the node falling behind"
+    assert ("congested", True) in events and events[-1] == ("congested", False)
+    assert reply[1] == n             # every publish was enqueued, none dropped
