@@ -1,6 +1,6 @@
 """Where the link's CPU goes (issue 20, point 1): per message and per wake-up, on each side.
 
-    python tests/benchmarks/link_cost.py [--rate 5000] [--time 8] [--strace] [--pyspy]
+    python tests/benchmarks/link_cost.py [--rate 5000] [--time 8] [--strace] [--pyspy] [--perf]
 
 Starts ``shoal serve --nodes 2`` (the default layout: the queue on node-1, a process behind
 ZeroMQ ``ipc://``), runs load 3's shape (1 producer, 1 consumer, 1 queue, 100 B, qos 200, at
@@ -14,9 +14,18 @@ ZeroMQ's I/O thread ``ZMQbg/IO/0``):
 3. ``--pyspy``, a third run under ``py-spy record``: the Python thread's busy samples by
    stage (client I/O and AMQP, routing, link send, link receive, the queue model, pyzmq calls,
    the event loop), as % of that thread's busy time and as µs per message (scaled by the
-   thread's CPU from pass 1).
+   thread's CPU from pass 1). py-spy counts a thread as busy while the kernel wakes it up in
+   ``epoll_pwait``, so the C code under the event loop ("event loop, other") is over-counted;
+   pass 4 gives the true split;
+4. ``--perf``, a fourth run under ``perf record -e cpu-clock -g`` (the kernel's timer samples
+   only a thread on a CPU): CPU in µs per message split by where it is spent, the Python
+   interpreter (all of Shoal's Python), uvloop, msgpack, ZeroMQ, libc, and the kernel by
+   system call (``write``, which also wakes the reader; ``read``; ``epoll_pwait``, which is
+   going to sleep and being woken; other), scaled by the thread's CPU from pass 1.
 
-Needs ptrace permission for passes 2 and 3 (root here); ``pip install py-spy`` for pass 3.
+Set ``SHOAL_LOCAL_LINK=unix`` to measure the same-host link. Needs ptrace permission for
+passes 2 to 4 (root here); ``pip install py-spy`` for pass 3, ``apt-get install linux-perf``
+for pass 4.
 """
 from __future__ import annotations
 
@@ -53,7 +62,7 @@ STAGES = [
 
 def _stage(stack: list[str]) -> str:
     for frame in reversed(stack):
-        m = re.match(r"(\w+) \(([^:)]*)", frame)
+        m = re.match(r"(?:\w+\.)*(\w+) \(([^:)]*)", frame)
         key = f"{m.group(2)}:{m.group(1)}" if m else frame
         for stage, needles in STAGES[:-1]:
             if any(n in key for n in needles):
@@ -138,12 +147,65 @@ def _pyspy(pids, secs, d):
     return Both()
 
 
+def _perf(pids, secs, d):
+    return subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", "1999", "-g",
+                             "-o", f"{d}/perf.data", "-p", ",".join(map(str, pids)), "--",
+                             "sleep", str(secs)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+#: native library (a substring of the sampled code's file) -> where the CPU went
+LIBRARIES = [("libpython", "Python interpreter (Shoal's Python)"), ("uvloop", "uvloop"),
+             ("msgpack", "msgpack"), ("zmq", "ZeroMQ"), ("libc.so", "libc (malloc, copies)")]
+#: system call (the innermost user-space frame under the kernel's) -> kernel stage
+SYSCALLS = [("write", "kernel: write/send (wakes the reader)"), ("send", None),
+            ("read", "kernel: read/recv"), ("recv", None),
+            ("epoll", "kernel: epoll_pwait (sleep, wake-up)"), ("poll", None)]
+
+
+def _where(frames: list[tuple[str, str]]) -> str:
+    """One perf sample's call chain, leaf first, as (symbol, object) -> its stage."""
+    sym, dso = frames[0]
+    if "kernel" not in dso:
+        return next((stage for lib, stage in LIBRARIES if lib in dso), "other native code")
+    user = next((s for s, o in frames if "kernel" not in o), "")
+    stage = "kernel: other (interrupts, timers)"
+    if user:
+        stage = "kernel: other system calls"
+        last = None
+        for name, label in SYSCALLS:
+            last = label or last
+            if name in user:
+                return last
+    return stage
+
+
+def perf_stages(perf_data: Path) -> collections.Counter:
+    """(tid, stage) -> samples, from ``perf script`` over a ``perf record -g`` file."""
+    out = subprocess.run(["perf", "script", "-i", str(perf_data), "-F", "tid,ip,sym,dso"],
+                         capture_output=True, text=True, check=True).stdout
+    counts: collections.Counter = collections.Counter()
+    for block in out.split("\n\n"):
+        lines = block.strip().splitlines()
+        if len(lines) < 2:
+            continue
+        frames = []
+        for ln in lines[1:]:
+            m = re.match(r"\s*[0-9a-f]+ (.*) \((.*)\)$", ln)
+            if m:
+                frames.append((m.group(1), m.group(2)))
+        if frames:
+            counts[(lines[0].split()[0], _where(frames))] += 1
+    return counts
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=int, default=5000)
     p.add_argument("--time", type=float, default=8.0)
     p.add_argument("--strace", action="store_true")
     p.add_argument("--pyspy", action="store_true")
+    p.add_argument("--perf", action="store_true")
     a = p.parse_args()
     clean = _run(a.rate, a.time)
     print(f"## {a.rate} msg/s, {clean['msgs']:.0f} messages in the window\n")
@@ -193,6 +255,25 @@ def main() -> int:
             for stage, n in stages.most_common():
                 print(f"| {role} | {stage} | {100 * n / total:.0f} % | "
                       f"{py_cpu * n / total:.1f} |")
+        print()
+    if a.perf:
+        if not shutil.which("perf"):
+            print("perf not found: apt-get install linux-perf", file=sys.stderr)
+            return 2
+        r = _run(a.rate, a.time, _perf)
+        counts = perf_stages(Path(r["dir"], "perf.data"))
+        per_thread: collections.Counter = collections.Counter()
+        for (tid, _stage_), n in counts.items():
+            per_thread[tid] += n
+        print("| process | thread | where | % of the thread's CPU | µs/msg |\n|---|---|---|---|---|")
+        rows = []
+        for (tid, stage), n in counts.items():
+            role, name = r["names"].get(tid, ("?", tid))
+            share = n / per_thread[tid]
+            rows.append((role, name, -share, stage, cpu.get((role, name), 0.0) * share))
+        for role, name, neg, stage, us in sorted(rows):
+            if -neg >= 0.01:
+                print(f"| {role} | {name} | {stage} | {-100 * neg:.0f} % | {us:.1f} |")
     return 0
 
 
