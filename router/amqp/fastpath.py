@@ -19,7 +19,7 @@ from pamqp.header import ContentHeader
 from shoal.shared.errors import AMQPError, FRAME_ERROR, hard_error
 
 from .framing import (FRAME_BODY, FRAME_END_BYTE, FRAME_HEADER, FRAME_METHOD, FRAME_OVERHEAD,
-                      _SHORTSTR_CACHE, pack_frame_header, pamqp_guard, shortstr)
+                      pack_frame_header, pamqp_guard, shortstr)
 
 #: ``class_id << 16 | method_id`` of the hot methods (spec 1.8 "Class basic").
 BASIC_PUBLISH = 0x003C0028   # 60, 40
@@ -41,6 +41,7 @@ _DELIVER_ID = _U32.pack(BASIC_DELIVER)
 _GET_OK_ID = _U32.pack(BASIC_GET_OK)
 _RETURN_ID = _U32.pack(BASIC_RETURN)
 _U32_pack = _U32.pack
+_QB_pack = _QB.pack
 _FRAME_END = FRAME_END_BYTE
 
 
@@ -95,24 +96,43 @@ def parse_content_header(buf: bytes, start: int, end: int) -> tuple[int, int]:
     return class_id, body_size
 
 
+#: ``(channel, consumer tag, exchange, routing key)`` -> the fixed parts of a delivery's
+#: frames: (method frame header + method id + consumer tag, exchange + routing key + frame end
+#: + the content header frame's type and channel, frame end + the body frame's type and
+#: channel). A consumer's deliveries differ only in tag, flag, header and body.
+_DELIVER_PARTS: dict[tuple, tuple[bytes, bytes, bytes]] = {}
+_DELIVER_PARTS_MAX = 4096
+_HEADER_TYPE = bytes((FRAME_HEADER,))
+_BODY_TYPE = bytes((FRAME_BODY,))
+
+
+def _deliver_parts(key: tuple) -> tuple[bytes, bytes, bytes]:
+    channel, consumer_tag, exchange, routing_key = key
+    ct, ex, rk = shortstr(consumer_tag), shortstr(exchange), shortstr(routing_key)
+    chan = _H.pack(channel)
+    parts = (pack_frame_header(FRAME_METHOD, channel, 13 + len(ct) + len(ex) + len(rk))
+             + _DELIVER_ID + ct,
+             ex + rk + _FRAME_END + _HEADER_TYPE + chan,
+             _FRAME_END + _BODY_TYPE + chan)
+    if len(_DELIVER_PARTS) >= _DELIVER_PARTS_MAX:
+        _DELIVER_PARTS.clear()
+    _DELIVER_PARTS[key] = parts
+    return parts
+
+
 def deliver(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool,
             exchange: str, routing_key: str, header: bytes, body: bytes,
             frame_max: int) -> bytes:
     """``basic.deliver`` (spec 1.8.3.9) + content header + body frames of at most
-    ``frame_max`` octets each, as one bytes object. ``header`` is the header frame payload."""
-    cached = _SHORTSTR_CACHE.get   # shortstr's own cache, without a call per field
-    ct = cached(consumer_tag) or shortstr(consumer_tag)
-    ex = cached(exchange) or shortstr(exchange)
-    rk = cached(routing_key) or shortstr(routing_key)
-    size = 13 + len(ct) + len(ex) + len(rk)
-    hl, bl = len(header), len(body)
+    ``frame_max`` octets each, as one bytes object. ``header`` is the header frame payload.
+    Raises ValueError for a consumer tag, exchange or routing key over 255 octets."""
+    key = (channel, consumer_tag, exchange, routing_key)
+    head, tail, mid = _DELIVER_PARTS.get(key) or _deliver_parts(key)
+    bl = len(body)
     if bl and bl <= frame_max - FRAME_OVERHEAD:
-        return b"".join((pack_frame_header(FRAME_METHOD, channel, size), _DELIVER_ID, ct,
-                         _QB.pack(delivery_tag, 1 if redelivered else 0), ex, rk, _FRAME_END,
-                         pack_frame_header(FRAME_HEADER, channel, hl), header, _FRAME_END,
-                         pack_frame_header(FRAME_BODY, channel, bl), body, _FRAME_END))
-    return b"".join((pack_frame_header(FRAME_METHOD, channel, size), _DELIVER_ID, ct,
-                     _QB.pack(delivery_tag, 1 if redelivered else 0), ex, rk, _FRAME_END,
+        return b"".join((head, _QB_pack(delivery_tag, redelivered), tail,
+                         _U32_pack(len(header)), header, mid, _U32_pack(bl), body, _FRAME_END))
+    return b"".join((head, _QB_pack(delivery_tag, redelivered), tail[:-3],
                      *_content(channel, header, body, frame_max)))
 
 

@@ -221,6 +221,28 @@ def test_send_deliver_splits_body_at_frame_max(size):
     assert b"".join(f.fragment for f in pframes[2:]) == payload
 
 
+@pytest.mark.parametrize("size", [0, 100, 4089])
+def test_deliver_bytes_match_pamqp_on_every_channel_and_repeat(size):
+    """fastpath.deliver caches a consumer's fixed frame parts per (channel, consumer tag,
+    exchange, routing key): every delivery, first or repeated, is what pamqp marshals."""
+    from pamqp import frame as pframe
+    from shoal.router.amqp import fastpath
+    payload = bytes(i % 251 for i in range(size))
+    hdr, _ = content(1, payload, PROPS)
+    for _round in range(2):
+        for channel, ctag, exchange, rk in [(1, "ctag-ü", "amq.direct", "rk.1"),
+                                            (2, "ctag-ü", "amq.direct", "rk.1"),
+                                            (1, "ctag-ü", "", "rk.2"), (300, "c", "", "")]:
+            # pamqp encodes a longlong as signed: 2**63 - 1 is its largest tag
+            for tag, redelivered in [(1, False), (2**63 - 1, True)]:
+                want = pframe.marshal(commands.Basic.Deliver(ctag, tag, redelivered, exchange,
+                                                             rk), channel)
+                want += content(channel, payload, PROPS, frame_max=4096)[1]
+                got = fastpath.deliver(channel, ctag, tag, redelivered, exchange, rk, hdr,
+                                       payload, 4096)
+                assert got == want
+
+
 def test_delivery_tags_are_unsigned_64_bit():
     conn = open_conn()
     open_channel(conn, 1)
