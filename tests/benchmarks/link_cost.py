@@ -199,6 +199,14 @@ def perf_stages(perf_data: Path) -> collections.Counter:
     return counts
 
 
+def _traced(tool: str, hint: str, a: argparse.Namespace, tracer) -> dict | None:
+    """One run under ``tracer``, or None (and how to install it) when ``tool`` is missing."""
+    if not shutil.which(tool):
+        print(f"{tool} not found: {hint}", file=sys.stderr)
+        return None
+    return _run(a.rate, a.time, tracer)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=int, default=5000)
@@ -218,10 +226,9 @@ def main() -> int:
             cpu[(role, name)] = cpu.get((role, name), 0.0) + u + s
     print(f"| all | | | total {sum(cpu.values()):.1f} µs/msg | |\n")
     if a.strace:
-        if not shutil.which("strace"):
-            print("strace not found: apt-get install strace", file=sys.stderr)
+        r = _traced("strace", "apt-get install strace", a, _strace)
+        if r is None:
             return 2
-        r = _run(a.rate, a.time, _strace)
         names = r["names"]
         counts: collections.Counter = collections.Counter()
         for line in Path(r["dir"], "strace").read_text(errors="replace").splitlines():
@@ -236,10 +243,9 @@ def main() -> int:
                 print(f"| {role} | {name} | {call} | {n / r['msgs']:.2f} |")
         print()
     if a.pyspy:
-        if not shutil.which("py-spy"):
-            print("py-spy not found: pip install py-spy", file=sys.stderr)
+        r = _traced("py-spy", "pip install py-spy", a, _pyspy)
+        if r is None:
             return 2
-        r = _run(a.rate, a.time, _pyspy)
         print("| process | stage | % of busy Python samples | µs/msg |\n|---|---|---|---|")
         for pid, role in sorted(r["roles"].items(), key=lambda kv: kv[1]):
             f = Path(r["dir"], f"spy-{pid}.txt")
@@ -257,10 +263,9 @@ def main() -> int:
                       f"{py_cpu * n / total:.1f} |")
         print()
     if a.perf:
-        if not shutil.which("perf"):
-            print("perf not found: apt-get install linux-perf", file=sys.stderr)
+        r = _traced("perf", "apt-get install linux-perf", a, _perf)
+        if r is None:
             return 2
-        r = _run(a.rate, a.time, _perf)
         counts = perf_stages(Path(r["dir"], "perf.data"))
         per_thread: collections.Counter = collections.Counter()
         for (tid, _stage_), n in counts.items():
