@@ -97,23 +97,23 @@ def parse_content_header(buf: bytes, start: int, end: int) -> tuple[int, int]:
 
 
 #: ``(channel, consumer tag, exchange, routing key)`` -> the fixed parts of a delivery's
-#: frames: (method frame header + method id + consumer tag, exchange + routing key + frame end
-#: + the content header frame's type and channel, frame end + the body frame's type and
-#: channel). A consumer's deliveries differ only in tag, flag, header and body.
-_DELIVER_PARTS: dict[tuple, tuple[bytes, bytes, bytes]] = {}
+#: frames: the method frame up to the delivery tag (frame header, method id, consumer tag),
+#: the method frame after the redelivered flag (exchange, routing key, frame end), and the
+#: starts of the content header and body frames (type and channel; the body's after the
+#: header frame's end). A consumer's deliveries differ only in tag, flag, header and body.
+_DELIVER_PARTS: dict[tuple, tuple[bytes, bytes, bytes, bytes]] = {}
 _DELIVER_PARTS_MAX = 4096
-_HEADER_TYPE = bytes((FRAME_HEADER,))
-_BODY_TYPE = bytes((FRAME_BODY,))
 
 
-def _deliver_parts(key: tuple) -> tuple[bytes, bytes, bytes]:
+def _deliver_parts(key: tuple) -> tuple[bytes, bytes, bytes, bytes]:
     channel, consumer_tag, exchange, routing_key = key
     ct, ex, rk = shortstr(consumer_tag), shortstr(exchange), shortstr(routing_key)
     chan = _H.pack(channel)
     parts = (pack_frame_header(FRAME_METHOD, channel, 13 + len(ct) + len(ex) + len(rk))
              + _DELIVER_ID + ct,
-             ex + rk + _FRAME_END + _HEADER_TYPE + chan,
-             _FRAME_END + _BODY_TYPE + chan)
+             ex + rk + _FRAME_END,
+             bytes((FRAME_HEADER,)) + chan,
+             _FRAME_END + bytes((FRAME_BODY,)) + chan)
     if len(_DELIVER_PARTS) >= _DELIVER_PARTS_MAX:
         _DELIVER_PARTS.clear()
     _DELIVER_PARTS[key] = parts
@@ -127,12 +127,13 @@ def deliver(channel: int, consumer_tag: str, delivery_tag: int, redelivered: boo
     ``frame_max`` octets each, as one bytes object. ``header`` is the header frame payload.
     Raises ValueError for a consumer tag, exchange or routing key over 255 octets."""
     key = (channel, consumer_tag, exchange, routing_key)
-    head, tail, mid = _DELIVER_PARTS.get(key) or _deliver_parts(key)
+    head, tail, header_start, body_start = _DELIVER_PARTS.get(key) or _deliver_parts(key)
     bl = len(body)
     if bl and bl <= frame_max - FRAME_OVERHEAD:
-        return b"".join((head, _QB_pack(delivery_tag, redelivered), tail,
-                         _U32_pack(len(header)), header, mid, _U32_pack(bl), body, _FRAME_END))
-    return b"".join((head, _QB_pack(delivery_tag, redelivered), tail[:-3],
+        return b"".join((head, _QB_pack(delivery_tag, redelivered), tail, header_start,
+                         _U32_pack(len(header)), header, body_start, _U32_pack(bl), body,
+                         _FRAME_END))
+    return b"".join((head, _QB_pack(delivery_tag, redelivered), tail,
                      *_content(channel, header, body, frame_max)))
 
 
