@@ -403,19 +403,20 @@ class Channel:
     def on_basic_ack(self, m: C.Basic.Ack) -> None:
         self.settle(self._take(m.delivery_tag, m.multiple), wire.OUTCOME_ACK)
 
-    def handle_acks(self, acks: list[C.Basic.Ack]) -> None:
+    def handle_acks(self, acks: list[tuple[int, bool]]) -> None:
         """A run of ``basic.ack`` (spec 1.8.3.13) read in one go, settled as ONE batch: one
         SETTLE per node and one credit top-up instead of one per ack (the hot path; design.md
         section 4). The same as :meth:`on_basic_ack` for each in turn: an unknown delivery tag
         settles the acks before it and closes the channel with 406 PRECONDITION_FAILED; the
-        acks after it are dropped, as the channel is closing (spec 2.2.3)."""
+        acks after it are dropped, as the channel is closing (spec 2.2.3). ``acks``:
+        ``(delivery_tag, multiple)`` pairs (:class:`~.amqp.events.AcksReceived`)."""
         if self._busy:
-            self._backlog.extend(acks)
+            self._backlog.extend(C.Basic.Ack(tag, multiple) for tag, multiple in acks)
             return
         taken: list[tuple[int, Delivery]] = []
         try:
-            for m in acks:
-                taken += self._take(m.delivery_tag, m.multiple)
+            for tag, multiple in acks:
+                taken += self._take(tag, multiple)
         except AMQPError as err:
             if taken:
                 self.settle(taken, wire.OUTCOME_ACK)

@@ -23,7 +23,6 @@ from .broker import Broker
 from .channel import Channel
 
 log = logging.getLogger("shoal.router.client")
-_BASIC_ACK = C.Basic.Ack
 
 #: Bytes read from a client socket at a time: sized to about READ_MESSAGES of the client's
 #: publishes (between READ_MIN and READ_MAX), READ_START until it has published. A read that
@@ -192,24 +191,13 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     # ---- events ------------------------------------------------------------------------------
     def _handle(self, events: list) -> None:
-        acks: list = []         # a run of basic.ack on one channel, settled as one batch
-        ack_channel = None
         for ev in events:
             t = type(ev)
-            if t is E.MethodReceived and type(ev.method) is _BASIC_ACK:
+            if t is E.AcksReceived:     # a run of basic.ack on one channel: one batch
                 ch = self.channels.get(ev.channel)
-                if ch is not ack_channel:
-                    if acks:
-                        ack_channel.handle_acks(acks)
-                        acks = []
-                    ack_channel = ch
                 if ch is not None:
-                    acks.append(ev.method)
+                    ch.handle_acks(ev.acks)
                 continue
-            if acks:
-                ack_channel.handle_acks(acks)
-                acks = []
-            ack_channel = None
             if t is E.MessagePublished:
                 self._published += 1
                 ch = self.channels.get(ev.channel)
@@ -243,8 +231,6 @@ class ClientConnection(asyncio.BufferedProtocol):
                 self.capabilities = caps if isinstance(caps, dict) else {}
             elif t is E.ConnectionClosed:
                 self._teardown()
-        if acks:
-            ack_channel.handle_acks(acks)
 
     @property
     def blocked(self) -> bool:

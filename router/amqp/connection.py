@@ -26,7 +26,7 @@ from .channel import (AFTER_PUBLISH, AWAIT_BODY as _AWAIT_BODY,
                       AWAIT_HEADER as _AWAIT_HEADER, CLOSING as _CLOSING, OPEN as _OPEN,
                       Channel)
 from .control import ControlFrames
-from .events import ConnectionClosed, MethodReceived
+from .events import AcksReceived, ConnectionClosed
 from .framing import (FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD, FRAME_OVERHEAD,
                       FRAME_TYPES, HEARTBEAT_FRAME, PROTOCOL_HEADER, method_frame,
                       unpack_frame_header)
@@ -246,7 +246,11 @@ class AMQPConnection(ControlFrames):
                                 chan.state = AFTER_PUBLISH
                                 continue
                             if mid == _ACK:
-                                append(MethodReceived(ch, _parse_ack(buf, start, fend)))
+                                last = events[-1] if events else None
+                                if type(last) is AcksReceived and last.channel == ch:
+                                    last.acks.append(_parse_ack(buf, start, fend))
+                                else:
+                                    append(AcksReceived(ch, [_parse_ack(buf, start, fend)]))
                                 continue
                     elif frame_type == FRAME_HEADER:
                         if state == _AWAIT_HEADER:

@@ -45,6 +45,16 @@ class MethodReceived:
 
 
 @dataclass(slots=True)
+class AcksReceived:
+    """A run of ``basic.ack`` (spec 1.8.3.13) on one open channel, read in one go with
+    nothing between them: ``acks`` is ``[(delivery_tag, multiple), ...]`` in arrival order.
+    The hot path (design.md section 4); an ack the fast path does not take (a channel not
+    yet open, say) comes as :class:`MethodReceived` with a ``pamqp.commands.Basic.Ack``."""
+    channel: int
+    acks: list
+
+
+@dataclass(slots=True)
 class MessagePublished:
     """A complete ``basic.publish``: method fields, then the content header frame payload
     (``header``: bytes exactly as received: class id, weight, body size, property flags and

@@ -75,13 +75,13 @@ def parse_publish(buf: bytes, start: int, end: int) -> tuple[str, str, bool, boo
     return exchange, routing_key, bool(bits & 1), bool(bits & 2)
 
 
-def parse_ack(buf: bytes, start: int, end: int) -> commands.Basic.Ack:
-    """``basic.ack`` payload (delivery-tag longlong, bits: multiple = bit 0) -> a
-    ``pamqp.commands.Basic.Ack``. Raises 501 FRAME_ERROR."""
+def parse_ack(buf: bytes, start: int, end: int) -> tuple[int, bool]:
+    """``basic.ack`` payload (delivery-tag longlong, bits: multiple = bit 0) ->
+    ``(delivery_tag, multiple)``. Raises 501 FRAME_ERROR."""
     if end - start < 13:
         raise _syntax("basic.ack", BASIC_ACK)
     tag, bits = _QB.unpack_from(buf, start + 4)
-    return commands.Basic.Ack(tag, bool(bits & 1))
+    return tag, bool(bits & 1)
 
 
 def parse_content_header(buf: bytes, start: int, end: int) -> tuple[int, int]:

@@ -7,7 +7,8 @@ import pytest
 from pamqp import commands
 
 from amqp_testkit import last_close, m, methods, open_channel, open_conn, raw_frame
-from shoal.router.amqp.events import ChannelClosed, ChannelOpened, MethodReceived
+from shoal.router.amqp.events import (AcksReceived, ChannelClosed, ChannelOpened,
+                                      MethodReceived)
 from shoal.shared.errors import AMQPError, hard_error, soft_error
 
 
@@ -47,10 +48,12 @@ def test_other_methods_become_method_received():
                    commands.Exchange.Declare(exchange="e", exchange_type="topic"),
                    commands.Basic.Qos(prefetch_count=10), commands.Basic.Consume(queue="q1"),
                    commands.Basic.Nack(3, False, True), commands.Confirm.Select(),
-                   commands.Tx.Select(), commands.Basic.Ack(7, True)):
+                   commands.Tx.Select()):
         [ev] = conn.receive_data(m(method, 3))
         assert isinstance(ev, MethodReceived) and ev.channel == 3
         assert type(ev.method) is type(method) and dict(ev.method) == dict(method)
+    # basic.ack takes the hot path: (delivery tag, multiple) pairs, not a pamqp object
+    assert conn.receive_data(m(commands.Basic.Ack(7, True), 3)) == [AcksReceived(3, [(7, True)])]
     assert conn.data_to_send() == b""
 
 

@@ -11,8 +11,8 @@ from pamqp import body, commands, header
 
 from amqp_testkit import (content, hb_frame, last_close, m, open_channel, open_conn,
                           parse, publish, raw_frame)
-from shoal.router.amqp.events import (ChannelClosed, ConnectionClosed, MessagePublished,
-                                      MethodReceived)
+from shoal.router.amqp.events import (AcksReceived, ChannelClosed, ConnectionClosed,
+                                      MessagePublished)
 from shoal.router.amqp.fastpath import parse_properties
 
 PROPS = commands.Basic.Properties(content_type="application/json", delivery_mode=2,
@@ -83,8 +83,27 @@ def test_ack_fast_path_event():
     # delivery tags are unsigned 64-bit (pamqp's encoder is signed: build the frame by hand)
     ack = raw_frame(1, 1, struct.pack(">HHQB", 60, 80, 2**64 - 1, 1))
     [ev] = conn.receive_data(ack)
-    assert isinstance(ev, MethodReceived) and isinstance(ev.method, commands.Basic.Ack)
-    assert (ev.method.delivery_tag, ev.method.multiple) == (2**64 - 1, True)
+    assert isinstance(ev, AcksReceived) and ev.channel == 1
+    assert ev.acks == [(2**64 - 1, True)]
+
+
+def test_a_run_of_acks_is_one_event_per_channel_in_order():
+    """Acks read in one go become one AcksReceived per run on a channel; anything between
+    (another channel's ack, a publish) starts a new run, so the order is kept."""
+    conn = open_conn()
+    open_channel(conn, 1)
+    open_channel(conn, 2)
+
+    def ack(ch, tag, multiple=False):
+        return raw_frame(1, ch, struct.pack(">HHQB", 60, 80, tag, int(multiple)))
+    data = (ack(1, 1) + ack(1, 2, True) + ack(2, 7) + ack(1, 3) + publish(1, b"x")
+            + ack(1, 4))
+    evs = conn.receive_data(data)
+    assert [(type(e).__name__, e.channel) for e in evs] == [
+        ("AcksReceived", 1), ("AcksReceived", 2), ("AcksReceived", 1),
+        ("MessagePublished", 1), ("AcksReceived", 1)]
+    assert [e.acks for e in evs if isinstance(e, AcksReceived)] == [
+        [(1, False), (2, True)], [(7, False)], [(3, False)], [(4, False)]]
 
 
 def hard(conn, code):
