@@ -157,27 +157,24 @@ def _perf(pids, secs, d):
 #: native library (a substring of the sampled code's file) -> where the CPU went
 LIBRARIES = [("libpython", "Python interpreter (Shoal's Python)"), ("uvloop", "uvloop"),
              ("msgpack", "msgpack"), ("zmq", "ZeroMQ"), ("libc.so", "libc (malloc, copies)")]
-#: system call (the innermost user-space frame under the kernel's) -> kernel stage
-SYSCALLS = [("write", "kernel: write/send (wakes the reader)"), ("send", None),
-            ("read", "kernel: read/recv"), ("recv", None),
-            ("epoll", "kernel: epoll_pwait (sleep, wake-up)"), ("poll", None)]
+#: system call name prefixes (of the innermost user-space frame, libc's ``__GI___libc_``
+#: and ``__libc_`` prefixes removed) -> kernel stage
+SYSCALLS = [(("write", "send"), "kernel: write/send (wakes the reader)"),
+            (("read", "recv"), "kernel: read/recv"),
+            (("epoll", "poll"), "kernel: epoll_pwait (sleep, wake-up)")]
 
 
 def _where(frames: list[tuple[str, str]]) -> str:
     """One perf sample's call chain, leaf first, as (symbol, object) -> its stage."""
-    sym, dso = frames[0]
+    dso = frames[0][1]
     if "kernel" not in dso:
         return next((stage for lib, stage in LIBRARIES if lib in dso), "other native code")
-    user = next((s for s, o in frames if "kernel" not in o), "")
-    stage = "kernel: other (interrupts, timers)"
-    if user:
-        stage = "kernel: other system calls"
-        last = None
-        for name, label in SYSCALLS:
-            last = label or last
-            if name in user:
-                return last
-    return stage
+    user = next((s for s, o in frames if "kernel" not in o), None)
+    if user is None:
+        return "kernel: other (interrupts, timers)"
+    call = re.sub(r"^_*(?:GI_+)?(?:libc_)?", "", user)
+    return next((stage for names, stage in SYSCALLS if call.startswith(names)),
+                "kernel: other system calls")
 
 
 def perf_stages(perf_data: Path) -> collections.Counter:
