@@ -21,6 +21,11 @@ log = logging.getLogger("shoal.node")
 
 _TOPOLOGY_SYNC = int(T.TOPOLOGY_SYNC)
 
+#: Messages queued to one router that make a batch worth sending before the turn ends: a
+#: consumer's credit arriving on a backlog is delivered in batches of this size, so the router
+#: forwards the first while the node makes the rest (docs/performance.md, session 15).
+EARLY_BATCH = 64
+
 
 class RouterPeer:
     """What the node knows of one router that said HELLO.
@@ -60,6 +65,9 @@ class Peers:
         self.blocked_reason: str | None = None
         self._on_forget = on_forget
         self._outbox: dict[bytes, list[list]] = {}
+        #: ``on_full(identity)``: a router's outbox just reached :data:`EARLY_BATCH` messages
+        #: (the caller may send it now: :meth:`take_box`)
+        self.on_full: Callable[[bytes], None] | None = None
         self._last_heartbeat: float | None = None
         #: sync_id -> (routers yet to answer TOPOLOGY_SYNCED, what to run when none is left)
         self._syncs: dict[int, tuple[set[bytes], Callable[[], None]]] = {}
@@ -71,6 +79,12 @@ class Peers:
         if box is None:
             box = self._outbox[identity] = []
         box.append(msg)
+        if len(box) == EARLY_BATCH and self.on_full is not None:
+            self.on_full(identity)
+
+    def take_box(self, identity: bytes) -> list[list]:
+        """The messages queued to one router so far, in order (none left queued)."""
+        return self._outbox.pop(identity, [])
 
     def take_outbox(self) -> dict[bytes, list[list]]:
         """Messages to send since the last call: router identity -> wire messages, in order."""

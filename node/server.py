@@ -72,6 +72,8 @@ class NodeServer:
                  ctx: zmq.Context | None = None) -> None:
         self.settings = settings
         self.shard = shard or Shard(settings.node_id, None, settings)
+        self.shard.links.on_full = self._send_early
+        self._zmq_sent = False          # this turn sent on the ZeroMQ socket
         self._own_ctx = ctx is None
         self.ctx = zmq.Context() if ctx is None else ctx
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -307,32 +309,41 @@ class NodeServer:
 
     def _flush(self) -> bool:
         """Send the shard's outbox: one batch per router, to an in-process router, over the
-        ``unix://`` link or over the ZeroMQ socket. True when any went to the ZeroMQ socket."""
-        out = self.shard.take_outbox()
-        sent = False
+        ``unix://`` link or over the ZeroMQ socket. True when this turn sent anything on the
+        ZeroMQ socket (an early send included: Peers.on_full)."""
+        for peer, msgs in self.shard.take_outbox().items():
+            self._send(peer, msgs)
+        return self._zmq_sent
+
+    def _send_early(self, peer: bytes) -> None:
+        """Peers.on_full: a router's outbox filled up mid-turn; send it now, unless that
+        router is in this process (its batches go at the end of a turn: attach_local)."""
+        if peer not in self._local:
+            self._send(peer, self.shard.links.take_box(peer))
+
+    def _send(self, peer: bytes, msgs: list[list]) -> None:
+        """Send one router its batch (``_zmq_sent`` notes a send on the ZeroMQ socket)."""
+        local = self._local.get(peer)
         unix = self._unix
-        for peer, msgs in out.items():
-            local = self._local.get(peer)
-            try:
-                if local is not None:
-                    local(wire.handover(msgs))
-                    continue
-                if unix is not None and unix.owns(peer):
-                    unix.send(peer, msgs)
-                    continue
-                frame = encode_batch(msgs)
-            except TypeError as exc:
-                log.error("cannot encode batch for %r: %s", peer, exc)
-                continue
-            sent = True
-            try:
-                # Copying a small batch is cheaper than tracking a zero-copy frame; a large
-                # message's frame goes without a copy.
-                self.sock.send_multipart([peer, frame], _NOBLOCK,
-                                         copy=len(frame) < wire.LARGE_FRAME)
-            except zmq.ZMQError as exc:
-                log.warning("cannot send %d messages to %r: %s", len(msgs), peer, exc)
-        return sent
+        try:
+            if local is not None:
+                local(wire.handover(msgs))
+                return
+            if unix is not None and unix.owns(peer):
+                unix.send(peer, msgs)
+                return
+            frame = encode_batch(msgs)
+        except TypeError as exc:
+            log.error("cannot encode batch for %r: %s", peer, exc)
+            return
+        self._zmq_sent = True
+        try:
+            # Copying a small batch is cheaper than tracking a zero-copy frame; a large
+            # message's frame goes without a copy.
+            self.sock.send_multipart([peer, frame], _NOBLOCK,
+                                     copy=len(frame) < wire.LARGE_FRAME)
+        except zmq.ZMQError as exc:
+            log.warning("cannot send %d messages to %r: %s", len(msgs), peer, exc)
 
     def _readable(self) -> bool:
         return bool(self.sock.get(_EVENTS) & _POLLIN)
@@ -349,6 +360,7 @@ class NodeServer:
             self._poke()
             return
         socket = socket and self._zmq_bound
+        self._zmq_sent = False
         try:
             self._drain(socket)
             now = _now_ms()

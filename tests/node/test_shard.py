@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from node_helpers import Net, bodies
 
+from shoal.node.peers import EARLY_BATCH, Peers
 from shoal.shared.errors import (ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED,
                                  RESOURCE_LOCKED, SYNTAX_ERROR)
+from shoal.shared.settings import Settings
 from shoal.shared.wire import (DEST_QUEUE, EV_BINDING_ADDED, EV_BINDING_REMOVED,
                                EV_EXCHANGE_ADDED, EV_EXCHANGE_REMOVED, EV_QUEUE_REMOVED,
                                OUTCOME_ACK, OUTCOME_REJECT, OUTCOME_REQUEUE, WIRE_VERSION, T)
@@ -389,3 +391,18 @@ def test_deleting_queue_drops_local_bindings_to_it(net: Net):
     r.ok(T.QUEUE_DELETE, "/", "q", False, False, None)
     assert [e for e, _ in events(r.before_reply)] == [EV_BINDING_REMOVED, EV_QUEUE_REMOVED]
     assert r.ok(T.TOPOLOGY_SNAPSHOT) == [[], []]
+
+
+def test_a_routers_outbox_is_offered_at_early_batch_and_taken_in_order():
+    """Peers.on_full runs when one router's outbox reaches EARLY_BATCH (node/peers.py): the
+    node server sends that part at once; what follows waits for the turn's end, in order."""
+    peers = Peers("node-0", "inc", Settings(), lambda state: None)
+    sent: list[list] = []
+    peers.on_full = lambda identity: sent.append(peers.take_box(identity))
+    for i in range(2 * EARLY_BATCH + 1):
+        peers.send(b"r1", [i])
+    peers.send(b"r2", ["other"])
+    rest = peers.take_outbox()
+    assert sent == [[[i] for i in range(EARLY_BATCH)],
+                    [[i] for i in range(EARLY_BATCH, 2 * EARLY_BATCH)]]
+    assert rest == {b"r1": [[2 * EARLY_BATCH]], b"r2": [["other"]]}

@@ -2,8 +2,8 @@
 
 Both sides run in one event loop here, each on its own end of a real Unix socket: the
 handshake and a request, back-pressure when the node falls behind (nothing dropped), a node
-that goes away and comes back on the same path, and a router whose connection closes being
-forgotten by the node at once.
+that goes away and comes back on the same path, a router whose connection closes being
+forgotten by the node at once, and a large grant of credit coming back in early batches.
 """
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ import stat
 
 import pytest
 
+from shoal.node.peers import EARLY_BATCH
 from shoal.node.server import NodeServer
 from shoal.router.unix_link import UnixLink
+from shoal.shared import wire
 from shoal.shared.settings import Settings
+from shoal.shared.wire import T
 
-from link_flood import DECLARE, check_paused_and_lossless, flood
+from link_flood import DECLARE, PASSIVE, check_paused_and_lossless, flood
 
 
 def _node(tmp_path, endpoint: str) -> NodeServer:
@@ -163,3 +166,51 @@ def test_a_live_nodes_path_is_not_taken_a_stale_one_is(tmp_path, endpoint):
     stale.bind(f"{tmp_path}/n.sock")     # a socket file nobody listens on (a killed node's)
     stale.close()
     _node(tmp_path, endpoint).close()
+
+
+def test_credit_on_a_backlog_comes_back_in_early_batches_in_queue_order(tmp_path, endpoint):
+    """300 messages wait and the consumer is granted 300 credit in one go: the node sends the
+    deliveries in batches of at most EARLY_BATCH while it makes them (node/peers.py), so the
+    router can forward the first while the node makes the rest. Every message arrives once,
+    in queue order, and the ack of all of them empties the queue."""
+    server = _node(tmp_path, endpoint)
+    events: list = []
+    got: list = []
+    per_batch: list[int] = []
+    n = 300
+
+    async def go():
+        serving = asyncio.ensure_future(server.serve())
+        link = await _up(endpoint, events)
+        link._on_message = lambda l, m: got.append(m)
+        handle = link._handle_batch
+
+        def counting(batch):
+            per_batch.append(sum(1 for m in batch if m[0] == T.DELIVER))
+            handle(batch)
+        link._handle_batch = counting
+        await link.request(DECLARE)
+        for i in range(n):
+            link.send([T.PUBLISH, 0, "/", ["q1"], "", "q1", b"", b"%03d" % i, None])
+        await link.request([T.CONSUME, 7, "/", "q1", "ctag", False, False, {}, None])
+        link.send([T.CREDIT, 7, n, False], urgent=True)
+        for _ in range(500):
+            if len(got) >= n:
+                break
+            await asyncio.sleep(0.01)
+        link.send([T.SETTLE, wire.OUTCOME_ACK, [m[2] for m in got]], urgent=True)
+        count = (await link.request(PASSIVE))[1:]
+        await link.stop()
+        server.stop()
+        await serving
+        return count
+
+    try:
+        ready_and_consumers = asyncio.run(go())
+    finally:
+        server.close()
+    delivered = [m for m in got if m[0] == T.DELIVER]
+    assert [m[7] for m in delivered] == [b"%03d" % i for i in range(n)]
+    assert max(per_batch) <= EARLY_BATCH
+    assert sum(1 for k in per_batch if k) >= n // EARLY_BATCH
+    assert ready_and_consumers == [0, 1]
