@@ -20,6 +20,10 @@ Shoal run and the RabbitMQ run after it, their median and how many are <= 1.0); 
 4 producers, 4 consumers, no rate limit, ``--confirm 500`` (the confirm window is the flow
 control), with Shoal on 1, 2 and 4 node processes.
 
+``--load1-runs N`` runs each step of load 1's search up to N times per broker (a fresh broker
+each time) and counts the step as passed when most runs pass: near either broker's limit a
+single 10-second run is close to a coin flip.
+
 ``--embed-node`` runs every Shoal with ``shoal serve --embed-node`` and puts the queue of loads
 1-4 on node-0, the node inside the router (``--queue-node`` picks another node).
 ``--local-link unix`` runs every Shoal with ``shoal serve --local-link unix`` (the same-host
@@ -323,21 +327,33 @@ LOAD5 = ["--producers", "4", "--consumers", "4", "--queues", "8", "--size", "100
          "--qos", "200", "--confirm", "500"]
 
 
-def load1(bench: Bench, brokers: list, load: list[str] = LOAD1, name: str = "load1") -> dict:
-    """Interleaved searches: one step on each broker in turn."""
+def load1(bench: Bench, brokers: list, load: list[str] = LOAD1, name: str = "load1",
+          runs: int = 1) -> dict:
+    """Interleaved searches: one step on each broker in turn. With ``runs`` > 1 a step is
+    run up to ``runs`` times (fresh broker each time) and passes when most of them do; it
+    stops as soon as the majority is known. Near either broker's limit one run passes or
+    fails about as often as a coin (docs/performance.md, session 15)."""
     steps = 5 if bench.quick else 7
     gens = {b.label: bisect_rate(5000, steps) for b in brokers}
     rates = {label: next(g) for label, g in gens.items()}
     achieved: dict[str, dict[int, float]] = {b.label: {} for b in brokers}
     best = {}
+    need = runs // 2 + 1
     while rates:
         for b in brokers:
             if b.label not in rates:
                 continue
-            res = bench.run(b, name, load + ["--rate", str(rates[b.label])])
-            achieved[b.label][rates[b.label]] = res.get("send_rate") or 0
+            votes = [0, 0]      # failed, passed
+            while max(votes) < need:
+                res = bench.run(b, name, load + ["--rate", str(rates[b.label])])
+                votes[bool(res["ok"])] += 1
+                if res["ok"] or rates[b.label] not in achieved[b.label]:
+                    achieved[b.label][rates[b.label]] = res.get("send_rate") or 0
+            if runs > 1:
+                log(f"{b.label} {name} at {rates[b.label]} msg/s: {votes[1]} of "
+                    f"{sum(votes)} runs sustainable")
             try:
-                rates[b.label] = gens[b.label].send(res["ok"])
+                rates[b.label] = gens[b.label].send(votes[1] >= need)
             except StopIteration as stop:
                 # Report what was achieved at the best passing step: a confirm window can hold
                 # a producer below the rate it asked for (load 2).
@@ -359,6 +375,9 @@ def main(argv=None) -> int:
     p.add_argument("--fixed-rate", type=int, default=FIXED_RATE,
                    help="msg/s of loads 3/4 (default 5000, the issue's; other rates show "
                         "how CPU per message falls with the rate)")
+    p.add_argument("--load1-runs", type=int, default=1,
+                   help="runs per step of load 1's search (fresh broker each); a step passes "
+                        "when most pass (default 1)")
     p.add_argument("--repeat", type=int, default=2,
                    help="runs per broker for loads 3/4, alternating; the best is kept")
     p.add_argument("--embed-node", action="store_true",
@@ -400,7 +419,8 @@ def main(argv=None) -> int:
         rabbit.ensure()
         results["rabbitmq_version"] = rabbitmq_version()
         if "1" in loads:
-            results["load1"] = load1(bench, [shoal, rabbit])
+            results["load1"] = load1(bench, [shoal, rabbit], runs=args.load1_runs)
+            results["load1_runs"] = args.load1_runs
         if "2" in loads:
             results["load2"] = load1(bench, [shoal, rabbit], LOAD2, "load2")
         if loads & {"3", "4"}:
