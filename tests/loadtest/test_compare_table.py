@@ -1,6 +1,7 @@
 """The comparison script's table (tests/benchmarks/compare_table.py, issue 6): what a user
-reads from it, built from run records like the ones the script collects. No broker runs here
-and nothing asserts a speed."""
+reads from it, built from run records like the ones the script collects; and load 1's search
+(compare_rabbitmq.load1, ``--load1-runs``) over scripted run outcomes. No broker runs here and
+nothing asserts a speed."""
 from __future__ import annotations
 
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import compare_rabbitmq  # noqa: E402
 import compare_table as cmp  # noqa: E402
 
 SHOAL = "Shoal (2 nodes)"
@@ -54,3 +56,47 @@ def test_failed_runs_are_left_out_of_the_pairs():
     assert p == {"cpu_ratios": [0.8], "median": 0.8, "at_most_1": 1}
     table = _table([], [])
     assert "each alternating pair" not in table
+
+
+class _Broker:
+    def __init__(self, label: str, outcomes: dict[int, list[bool]], limit: int) -> None:
+        self.label, self.outcomes, self.limit = label, outcomes, limit
+
+
+class _Bench:
+    """Stands in for compare_rabbitmq.Bench: each run's outcome comes from a script per rate
+    (else: passes up to the broker's limit)."""
+    quick = False
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, int]] = []
+
+    def run(self, broker: _Broker, name: str, args: list[str]) -> dict:
+        rate = int(args[args.index("--rate") + 1])
+        self.runs.append((broker.label, rate))
+        script = broker.outcomes.get(rate)
+        ok = script.pop(0) if script else rate <= broker.limit
+        return {"ok": ok, "send_rate": rate - 1}
+
+
+def test_load1_runs_pass_a_step_when_most_of_its_runs_do():
+    """``--load1-runs 3``: a step passes on 2 of 3 runs, fails on 1 of 3, and stops as soon as
+    the majority is known (an easy step costs two runs)."""
+    shoal = _Broker(SHOAL, {70000: [True, False, True]}, 60000)
+    rabbit = _Broker("RabbitMQ", {60000: [False, True, False]}, 50000)
+    bench = _Bench()
+    best = compare_rabbitmq.load1(bench, [shoal, rabbit], runs=3)
+    assert best == {SHOAL: 69999, "RabbitMQ": 49999}
+    assert bench.runs.count((SHOAL, 5000)) == 2
+    assert bench.runs.count((SHOAL, 70000)) == 3
+    assert bench.runs.count(("RabbitMQ", 60000)) == 3
+    table = cmp.render({"load1": best, "load1_runs": 3}, SHOAL)
+    assert "most of 3 runs per step" in table
+    assert _row(table, "1. sustainable rate")[3] == "1.4"
+
+
+def test_load1_with_one_run_per_step_reads_each_run_alone():
+    shoal = _Broker(SHOAL, {70000: [False]}, 60000)
+    bench = _Bench()
+    assert compare_rabbitmq.load1(bench, [shoal], runs=1) == {SHOAL: 59999}
+    assert len(bench.runs) == 7                  # one run per step of the search
