@@ -13,7 +13,8 @@ the default exchange, qos 200, every delivery acked one by one. Prints µs of CP
 for the whole cycle (publish in, PUBLISH to the node, DELIVER back, basic.deliver out, ack in,
 SETTLE and CREDIT to the node), best of 5 rounds. Deterministic enough to compare code
 changes that the noise of a whole-cluster run hides; ``--profile`` prints cProfile's top
-functions (``HOT_PATH_TOP`` of them, default 25). Not collected by pytest: a benchmark asserts no speed.
+functions (``HOT_PATH_TOP`` of them, default 25). Not collected by pytest: a benchmark asserts
+no speed.
 """
 from __future__ import annotations
 
@@ -175,7 +176,8 @@ async def run(messages: int, burst: int, profile: bool, frames: bool = False) ->
     print(f"{best / messages * 1e6:.2f} µs of CPU per message (publish, deliver, ack; "
           f"bursts of {burst}; {delivered} delivered in all)")
     if prof:
-        pstats.Stats(prof).sort_stats("tottime").print_stats(int(os.environ.get("HOT_PATH_TOP", "25")))
+        top = int(os.environ.get("HOT_PATH_TOP", "25"))
+        pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
 def main() -> None:
