@@ -2,7 +2,9 @@
 
 Everything the router keeps across connections lives here, owned by the router's single event
 loop (no locks). Work queued during one event-loop turn (CREDIT grants, client writes) leaves
-once at the end of the turn (design.md section 4, "batch on both sides").
+once at the end of the turn (design.md section 4, "batch on both sides"); client writes also
+leave after each read from a node link, so that deliveries move on while the node still makes
+the rest of a grant (docs/performance.md, "the credit loop").
 """
 from __future__ import annotations
 
@@ -28,23 +30,9 @@ from .consumers import Consumer, ConsumerTarget
 from .link import Attach, NodeLink
 from .unix_link import open_link
 from .routing import Topology
-from .session import BrokerChannel, BrokerClient, Delivery
+from .session import BrokerChannel, BrokerClient, Delivery, PendingPublish
 
 log = logging.getLogger("shoal.router.broker")
-
-
-class PendingPublish:
-    """A publish waiting for PUBLISH_RESULT from ``waiting`` nodes (confirms, mandatory,
-    transactions: ``future`` is resolved with this object when every node answered)."""
-    __slots__ = ("channel", "seq", "ev", "waiting", "routed", "failed", "future")
-
-    def __init__(self, channel: BrokerChannel, seq: int, ev: Any, waiting: set[str],
-                 future: asyncio.Future | None = None) -> None:
-        self.channel, self.seq, self.ev = channel, seq, ev
-        self.waiting = waiting
-        self.routed = 0
-        self.failed = False
-        self.future = future
 
 
 class Broker:
@@ -110,7 +98,7 @@ class Broker:
         for node_id, endpoint in self.node_map:
             args = (node_id, endpoint, self.router_id, s.link_heartbeat_ms, s.link_timeout_ms,
                     self._on_node_message, self._on_node_up, self._on_node_down,
-                    self._on_congestion)
+                    self._on_congestion, self.flush_clients)
             link = open_link(self._ctx, self.local_nodes.get(node_id), args,
                              lambda sock, ep: connect_curve(sock, ep, s))
             self.links[node_id] = link
@@ -167,9 +155,14 @@ class Broker:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        dirty, self._dirty = self._dirty, set()
-        for client in dirty:
-            client.flush()
+        self.flush_clients()
+
+    def flush_clients(self) -> None:
+        """Write what every dirty client has to send now (end of turn, or a link's read)."""
+        if self._dirty:
+            dirty, self._dirty = self._dirty, set()
+            for client in dirty:
+                client.flush()
 
     # ---- publishing --------------------------------------------------------------------------
     def publish(self, ch: BrokerChannel, seq: int, ev: Any, queues: set[str],

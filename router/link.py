@@ -58,9 +58,13 @@ class NodeLink:
                  on_up: Callable[["NodeLink", bool], None],
                  on_down: Callable[["NodeLink"], None],
                  on_congestion: Callable[["NodeLink", bool], None] = lambda link, on: None,
+                 on_read: Callable[[], None] = lambda: None,
                  secure: Callable[[zmq.Socket, str], None] | None = None) -> None:
         """``secure(socket, endpoint)``: set the socket's security (CURVE, shared/linkauth.py)
-        before it connects."""
+        before it connects. ``on_read()`` runs after the batches of one read are handled: the
+        broker writes the deliveries they made to the clients then, not at the end of the
+        event-loop turn, so a large grant of credit reaches the consumer in the node's early
+        batches (node/peers.py ``EARLY_BATCH``) instead of as one block."""
         self._secure = secure
         self.node_id = node_id
         self.endpoint = endpoint
@@ -71,6 +75,7 @@ class NodeLink:
         self._timeout = timeout_ms / 1000.0
         self._on_message, self._on_up, self._on_down = on_message, on_up, on_down
         self._on_congestion = on_congestion
+        self._on_read = on_read
         self.congested = False  #: the node's queue is full: batches wait here
         self._open(ctx, endpoint)
         self._outbox: list[list] = []
@@ -284,25 +289,30 @@ class NodeLink:
 
     # ---- receiving ---------------------------------------------------------------------------
     def _drain(self) -> None:
-        """Handle every frame already waiting (one wake-up, many batches)."""
+        """Handle every frame already waiting (one wake-up, many batches), then ``on_read``."""
         self._drain_scheduled = False
         if self._closed:
             return
+        if self._drain_frames() and not self._drain_scheduled:
+            self._drain_scheduled = True   # more than a turn's worth: yield, then go on
+            self._running_loop().call_soon(self._drain)
+        self._on_read()
+
+    def _drain_frames(self) -> bool:
+        """Handle up to 1024 waiting frames; True if more may wait."""
         sock = self._sock
         for _ in range(1024):
             try:
                 if not sock.get(_EVENTS) & _POLLIN:
-                    return
+                    return False
                 batch = self._decode(sock.recv(_NOBLOCK))  # the frame is freed here,
             except zmq.Again:                              # before its batch is handled
-                return
+                return False
             except zmq.ZMQError:  # socket closed during shutdown
-                return
+                return False
             if batch is not None:
                 self._handle_batch(batch)
-        if not self._drain_scheduled:  # more than a turn's worth: yield, then go on
-            self._drain_scheduled = True
-            self._running_loop().call_soon(self._drain)
+        return True
 
     def _decode(self, data: bytes) -> list[list] | None:
         try:
@@ -457,6 +467,7 @@ class LocalLink(NodeLink):
             wire.received(batch)
             self._handle_batch(batch)
             wire.received(batch)
+            self._on_read()
 
     def _drain(self) -> None:
         """Nothing to read: frames arrive through ``_receive``."""

@@ -1,5 +1,5 @@
-"""What the broker and a channel use of the session layers above them: the Delivery record and
-the Protocols of a client connection and a channel.
+"""What the broker and a channel use of the session layers above them: the Delivery and
+PendingPublish records and the Protocols of a client connection and a channel.
 
 A client connection (router/client.py) owns its channels (router/channel.py); a channel calls
 on the broker (router/broker.py), which calls back into channels and connections: a delivery, a
@@ -27,6 +27,20 @@ class Delivery:
         self.node_id = node_id          # None once that node went down (settling is a no-op)
         self.delivery_id = delivery_id
         self.consumer = target          # the consumer tag's target; None for basic.get
+
+
+class PendingPublish:
+    """A publish waiting for PUBLISH_RESULT from ``waiting`` nodes (confirms, mandatory,
+    transactions: ``future`` is resolved with this object when every node answered)."""
+    __slots__ = ("channel", "seq", "ev", "waiting", "routed", "failed", "future")
+
+    def __init__(self, channel: BrokerChannel, seq: int, ev: Any, waiting: set[str],
+                 future: asyncio.Future | None = None) -> None:
+        self.channel, self.seq, self.ev = channel, seq, ev
+        self.waiting = waiting
+        self.routed = 0
+        self.failed = False
+        self.future = future
 
 
 class BrokerChannel(Protocol):

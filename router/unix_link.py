@@ -63,10 +63,11 @@ class _Connection(asyncio.Protocol):
         link = self.link
         for frame in frames:
             if link._conn is not self:
-                return
+                break
             batch = link._decode(frame)
             if batch is not None:
                 link._handle_batch(batch)
+        link._on_read()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.link._lost(self)

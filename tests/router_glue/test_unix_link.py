@@ -171,18 +171,21 @@ def test_a_live_nodes_path_is_not_taken_a_stale_one_is(tmp_path, endpoint):
 def test_credit_on_a_backlog_comes_back_in_early_batches_in_queue_order(tmp_path, endpoint):
     """300 messages wait and the consumer is granted 300 credit in one go: the node sends the
     deliveries in batches of at most EARLY_BATCH while it makes them (node/peers.py), so the
-    router can forward the first while the node makes the rest. Every message arrives once,
+    router can forward the first while the node makes the rest: ``on_read`` runs after each
+    read, once its batches are handled. Every message arrives once,
     in queue order, and the ack of all of them empties the queue."""
     server = _node(tmp_path, endpoint)
     events: list = []
     got: list = []
     per_batch: list[int] = []
+    reads: list[int] = []    # messages handled when each read's on_read ran
     n = 300
 
     async def go():
         serving = asyncio.ensure_future(server.serve())
         link = await _up(endpoint, events)
         link._on_message = lambda l, m: got.append(m)
+        link._on_read = lambda: reads.append(len(got))
         handle = link._handle_batch
 
         def counting(batch):
@@ -213,4 +216,6 @@ def test_credit_on_a_backlog_comes_back_in_early_batches_in_queue_order(tmp_path
     assert [m[7] for m in delivered] == [b"%03d" % i for i in range(n)]
     assert max(per_batch) <= EARLY_BATCH
     assert sum(1 for k in per_batch if k) >= n // EARLY_BATCH
+    # The router hears after each read, with its batches handled (it writes to clients then).
+    assert n in reads and reads == sorted(reads)
     assert ready_and_consumers == [0, 1]
