@@ -3,8 +3,8 @@
 Everything the router keeps across connections lives here, owned by the router's single event
 loop (no locks). Work queued during one event-loop turn (CREDIT grants, client writes) leaves
 once at the end of the turn (design.md section 4, "batch on both sides"); client writes also
-leave after each read from a node link, so that deliveries move on while the node still makes
-the rest of a grant (docs/performance.md, "the credit loop").
+leave after each read from a Unix node link, so that deliveries move on while the node still
+makes the rest of a grant (docs/performance.md, "the credit loop").
 """
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ class Broker:
         self.flush_clients()
 
     def flush_clients(self) -> None:
-        """Write what every dirty client has to send now (end of turn, or a link's read)."""
+        """Write every dirty client's output now (at the turn's end, or a Unix link's read)."""
         if self._dirty:
             dirty, self._dirty = self._dirty, set()
             for client in dirty:

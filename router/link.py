@@ -61,10 +61,12 @@ class NodeLink:
                  on_read: Callable[[], None] = lambda: None,
                  secure: Callable[[zmq.Socket, str], None] | None = None) -> None:
         """``secure(socket, endpoint)``: set the socket's security (CURVE, shared/linkauth.py)
-        before it connects. ``on_read()`` runs after the batches of one read are handled: the
-        broker writes the deliveries they made to the clients then, not at the end of the
-        event-loop turn, so a large grant of credit reaches the consumer in the node's early
-        batches (node/peers.py ``EARLY_BATCH``) instead of as one block."""
+        before it connects. ``on_read()``: the Unix link (router/unix_link.py) runs it after
+        the batches of each socket read are handled, and the broker writes the deliveries they
+        made to the clients then, not at the end of the event-loop turn, so a large grant of
+        credit reaches the consumer in the node's early batches (node/peers.py
+        ``EARLY_BATCH``) instead of as one block. The ZeroMQ and in-process links do not:
+        on ZeroMQ it measured worse near the link's limit (docs/performance.md, session 16)."""
         self._secure = secure
         self.node_id = node_id
         self.endpoint = endpoint
@@ -289,30 +291,25 @@ class NodeLink:
 
     # ---- receiving ---------------------------------------------------------------------------
     def _drain(self) -> None:
-        """Handle every frame already waiting (one wake-up, many batches), then ``on_read``."""
+        """Handle every frame already waiting (one wake-up, many batches)."""
         self._drain_scheduled = False
         if self._closed:
             return
-        if self._drain_frames() and not self._drain_scheduled:
-            self._drain_scheduled = True   # more than a turn's worth: yield, then go on
-            self._running_loop().call_soon(self._drain)
-        self._on_read()
-
-    def _drain_frames(self) -> bool:
-        """Handle up to 1024 waiting frames; True if more may wait."""
         sock = self._sock
         for _ in range(1024):
             try:
                 if not sock.get(_EVENTS) & _POLLIN:
-                    return False
+                    return
                 batch = self._decode(sock.recv(_NOBLOCK))  # the frame is freed here,
             except zmq.Again:                              # before its batch is handled
-                return False
+                return
             except zmq.ZMQError:  # socket closed during shutdown
-                return False
+                return
             if batch is not None:
                 self._handle_batch(batch)
-        return True
+        if not self._drain_scheduled:  # more than a turn's worth: yield, then go on
+            self._drain_scheduled = True
+            self._running_loop().call_soon(self._drain)
 
     def _decode(self, data: bytes) -> list[list] | None:
         try:
@@ -467,7 +464,6 @@ class LocalLink(NodeLink):
             wire.received(batch)
             self._handle_batch(batch)
             wire.received(batch)
-            self._on_read()
 
     def _drain(self) -> None:
         """Nothing to read: frames arrive through ``_receive``."""

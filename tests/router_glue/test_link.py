@@ -69,36 +69,3 @@ def test_lazy_credit_is_not_merged_ahead_of_an_urgent_grant(node_and_link):
     msgs = [m for m in asyncio.run(go()) if m[0] == T.CREDIT]
     assert msgs == [[T.CREDIT, 7, 1, False], [T.CREDIT, 7, 4, True], [T.CREDIT, 7, 2, False],
                     [T.CREDIT, 8, 3, False]]
-
-
-def test_after_each_read_the_router_hears_of_it_with_every_batch_handled(node_and_link):
-    """``on_read`` (the broker's ``flush_clients``) runs after the batches of one read, never
-    before one of them is handled: the deliveries of a node's early batches are written to the
-    clients at once rather than at the end of the router's turn."""
-    node, link = node_and_link
-    got: list = []
-    reads: list[int] = []
-    link._on_message = lambda l, m: got.append(m)
-    link._on_read = lambda: reads.append(len(got))
-
-    async def go():
-        link.start()
-        for _ in range(500):
-            if node.poll(0):
-                break
-            await asyncio.sleep(0.01)
-        ident, _hello = node.recv_multipart()
-        node.send_multipart([ident, wire.encode_batch(
-            [[T.HELLO_OK, wire.WIRE_VERSION, "node-0", "inc-1"]])])
-        for b in range(3):
-            node.send_multipart([ident, wire.encode_batch(
-                [[T.DELIVER, 7, b * 10 + i] for i in range(10)])])
-        for _ in range(500):
-            if len(got) >= 30 and reads and reads[-1] >= 30:
-                break
-            await asyncio.sleep(0.01)
-        await link.stop()
-
-    asyncio.run(go())
-    assert [m[2] for m in got] == list(range(30))
-    assert reads == sorted(reads) and reads[-1] == 30
