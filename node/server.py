@@ -329,8 +329,7 @@ class NodeServer:
             if local is not None:
                 local(wire.handover(msgs))
                 return
-            if unix is not None and unix.owns(peer):
-                unix.send(peer, msgs)
+            if unix is not None and unix.send(peer, msgs):
                 return
             frame = encode_batch(msgs)
         except TypeError as exc:

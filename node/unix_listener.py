@@ -113,17 +113,18 @@ class UnixListener:
         self._next_id += 1
         return _Connection(self, b"unix-%d" % self._next_id)
 
-    def owns(self, identity: bytes) -> bool:
-        """Whether ``identity`` is one of this listener's open connections."""
-        return identity in self._conns
-
     def send(self, identity: bytes, messages: list[list]) -> bool:
-        """Write a batch of wire messages to that router; False when its connection is gone.
-        The node's sends are not bounded here, as its ZeroMQ socket's were not (SNDHWM 0): the
-        routers read whatever comes, and their deliveries are bounded by credit."""
+        """Write a batch of wire messages to the router ``identity`` if it is one of this
+        listener's connections; returns whether it is (False: not ours, send it another way).
+        A batch for a connection that is closing is dropped, as ZeroMQ drops one for a peer
+        that is gone. The node's sends are not bounded here, as its ZeroMQ socket's were not
+        (SNDHWM 0): the routers read whatever comes, and their deliveries are bounded by
+        credit."""
         conn = self._conns.get(identity)
-        if conn is None or conn.transport.is_closing():
+        if conn is None:
             return False
+        if conn.transport.is_closing():
+            return True
         buffers = stream.encode_frames(messages)
         if len(buffers) == 1:
             conn.transport.write(buffers[0])

@@ -22,8 +22,7 @@ from typing import Any, Callable
 from shoal.shared import wire
 from shoal.shared.errors import PRECONDITION_FAILED, AMQPError, soft_error
 from shoal.shared.selector import Selector, check_arguments, selector_fields
-
-from shoal.shared.topology import BUILTIN_EXCHANGES, EXCHANGE_TYPES  # noqa: F401 (re-exported)
+from shoal.shared.topology import BUILTIN_EXCHANGES
 from shoal.shared.topology import freeze as _freeze
 
 

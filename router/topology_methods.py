@@ -18,12 +18,13 @@ from shoal.shared import wire
 from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND,
                                  PRECONDITION_FAILED, AMQPError, hard_error, soft_error)
 from shoal.shared.selector import check_arguments as check_selector
+from shoal.shared.topology import BUILTIN_EXCHANGES, EXCHANGE_TYPES
 from shoal.shared.wire import T
 
 from .access import CONFIGURE, READ, WRITE
 from .amqp.methods import QueueDeclareOk
 from .broker import Broker
-from .routing import BUILTIN_EXCHANGES, EXCHANGE_TYPES, check_x_match
+from .routing import check_x_match
 from .session import ChannelClient
 
 

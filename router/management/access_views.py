@@ -20,11 +20,11 @@ from aiohttp import web
 from shoal.shared.definitions import (DEFAULT_HASHING, HASHING_ALGORITHMS, Definitions,
                                       Permission, User, hash_password, merge_access,
                                       parse_definitions)
+from shoal.shared.topology import BUILTIN_EXCHANGES
 from shoal.shared.wire import T
 
 from .. import access_sync
 from ..import_definitions import declare_topology
-from ..routing import BUILTIN_EXCHANGES
 from .views import ApiError, _arg, _body, _broker, permissions, queue_rows, users
 
 

@@ -20,12 +20,12 @@ from pamqp.header import ContentHeader
 
 from shoal.shared import wire
 from shoal.shared.errors import AMQPError
+from shoal.shared.topology import BUILTIN_EXCHANGES, EXCHANGE_TYPES
 from shoal.shared.wire import T
 
 from .. import live
 from ..amqp.handshake import shoal_version
 from ..broker import Broker
-from ..routing import BUILTIN_EXCHANGES, EXCHANGE_TYPES
 
 NODE_TIMEOUT_S = 5.0
 RABBITMQ_VERSION = "3.10.8"     #: the RabbitMQ whose API this one follows (tools check it)
