@@ -1,6 +1,6 @@
 """Python cost of Shoal's hot path in one process: router and node code, no sockets, no ZeroMQ.
 
-    python tests/benchmarks/hot_path.py [--messages 50000] [--burst 5] [--profile]
+    python tests/benchmarks/hot_path.py [--messages 50000] [--burst 5] [--profile] [--idle-ms 1]
 
 A real router (Broker, ClientConnection, Channel, the AMQP codec, NodeLink's batching) and a
 real node (Shard) are wired back to back in one process, as ``--embed-node`` wires the router
@@ -13,8 +13,12 @@ the default exchange, qos 200, every delivery acked one by one. Prints µs of CP
 for the whole cycle (publish in, PUBLISH to the node, DELIVER back, basic.deliver out, ack in,
 SETTLE and CREDIT to the node), best of 5 rounds. Deterministic enough to compare code
 changes that the noise of a whole-cluster run hides; ``--profile`` prints cProfile's top
-functions (``HOT_PATH_TOP`` of them, default 25). Not collected by pytest: a benchmark asserts
-no speed.
+functions (``HOT_PATH_TOP`` of them, default 25). ``--idle-ms G`` sleeps G ms after each burst,
+as a broker process at 5,000 msg/s idles between bursts (its CPU halts), and prints the CPU of
+the bursts' work alone (the sleeps' own CPU left out), for runs of ``--messages`` / 5 messages
+(``--idle-ms 0``: the same timing per burst without the sleep, the baseline):
+on docs/performance.md's VM the same code costs about 60 % more after an idle millisecond
+(session 17). Not collected by pytest: a benchmark asserts no speed.
 """
 from __future__ import annotations
 
@@ -132,7 +136,8 @@ async def settle(link: Link) -> None:
             return
 
 
-async def run(messages: int, burst: int, profile: bool, frames: bool = False) -> None:
+async def run(messages: int, burst: int, profile: bool, frames: bool = False,
+              idle_ms: float | None = None) -> None:
     settings = Settings(node_id="node-0", node_endpoints=["node-0=inproc://none"])
     broker = Broker(settings)
     shard = Shard("node-0", "inc-1", settings)
@@ -162,6 +167,17 @@ async def run(messages: int, burst: int, profile: bool, frames: bool = False) ->
             cons.data_received(b"".join(next(acks) for _ in range(burst)))
 
     await cycle(2000)                  # warm up
+    if idle_ms is not None:
+        n, work = messages // 5, 0.0
+        for _ in range(n // burst):
+            t = time.thread_time()
+            await cycle(burst)
+            work += time.thread_time() - t
+            if idle_ms:
+                time.sleep(idle_ms / 1000)
+        print(f"{work / n * 1e6:.2f} µs of CPU per message, work only (bursts of {burst}, "
+              f"{idle_ms:g} ms idle after each; {n} messages)")
+        return
     best = float("inf")
     prof = cProfile.Profile() if profile else None
     for _ in range(5):
@@ -187,13 +203,16 @@ def main() -> None:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--frames", action="store_true",
                    help="encode and decode every batch (the ZeroMQ link's cost)")
+    p.add_argument("--idle-ms", type=float, default=None,
+                   help="sleep this long after each burst (0: time each burst, no sleep); "
+                        "print the bursts' CPU alone")
     a = p.parse_args()
     try:
         import uvloop
         loop = uvloop.new_event_loop()
     except ImportError:  # pragma: no cover
         loop = asyncio.new_event_loop()
-    loop.run_until_complete(run(a.messages, a.burst, a.profile, a.frames))
+    loop.run_until_complete(run(a.messages, a.burst, a.profile, a.frames, a.idle_ms))
 
 
 if __name__ == "__main__":
