@@ -100,10 +100,11 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
                 q.notify_work()
 
 
-def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> None:
-    """CONSUME (spec 1.8.3.3): a consumer with credit 0. Raises 404, 405, 403 (exclusive
-    use), 406 (bad consume arguments: node/queue_args.py), 503 (consumer_id already used
-    by this router)."""
+def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> int:
+    """CONSUME (spec 1.8.3.3): a consumer with credit 0; returns the queue's AVAILABLE entries,
+    so that a multi-queue consumer can pull at once from every queue with work (seed 002 DG5)
+    instead of waiting for WORK. Raises 404, 405, 403 (exclusive use), 406 (bad consume
+    arguments: node/queue_args.py), 503 (consumer_id already used by this router)."""
     _, _, cid, vhost, name, tag, no_ack, exclusive, args, owner = msg
     q = shard.queue_for(vhost, name, owner)
     if q.exclusive_consumer is not None or (exclusive and q.consumer_count):
@@ -116,6 +117,7 @@ def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     c.configure(cc, owner)
     q.add_consumer(c)
     state.consumers[cid] = c
+    return q.message_count
 
 
 def on_cancel(shard: ShardCore, state: RouterPeer, msg: list) -> None:

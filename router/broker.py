@@ -277,7 +277,7 @@ class Broker:
                 by_node.setdefault(d.node_id, []).append(d.delivery_id)
             if d.consumer is not None:
                 credit.on_settled(ch.pool, d.consumer)
-                touched.append(d.consumer)
+                touched.append(d.consumer.target)
         for node_id, ids in by_node.items():
             link = self.links[node_id]
             if link.up:

@@ -324,7 +324,7 @@ class Channel:
             raise errors[0]
         if self.closed or t.cancelled:
             return
-        t.registered = True
+        credit.on_registered(t, results)
         if not m.nowait:
             self.send(C.Basic.ConsumeOk(tag))
         b.replenish(self, t)
@@ -368,7 +368,7 @@ class Channel:
         self.next_tag += 1
         credit.on_delivered(self.pool, c)
         if not t.no_ack:
-            self.unacked[tag] = Delivery(c.node_id, delivery_id, t)
+            self.unacked[tag] = Delivery(c.node_id, delivery_id, c)
         self.client.amqp.send_deliver(self.number, t.tag, tag, redelivered, exchange,
                                       routing_key, header, body)
         if t.no_ack:

@@ -21,7 +21,11 @@ deliveries from several nodes interleave. Two ways of granting:
   (``CREDIT 0``); its node answers ``WORK`` once it has a message for it (DG3: no spurious
   wake-ups); the router then grants a *drain* share of the free room (use it now, return the
   rest with ``CREDIT_DRAINED``), round-robin over the Consumers that have work (DG5 fairness),
-  so unused credit flows back to where there is work.
+  so unused credit flows back to where there is work. While several of a target's Consumers
+  are known to have work (WORK, or a drain outstanding), none is granted past its fair share
+  of the limit (``ceil(limit / those Consumers)``, counting its own unacked deliveries): a
+  queue whose node answers fast (node-0 inside the router, ``--embed-node``) would otherwise
+  take every slot the client frees while the others' grants are on the way.
 
 Unlimited prefetch (0) and ``no_ack`` consumers get standing credit in chunks of
 :data:`CHUNK`, topped up below :data:`LOW_WATER`, and nothing while the client socket is
@@ -52,6 +56,7 @@ class Consumer:
     has_work: bool = False    #: the node said WORK and no grant answered it yet
     interest_sent: bool = False  #: CREDIT(0) "tell me when you have work" is registered
     last_grant: int = 0       #: size of the last drain grant (to count empty pulls)
+    unacked: int = 0          #: this queue's deliveries not yet acknowledged by the client
 
 
 @dataclass(slots=True, eq=False)
@@ -149,10 +154,15 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
         return out
     t.rr = (t.rr + 1) % n
     share = max(1, free // len(working))
+    limit = pool.prefetch_count or pool.global_prefetch
+    active = sum(1 for c in t.consumers if c.has_work or c.draining)
+    fair = -(-limit // active) if active > 1 else 1 << 62
     for c in working:
         if free <= 0:
             break
-        grant = min(share, free)
+        grant = min(share, free, fair - c.granted - c.unacked)
+        if grant <= 0:
+            continue      # over its fair share: keeps its work for a later grant
         free -= grant
         c.granted += grant
         c.last_grant = grant
@@ -160,6 +170,17 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
         c.has_work = False
         out.append((c, [TAG_CREDIT, c.consumer_id, grant, True]))
     return out
+
+
+def on_registered(t: ConsumerTarget, available: list) -> None:
+    """Every node answered CONSUME for ``t``, in ``t.consumers``' order, with its queue's
+    AVAILABLE entries (None from a node older than session 17): credit may flow now, and each
+    queue that has messages is pulled from at once, so that a multi-queue consumer starts on
+    all of them together (seed 002 DG5) rather than on whichever node answers WORK first."""
+    for c, n in zip(t.consumers, available):
+        if type(n) is int and n > 0:
+            on_work(c)
+    t.registered = True
 
 
 def on_work(c: Consumer) -> None:
@@ -185,14 +206,17 @@ def on_delivered(pool: CreditPool, c: Consumer) -> None:
     if c.granted > 0:
         c.granted -= 1
     if not c.target.no_ack:
+        c.unacked += 1
         c.target.unacked += 1
         pool.unacked += 1
 
 
-def on_settled(pool: CreditPool, t: ConsumerTarget | None) -> None:
-    """The client acked/nacked/rejected one of ``t``'s deliveries (or it was requeued)."""
-    if t is not None:
-        t.unacked -= 1
+def on_settled(pool: CreditPool, c: Consumer | None) -> None:
+    """The client acked/nacked/rejected one of queue consumer ``c``'s deliveries (or it was
+    requeued)."""
+    if c is not None:
+        c.unacked -= 1
+        c.target.unacked -= 1
         pool.unacked -= 1
 
 

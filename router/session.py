@@ -16,17 +16,17 @@ from shoal.shared.errors import AMQPError
 
 from .access import VhostAccess
 from .amqp.connection import AMQPConnection
-from .consumers import Consumer, ConsumerTarget, CreditPool
+from .consumers import Consumer, CreditPool
 
 
 class Delivery:
     """An unacknowledged delivery: which node holds the message (``delivery_id`` there)."""
     __slots__ = ("node_id", "delivery_id", "consumer")
 
-    def __init__(self, node_id: str | None, delivery_id: int, target: ConsumerTarget | None):
+    def __init__(self, node_id: str | None, delivery_id: int, consumer: Consumer | None):
         self.node_id = node_id          # None once that node went down (settling is a no-op)
         self.delivery_id = delivery_id
-        self.consumer = target          # the consumer tag's target; None for basic.get
+        self.consumer = consumer        # the queue consumer that took it; None for basic.get
 
 
 class PendingPublish:

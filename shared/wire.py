@@ -99,7 +99,9 @@ class T(IntEnum):
 
     # --- consumers ---
     CONSUME = 40          # R->N [T, req_id, consumer_id, vhost, queue, tag, no_ack, exclusive,
-                          #       arguments, owner] -> None
+                          #       arguments, owner] -> available: int (the queue's AVAILABLE
+                          #   entries now; a multi-queue consumer pulls at once from queues
+                          #   that have some. Older nodes answer None: wait for WORK)
     CANCEL = 41           # R->N [T, req_id, consumer_id] -> None.  Unsettled deliveries stay
                           #   acquired until SETTLE (spec: basic.cancel keeps unacked messages).
     CREDIT = 42           # R->N [T, consumer_id, credit, drain]

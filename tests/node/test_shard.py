@@ -237,6 +237,19 @@ def test_exclusive_consumer(net: Net):
     assert r.request(T.CONSUME, 52, "/", "nope", "t", False, True, {}, "r1/c1")[2] == NOT_FOUND
 
 
+def test_consume_answers_how_many_messages_are_available_for_a_fair_start(net: Net):
+    """A multi-queue consumer pulls at once from every queue that has messages (seed 002
+    DG5): the CONSUME reply says how many are available, acquired ones not counted."""
+    r = net.router()
+    r.declare("q")
+    assert r.ok(T.CONSUME, 60, "/", "q", "t60", False, False, {}, "r1/c1") == 0
+    for i in range(3):
+        r.publish("q", b"m%d" % i)
+    r.take()
+    r.credit(60, 1)                           # one of the three acquired by consumer 60
+    assert r.ok(T.CONSUME, 61, "/", "q", "t61", False, False, {}, "r1/c1") == 2
+
+
 def test_drain_returns_unused_credit(net: Net):
     r = net.router()
     r.declare("q")

@@ -83,7 +83,7 @@ def test_credit_is_exact_across_shards(prefetch, global_prefetch, layout, ops):
             queues.append((shard, q))
         pool.targets[t.tag] = t
     node_of = {n.name: n for n in nodes}
-    unacked = []     # (target, message id)
+    unacked = []     # (queue consumer, message id)
     seen = set()
     published = 0
     limits = {"prefetch": prefetch, "global": global_prefetch}
@@ -100,7 +100,7 @@ def test_credit_is_exact_across_shards(prefetch, global_prefetch, layout, ops):
             assert msg[2] not in seen, "delivered twice"
             seen.add(msg[2])
             credit.on_delivered(pool, c)
-            unacked.append((c.target, msg[2]))
+            unacked.append((c, msg[2]))
         elif msg[0] == T.WORK:
             credit.on_work(c)
         elif msg[0] == T.CREDIT_DRAINED:
@@ -131,8 +131,8 @@ def test_credit_is_exact_across_shards(prefetch, global_prefetch, layout, ops):
             if node.outbox:
                 router_step(node)
         elif op == "ack" and unacked:
-            t, _ = unacked.pop(arg % len(unacked))
-            credit.on_settled(pool, t)
+            c, _ = unacked.pop(arg % len(unacked))
+            credit.on_settled(pool, c)
             grant_all()
         elif op == "qos" and arg % 2:
             # Raising a limit (or lifting it) never breaks the invariant retroactively.
@@ -174,7 +174,7 @@ def test_multiqueue_pull_takes_from_every_queue_with_work():
         granted_to.append(c.queue)
         credit.on_delivered(pool, c)          # the node used it ...
         credit.on_drained(c, 0)               # ... and may have more
-        credit.on_settled(pool, t)            # the client acked
+        credit.on_settled(pool, c)            # the client acked
     assert set(granted_to) == {"q0", "q1", "q2"}
 
 
@@ -191,3 +191,43 @@ def test_no_credit_before_every_node_answered_consume():
     assert not t.consumers[0].interest_sent
     t.registered = True                       # every CONSUME answered (channel.py)
     assert [m for _, m in credit.credit_messages(pool, t)] == [[T.CREDIT, 1, 0, False]]
+
+
+def test_a_fast_queue_gets_no_more_than_its_share_while_the_others_have_work():
+    """DG5 when one node answers much faster than the others (node-0 inside the router): once
+    several queues have work, the slots the client frees go to the others' queues first, and
+    the fast one holds at most ceil(prefetch / 3) again."""
+    pool = CreditPool(prefetch_count=6)
+    t = ConsumerTarget("t", 1, "/", False)
+    a, b, c = t.consumers = [Consumer(i, f"q{i}", f"node-{i}", t) for i in range(3)]
+    pool.targets["t"] = t
+    credit.credit_messages(pool, t)           # registers interest everywhere
+    credit.on_work(a)                         # the fast node answers first ...
+    assert [(g[0], g[1][2]) for g in credit.credit_messages(pool, t)] == [(a, 6)]
+    for _ in range(6):
+        credit.on_delivered(pool, a)
+    credit.on_drained(a, 0)                   # ... uses all of it, and may have more
+    credit.on_work(b)                         # the other nodes answer later
+    credit.on_work(c)
+    granted = []
+    for _ in range(6):                        # the client acks a's deliveries one by one
+        credit.on_settled(pool, a)
+        granted += [g[0].queue for g in credit.credit_messages(pool, t)]
+        assert t.unacked + t.granted <= 6
+    assert granted[:2] in (["q1", "q2"], ["q2", "q1"])
+    assert a.granted + a.unacked <= 2
+
+
+def test_queues_with_messages_at_consume_are_pulled_from_at_once_and_together():
+    """DG5 from the first delivery: the nodes' CONSUME answers (available messages; None from
+    an older node) start the pull on every queue that has some, spread over them, and the
+    others register interest as before."""
+    pool = CreditPool(prefetch_count=6)
+    t = ConsumerTarget("t", 1, "/", False, registered=False)
+    t.consumers = [Consumer(i, f"q{i}", f"node-{i}", t) for i in range(4)]
+    pool.targets["t"] = t
+    credit.on_registered(t, [5, 0, 12, None])
+    assert t.registered
+    grants = {c.queue: m for c, m in credit.credit_messages(pool, t)}
+    assert grants["q1"] == [T.CREDIT, 1, 0, False] and grants["q3"] == [T.CREDIT, 3, 0, False]
+    assert grants["q0"] == [T.CREDIT, 0, 3, True] and grants["q2"] == [T.CREDIT, 2, 3, True]
