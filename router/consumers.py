@@ -147,22 +147,22 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
     free = room(pool, t)
     if free <= 0:
         return out
+    limit = pool.prefetch_count or pool.global_prefetch
+    active = sum(1 for c in t.consumers if c.has_work or c.draining)
+    fair = -(-limit // active) if active > 1 else 1 << 62
     n = len(t.consumers)
     order = t.consumers[t.rr % n:] + t.consumers[:t.rr % n]
-    working = [c for c in order if c.has_work and not c.draining]
+    # A Consumer at its fair share keeps its work for a later grant.
+    working = [c for c in order if c.has_work and not c.draining
+               and c.granted + c.unacked < fair]
     if not working:
         return out
     t.rr = (t.rr + 1) % n
     share = max(1, free // len(working))
-    limit = pool.prefetch_count or pool.global_prefetch
-    active = sum(1 for c in t.consumers if c.has_work or c.draining)
-    fair = -(-limit // active) if active > 1 else 1 << 62
     for c in working:
         if free <= 0:
             break
         grant = min(share, free, fair - c.granted - c.unacked)
-        if grant <= 0:
-            continue      # over its fair share: keeps its work for a later grant
         free -= grant
         c.granted += grant
         c.last_grant = grant
