@@ -174,7 +174,7 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
 
 def on_registered(t: ConsumerTarget, available: list) -> None:
     """Every node answered CONSUME for ``t``, in ``t.consumers``' order, with its queue's
-    AVAILABLE entries (None from a node older than session 17): credit may flow now, and each
+    AVAILABLE entries (None from an older node: WORK will tell): credit may flow now, and each
     queue that has messages is pulled from at once, so that a multi-queue consumer starts on
     all of them together (seed 002 DG5) rather than on whichever node answers WORK first."""
     for c, n in zip(t.consumers, available):
