@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 from . import schema as S
 from .workers import CLOSE_S, DONE, ERROR, READY, SECOND, Config, run_worker
-from .writer import RunWriter, loss_and_duplicates, merge_counts, received_runs
+from .writer import RunWriter, loss_and_duplicates, merge_counts, received_runs, warm_up
 
 READY_TIMEOUT_S = 60.0
 DRAIN_IDLE_S = 3.0
@@ -128,6 +128,7 @@ class Runner:
     # -- the run ------------------------------------------------------------------------
     def run(self) -> dict:
         """Run the test; return the summary. Raises ``LoadTestFailed``."""
+        warm_up()
         ctx = mp.get_context("spawn")
         reports = ctx.Queue()
         go, stop = ctx.Event(), ctx.Event()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -66,6 +68,26 @@ def test_run_folder_round_trip(tmp_path):
     assert run["producers"]["sent"].to_pylist() == [7]
     assert loss_and_duplicates(run["received"]) == (2, 1)
     assert json.loads((tmp_path / S.RUN_JSON).read_text())["run_id"] == "ab"
+
+
+def test_the_first_flush_inside_a_run_does_no_one_time_work(tmp_path):
+    """pyarrow imports pandas (about 0.2 s of CPU) on its first conversion of Python values.
+    The runner calls ``warm_up()`` before the workers start, so the first ``flush()``, five
+    seconds into the measured window, imports nothing (it used to show in both brokers'
+    latency as a spike at second 5). A fresh interpreter: other tests may have imported it."""
+    script = f"""
+import sys
+from shoal.pipeline.loadtest.writer import RunWriter, warm_up
+warm_up()
+w = RunWriter({str(tmp_path)!r}, {{}})
+w.add_samples([(0, 0, "perf-1", 1, 10_000, 310_000, 300, False)])
+before = set(sys.modules)
+w.flush()
+print(sorted(set(sys.modules) - before))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_queue_args_and_flags():
