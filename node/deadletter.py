@@ -6,6 +6,7 @@
   message had a per-message TTL, which is removed so the copy does not expire again), plus
   ``x-first-death-*`` (RabbitMQ 3.10 writes no ``x-last-death-*``; 3.13 added them). Returns None for a dead-letter cycle (the message
   already died in this queue and no death in its history was a rejection): it is dropped.
+* :func:`send_dead_letter`: sends the copy to a router (REPUBLISH) to be routed.
 * :func:`delivery_count_header`: sets ``x-delivery-count`` (failed deliveries so far, as
   RabbitMQ quorum queues do) on a redelivery from a queue with a delivery limit.
 
@@ -16,12 +17,18 @@ writes has RabbitMQ's types: ``count`` and ``x-delivery-count`` are signed 64-bi
 from __future__ import annotations
 
 import datetime
+import logging
 from typing import Any
 
 from pamqp.commands import Basic
 
+from shoal.shared.wire import TAG_REPUBLISH
+
 from .header_table import Long, raw_headers, splice_headers
 from .message import encode_header, parse_properties
+from .paging import body_bytes
+
+log = logging.getLogger("shoal.node")
 
 _FIRST_DEATH_KEYS = ("x-first-death-reason", "x-first-death-queue", "x-first-death-exchange")
 
@@ -97,3 +104,21 @@ def _rewrite(header: bytes, props: Basic.Properties, body_size: int,
     entries: list = [(k, v) for k, v in kept if k not in added]
     entries += list(added.items())
     return splice_headers(encode_header(props, body_size), entries)
+
+
+def send_dead_letter(shard: Any, q: Any, entry: Any, reason: str) -> None:
+    """Send ``entry`` of queue ``q`` to its x-dead-letter-exchange with an x-death header:
+    REPUBLISH to one of ``shard``'s routers (routing needs the exchange cache routers have).
+    Dropped, logged, when no router is connected or the message cycles."""
+    if not shard.peers:
+        log.warning("dropping dead letter from queue '%s': no router connected", q.name)
+        return
+    t = shard.timers
+    header = dead_letter_header(entry.header, len(entry.body), q.name, reason,
+                                entry.exchange, entry.routing_key, t.now + t.wall_offset_ms)
+    if header is None:
+        log.info("dropping dead letter cycling through queue '%s'", q.name)
+        return
+    rk = q.cfg.dlrk if q.cfg.dlrk is not None else entry.routing_key
+    shard.send(next(iter(shard.peers)), [TAG_REPUBLISH, q.vhost, q.cfg.dlx, rk, header,
+                                          body_bytes(entry.body)])

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from shoal.shared.wire import scheduled
+
 from .entry import QueueEntry
 from .entry_list import (LastValueQueueEntryList, PriorityQueueEntryList, QueueEntryList,
                          SortedQueueEntryList, StandardQueueEntryList)
@@ -37,12 +39,6 @@ def make_entry_list(cfg: QueueConfig) -> QueueEntryList:
     if cfg.type is QueueType.LAST_VALUE:
         return LastValueQueueEntryList()
     return StandardQueueEntryList()
-
-
-def scheduled(header: bytes) -> bool:
-    """Whether a content header (bytes as the client sent them) may hold a scheduled-delivery
-    header; a cheap byte search that never misses one (false positives are parsed)."""
-    return b"x-delay" in header or b"x-qpid-not-valid-before" in header
 
 
 def read_properties(cfg: QueueConfig, entry: QueueEntry, flags: int) -> Any:

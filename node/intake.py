@@ -14,8 +14,10 @@ log = logging.getLogger("shoal.node")
 
 #: Settlements and credit: handled before the publishes read in the same turn, so consumers
 #: keep flowing while publishers flood (safe: a router sends CREDIT only after CONSUME's reply
-#: and SETTLE only for deliveries already made).
-_URGENT = frozenset({T.SETTLE, T.CREDIT})
+#: and SETTLE only for deliveries already made). A lease's records and its end keep their
+#: place among them: a SETTLE of a leased delivery always follows its LEASED, and a router
+#: sends no PUBLISH to a queue it holds lent (node/lease.py).
+_URGENT = frozenset({T.SETTLE, T.CREDIT, T.LEASED, T.LEASE_END})
 
 
 def feed_frame(shard: Shard, peer: bytes, frame: bytes, now_ms: float) -> int:

@@ -17,6 +17,7 @@ from shoal.shared.wire import OUTCOME_ACK, OUTCOME_REJECT, OUTCOME_REQUEUE, TAG_
 
 from .consumer import QueueConsumer
 from .deadletter import delivery_count_header
+from . import lease
 from .durable import DurableLog
 from .entry import QueueEntry
 from .journal import JournalUnavailable
@@ -37,6 +38,7 @@ class ShardCore(Protocol):
     durable: DurableLog | None
     timers: Timers
     pages: PageStore | None
+    leases_on: bool
 
     def send(self, identity: bytes, msg: list) -> None: ...
 
@@ -59,6 +61,7 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     then notify consumers (seed 002). A queue over its memory budget keeps the body in the
     node's page files (node/paging.py)."""
     _, seq, vhost, names, exchange, routing_key, header, body, publisher = msg
+    state.publishes += 1
     queues = shard.queues
     pages = shard.pages
     routed = 0
@@ -98,6 +101,8 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
             q = queues.get((vhost, name))
             if q is not None:
                 q.notify_work()
+                if q.qcm.interested_count:
+                    lease.maybe_grant(shard, q)
 
 
 def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> int:
@@ -117,6 +122,8 @@ def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> int:
     c.configure(cc, owner)
     q.add_consumer(c)
     state.consumers[cid] = c
+    if q.lease is not None:
+        lease.revoke(shard, q)          # a second consumer: the node decides again
     return q.message_count
 
 
@@ -126,6 +133,7 @@ def on_cancel(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     c = state.consumers.pop(msg[2], None)
     if c is not None and c.queue.remove_consumer(c):
         shard.maybe_auto_delete(c.queue)
+        lease.maybe_grant(shard, c.queue)
 
 
 def on_credit(shard: ShardCore, state: RouterPeer, msg: list) -> None:
@@ -137,6 +145,8 @@ def on_credit(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     q = c.queue
     if credit or drain:
         q.add_credit(c, credit)
+        if q.lease is None and not drain:
+            lease.maybe_grant(shard, q)
     if drain:
         shard.send(state.identity, [int(T.CREDIT_DRAINED), cid, q.drain(c)])
     elif not credit:

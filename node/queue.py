@@ -36,6 +36,7 @@ from .timers import Timers
 class DeliverySink(Protocol):
     def deliver(self, consumer: QueueConsumer, entry: QueueEntry) -> None: ...
     def work(self, consumer: QueueConsumer) -> None: ...
+    def lease_broken(self, queue: "Queue") -> None: ...
 
 
 class Queue(QueueFeatures):
@@ -52,7 +53,8 @@ class Queue(QueueFeatures):
     __slots__ = ("vhost", "name", "durable", "exclusive_owner", "auto_delete", "arguments",
                  "entries", "qcm", "available", "sink", "next_id", "deleted", "had_consumers",
                  "exclusive_consumer", "work_wanted", "cfg", "timers", "held", "ready_bytes",
-                 "groups", "active", "last_used", "journaled", "stats")
+                 "groups", "active", "last_used", "journaled", "stats", "lease",
+                 "lease_revoked", "lease_hold_until")
 
     def __init__(self, vhost: str, name: str, *, durable: bool = False,
                  exclusive_owner: str | None = None, auto_delete: bool = False,
@@ -92,6 +94,11 @@ class Queue(QueueFeatures):
         #: messages published to it, delivered or fetched from it, acknowledged (QUEUE_LIST:
         #: the management API's message_stats); [publish, deliver_get, ack]
         self.stats = [0, 0, 0]
+        #: the consumer whose router holds a delivery lease (node/lease.py), whether it was
+        #: revoked, and the clock (ms) before which the queue is not lent again
+        self.lease: QueueConsumer | None = None
+        self.lease_revoked = False
+        self.lease_hold_until = 0.0
         if self.cfg.expires:
             self.timers.add(self.last_used + self.cfg.expires, self._check_expires)
 
@@ -305,6 +312,7 @@ class Queue(QueueFeatures):
             e.delete()
         self.available = self.held = self.ready_bytes = 0
         self.deleted = True
+        self.lease = None
         return consumers
 
     # --- consumers ---
@@ -327,6 +335,8 @@ class Queue(QueueFeatures):
         if not self.qcm.remove(consumer):
             return False
         self.work_wanted.pop(consumer, None)
+        if self.lease is consumer:
+            self.lease = None
         self.touch()
         if self.exclusive_consumer is consumer:
             self.exclusive_consumer = None
@@ -345,7 +355,7 @@ class Queue(QueueFeatures):
     def add_credit(self, consumer: QueueConsumer, credit: int) -> None:
         """Give ``consumer`` more credit and let it pull what it can now."""
         consumer.credit += credit
-        if consumer.credit > 0:
+        if consumer.credit > 0 and consumer is not self.lease:  # lent: the router delivers
             if not consumer.acquires:
                 self._pull(consumer)
                 return
@@ -397,6 +407,8 @@ class Queue(QueueFeatures):
         and has something to take (DG3: no spurious wake-ups)."""
         if not self.available:
             return
+        if self.lease is not None:
+            self.sink.lease_broken(self)      # revoke; the lease holder is not interested
         qcm = self.qcm
         tries = qcm.interested_count
         if tries == 1 and self.groups is None:

@@ -29,13 +29,14 @@ from shoal.shared.errors import (INTERNAL_ERROR, NOT_FOUND, PRECONDITION_FAILED,
                                  injected_faults, soft_error)
 from shoal.shared.settings import Settings
 from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_REMOVED, TAG_DELIVER, TAG_GOODBYE, TAG_HELLO,
-                               TAG_NODE_BLOCKED, TAG_REPLY, TAG_REPUBLISH, TAG_TOPOLOGY_EVENT,
+                               TAG_NODE_BLOCKED, TAG_REPLY, TAG_TOPOLOGY_EVENT,
                                TAG_WORK, T)
 
 from . import messages as M
 from .access_store import AccessStore, on_access_get, on_access_set
 from .consumer import QueueConsumer
-from .deadletter import dead_letter_header
+from .deadletter import send_dead_letter
+from .lease import on_lease_end, on_leased, revoke as revoke_lease
 from .durable import DurableLog
 from .entry import QueueEntry
 from .journal import Journal
@@ -77,6 +78,7 @@ class Shard:
         self.node_id = node_id
         self.incarnation = incarnation or uuid.uuid4().hex
         self.settings = settings or Settings(node_id=node_id)
+        self.leases_on = self.settings.delivery_leases     #: node/lease.py may lend queues
         self.queues: dict[tuple[str, str], Queue] = {}
         #: journal glue (node/durable.py) once :meth:`attach_journal` ran; None: nothing
         #: is durable (unit tests, a node without a data dir)
@@ -130,6 +132,8 @@ class Shard:
             T.CREDIT: (4, None, M.on_credit, False),        # hot: checked inside
             T.SETTLE: (3, None, M.on_settle, False),        # hot: checked inside
             T.GET: (6, (int, str, str, int, _S), M.on_get, True),
+            T.LEASED: (8, None, on_leased, False),          # checked inside
+            T.LEASE_END: (2, None, on_lease_end, False),
         }
         faults = injected_faults("node")        # tests only: SHOAL_INJECT_FAULTS
         self._spec = {int(k): (v if T(k).name.lower() not in faults else
@@ -225,20 +229,12 @@ class Shard:
         self.send(consumer.peer.identity, [TAG_WORK, consumer.consumer_id])
 
     def dead_letter(self, q: Queue, entry: QueueEntry, reason: str) -> None:
-        """Send ``entry`` to ``q``'s x-dead-letter-exchange with an x-death header (REPUBLISH
-        to one router: routing needs the exchange cache routers have)."""
-        if not self.peers:
-            log.warning("dropping dead letter from queue '%s': no router connected", q.name)
-            return
-        t = self.timers
-        header = dead_letter_header(entry.header, len(entry.body), q.name, reason,
-                                    entry.exchange, entry.routing_key, t.now + t.wall_offset_ms)
-        if header is None:
-            log.info("dropping dead letter cycling through queue '%s'", q.name)
-            return
-        rk = q.cfg.dlrk if q.cfg.dlrk is not None else entry.routing_key
-        self.send(next(iter(self.peers)), [TAG_REPUBLISH, q.vhost, q.cfg.dlx, rk, header,
-                                            body_bytes(entry.body)])
+        """Send ``entry`` to ``q``'s x-dead-letter-exchange (node/deadletter.py)."""
+        send_dead_letter(self, q, entry, reason)
+
+    def lease_broken(self, q: Queue) -> None:
+        """``q`` has a ready message while lent: revoke the lease (node/lease.py)."""
+        revoke_lease(self, q)
 
     def browse_done(self, consumer: QueueConsumer) -> None:
         """x-filter-auto-close: the browser reached the end of the queue; it is cancelled

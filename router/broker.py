@@ -23,10 +23,11 @@ from shoal.shared.linkauth import connect_curve
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH, TAG_SETTLE
 
-from . import consumers as credit
+from . import consumers as credit, pushback
 from .access import UserStore
 from .limits import Limits
 from .consumers import Consumer, ConsumerTarget
+from .lease import Leases
 from .link import Attach, NodeLink
 from .unix_link import open_link
 from .routing import Topology
@@ -66,11 +67,11 @@ class Broker:
         #: sent, drains that came back with nothing delivered, deliveries; and RabbitMQ's
         #: global message counters (publishes received, routed and unroutable, confirmed,
         #: acknowledged) and the times publishers were paused for a full node link
-        #: (router/management/metrics.py)
+        #: (router/management/metrics.py); "leased": deliveries made under a delivery lease
         self.stats = {"work": 0, "drains": 0, "empty_drains": 0, "delivered": 0,
                       "received": 0, "routed": 0, "unroutable": 0, "returned": 0,
                       "confirmed": 0,
-                      "acknowledged": 0, "publishers_paused": 0}
+                      "acknowledged": 0, "publishers_paused": 0, "leased": 0}
         self.publishes: dict[int, PendingPublish] = {}
         self.connections: set[BrokerClient] = set()
         #: set when a connection opens or closes: router/live.py reports at once
@@ -81,7 +82,8 @@ class Broker:
         self._placement: dict[tuple[str, str, str], str] = {}
         self._dirty: set[BrokerClient] = set()
         self._flush_scheduled = False
-        self._congested_links = 0
+        self.leases = Leases(self)       #: delivery leases held (router/lease.py)
+        self.congested_links = 0         #: node links whose queue is full (router/pushback.py)
         self._snapshots: dict[str, asyncio.Future] = {}  # TOPOLOGY_SNAPSHOT per node (start)
         #: nodes whose journal cannot write (NODE_BLOCKED): node_id -> reason
         self.blocked_nodes: dict[str, str] = {}
@@ -98,7 +100,7 @@ class Broker:
         for node_id, endpoint in self.node_map:
             args = (node_id, endpoint, self.router_id, s.link_heartbeat_ms, s.link_timeout_ms,
                     self._on_node_message, self._on_node_up, self._on_node_down,
-                    self._on_congestion, self.flush_clients)
+                    lambda link, on: pushback.on_congestion(self, on), self.flush_clients)
             link = open_link(self._ctx, self.local_nodes.get(node_id), args,
                              lambda sock, ep: connect_curve(sock, ep, s))
             self.links[node_id] = link
@@ -172,14 +174,13 @@ class Broker:
         ``seq``: the channel's confirm sequence number (0 without confirms). ``future``: set
         to the finished PendingPublish once every node answered (tx.commit waits on it).
         """
-        if len(queues) == 1:            # the common case: no grouping by node
-            (q,) = queues
-            by_node = {self._owner(ch.vhost, q, "q"): [q]}
-        else:
-            by_node = {}
-            for q in queues:
-                by_node.setdefault(self._owner(ch.vhost, q, "q"), []).append(q)
         want_result = seq or ev.mandatory or future is not None
+        if self.leases.held:
+            if not want_result and len(queues) == 1 and \
+                    self.leases.deliver(ch, ev, next(iter(queues))):
+                return
+            self.leases.end_for(ch.vhost, queues)
+        by_node = self._by_node(ch.vhost, queues)
         if not want_result:     # routed as far as the router knows (no node answer)
             self.stats["routed" if queues else "unroutable"] += 1
             for node_id, qs in by_node.items():
@@ -203,6 +204,16 @@ class Broker:
             self.publishes[pid] = pending
         else:
             self._finish_publish(pending)
+
+    def _by_node(self, vhost: str, queues: Any) -> dict[str, list[str]]:
+        """The queue names grouped by their owner node (one PUBLISH per node)."""
+        if len(queues) == 1:            # the common case: no grouping
+            (q,) = queues
+            return {self._owner(vhost, q, "q"): [q]}
+        by_node: dict[str, list[str]] = {}
+        for q in queues:
+            by_node.setdefault(self._owner(vhost, q, "q"), []).append(q)
+        return by_node
 
     def _finish_publish(self, p: PendingPublish) -> None:
         ch = p.channel
@@ -249,6 +260,7 @@ class Broker:
         delivery in flight is never dropped; basic.cancel-ok waits for them."""
         t.cancelled = True
         ch.pool.targets.pop(t.tag, None)
+        self.leases.forget(t)
         replies = []
         for c in t.consumers:
             link = self.links[c.node_id]
@@ -302,7 +314,7 @@ class Broker:
             try:
                 ch.deliver(c, delivery_id, redelivered, exchange, routing_key, header, body)
             except Exception:  # noqa: BLE001 - a bug costs this connection, not the message
-                self._delivery_failed(link, ch, delivery_id)
+                self.delivery_failed(link, ch, delivery_id)
             self.mark_dirty(ch.client)
         elif tag == T.PUBLISH_RESULT:
             _, pid, code, routed = msg
@@ -330,6 +342,10 @@ class Broker:
                     self.stats["empty_drains"] += 1
                 credit.on_drained(c, msg[2])
                 self.replenish_channel(ch)
+        elif tag == T.LEASE_GRANT:
+            self.leases.on_grant(link, msg[1], msg[2])
+        elif tag == T.LEASE_REVOKE:
+            self.leases.on_revoke(link, msg[1])
         elif tag == T.CONSUMER_CANCELLED:
             entry = self.consumers.get(msg[1])
             if entry is not None:
@@ -341,7 +357,7 @@ class Broker:
         elif tag == T.FORCE_CLOSE:            # the management API of some router asked
             self.close_connection(msg[2], msg[3])
         elif tag == T.NODE_BLOCKED:
-            self._set_node_blocked(link.node_id, msg[2] if msg[1] else None)
+            pushback.set_node_blocked(self, link.node_id, msg[2] if msg[1] else None)
         elif tag == T.TOPOLOGY_EVENT:
             if msg[1] == wire.EV_ACCESS:
                 self.on_access(*msg[2])
@@ -365,7 +381,7 @@ class Broker:
                 return True
         return False
 
-    def _delivery_failed(self, link: NodeLink, ch: BrokerChannel, delivery_id: int) -> None:
+    def delivery_failed(self, link: NodeLink, ch: BrokerChannel, delivery_id: int) -> None:
         """A bug while writing a delivery (called from an ``except`` block): log it with its
         traceback, give the message back to its queue unless the channel already holds it as
         unacked (then closing the connection requeues it), and close the client's connection
@@ -392,10 +408,9 @@ class Broker:
         """Route a message like basic.publish without a channel or a confirm (dead letters,
         the management API's publish); returns whether any queue was routed to."""
         queues = self.topology.route(vhost, exchange, routing_key, None, header)
-        by_node: dict[str, list[str]] = {}
-        for q in queues:
-            by_node.setdefault(self._owner(vhost, q, "q"), []).append(q)
-        for node_id, qs in by_node.items():
+        if self.leases.held:
+            self.leases.end_for(vhost, queues)
+        for node_id, qs in self._by_node(vhost, queues).items():
             link = self.links[node_id]
             if link.up:
                 link.send([TAG_PUBLISH, 0, vhost, qs, exchange, routing_key, header, body, None])
@@ -420,37 +435,7 @@ class Broker:
     @property
     def congested(self) -> bool:
         """Some node's link queue is full: client reading stays paused until it drains."""
-        return self._congested_links > 0
-
-    def _on_congestion(self, link: NodeLink, on: bool) -> None:
-        """Pause reading from publishing clients while any node link is full (their
-        publishes wait in their sockets: TCP pushes back); resume when all links drain.
-        Connections that only consume keep being read, so acks and credit keep flowing."""
-        was = self.congested
-        self._congested_links += 1 if on else -1
-        if was != self.congested:
-            self.stats["publishers_paused"] += self.congested
-            for client in self.connections:
-                if client.publisher:
-                    client.set_reading(not self.congested)
-
-    def _set_node_blocked(self, node_id: str, reason: str | None) -> None:
-        """NODE_BLOCKED: while any node has a resource alarm or a journal that cannot write,
-        publishing connections are blocked as RabbitMQ blocks them (each at its next publish:
-        ``connection.blocked`` with the reason to clients that announced the capability, and
-        the socket no longer read); when the last node clears, every blocked connection gets
-        ``connection.unblocked`` and is read again. Confirms of persistent messages on a node
-        whose journal cannot write are withheld meanwhile (never a false confirm)."""
-        if reason is None:
-            self.blocked_nodes.pop(node_id, None)
-        else:
-            self.blocked_nodes[node_id] = str(reason)
-            log.warning("node %s blocked publishers: %s", node_id, reason)
-        was = self.blocked_reason
-        self.blocked_reason = next(iter(self.blocked_nodes.values()), None)
-        if was is not None and self.blocked_reason is None:
-            for client in self.connections:
-                client.unblock()
+        return self.congested_links > 0
 
     def _on_node_up(self, link: NodeLink, restarted: bool) -> None:
         if restarted:
@@ -470,7 +455,8 @@ class Broker:
         unacked deliveries settle as no-ops (design.md section 4)."""
         node_id = link.node_id
         if node_id in self.blocked_nodes:
-            self._set_node_blocked(node_id, None)
+            pushback.set_node_blocked(self, node_id, None)
+        self.leases.forget_node(node_id)
         for ch, c in list(self.consumers.values()):
             if c.node_id == node_id:
                 self._server_cancel(ch, c.target)

@@ -90,6 +90,9 @@ class Settings:
     node_id: str = "node-0"                  #: node: its id (placement hashes over ids)
     node_bind: str = "tcp://127.0.0.1:5680"  #: node: endpoint to bind (ZeroMQ, or
     #: ``unix://PATH``: the same-host link, node/unix_listener.py)
+    delivery_leases: bool = True             #: node: lend an empty plain queue's only
+    #: consumer to its router, which then delivers matching publishes itself and records
+    #: them here a few ms later (docs/consumers.md, "Delivery leases"; node/lease.py)
     users: dict[str, str] = field(default_factory=lambda: {"guest": "guest"})
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])  #: loopback-only users
     vhosts: list[str] = field(default_factory=lambda: ["/"])

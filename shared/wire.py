@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 #: Bumped whenever a message's fields change. Checked at connect time (HELLO).
-WIRE_VERSION = 4
+WIRE_VERSION = 5
 
 
 class T(IntEnum):
@@ -159,6 +159,20 @@ class T(IntEnum):
                           #   406 if the version moved on. Every router gets EV_ACCESS before
                           #   the reply (TOPOLOGY_SYNC, as for declares)
 
+    # --- delivery leases (docs/consumers.md, "Delivery leases") ---
+    LEASE_GRANT = 60      # N->R [T, consumer_id, publishes]: the queue is empty and this is
+                          #   its only consumer: the router may deliver publishes to it itself.
+                          #   publishes: the router's PUBLISH messages the node has handled;
+                          #   a router that has sent more declines (LEASE_END).
+    LEASE_REVOKE = 61     # N->R [T, consumer_id]: something else made the queue non-empty or
+                          #   shared; answer LEASE_END (behind any LEASED).
+    LEASED = 62           # R->N [T, consumer_id, delivery_id, exchange, routing_key, header,
+                          #       body, publisher]: the router delivered this message itself
+                          #   under delivery_id (negative, chosen by the router); the node
+                          #   enqueues it acquired by the consumer. Sent ahead of SETTLEs.
+    LEASE_END = 63        # R->N [T, consumer_id]: the router holds the lease no longer
+                          #   (returned, declined or revoked); sent behind its LEASEDs.
+
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the
 #: router and the node: an IntEnum member costs a class attribute lookup at each use (about
@@ -170,6 +184,26 @@ TAG_TOPOLOGY_EVENT, TAG_PUBLISH, TAG_PUBLISH_RESULT, TAG_REPUBLISH, TAG_NODE_BLO
     int(T.NODE_BLOCKED))
 TAG_CREDIT, TAG_DELIVER, TAG_WORK, TAG_SETTLE = (
     int(T.CREDIT), int(T.DELIVER), int(T.WORK), int(T.SETTLE))
+TAG_LEASE_GRANT, TAG_LEASE_REVOKE, TAG_LEASED, TAG_LEASE_END = (
+    int(T.LEASE_GRANT), int(T.LEASE_REVOKE), int(T.LEASED), int(T.LEASE_END))
+
+
+def scheduled(header: bytes) -> bool:
+    """Whether a content header (bytes as the client sent them) may hold a scheduled-delivery
+    header (``x-delay``, ``x-qpid-not-valid-before``); a cheap byte search that never misses
+    one (false positives are parsed by the node)."""
+    return b"x-delay" in header or b"x-qpid-not-valid-before" in header
+
+
+def leasable(header: bytes) -> bool:
+    """Whether a router holding a delivery lease may deliver a message with this content
+    header itself: not when it carries an ``expiration`` (property flag 0x0100) or may carry
+    a scheduled-delivery header (``x-delay``, ``x-qpid-not-valid-before``): those need the
+    queue's timers. A cheap byte test; a false "no" only costs the hop."""
+    flags = header[12] if len(header) > 13 else 0   # high byte of the property flags
+    if flags & 0x01:
+        return False
+    return not (flags & 0x20 and scheduled(header))
 
 
 # Topology events.
@@ -263,7 +297,7 @@ def decode_batch(frame: bytes) -> list[list[Any]]:
 #: as they are, which saves the msgpack round trip (about 1 µs per message at 5,000 msg/s,
 #: docs/performance.md, session 6).
 HOT_TAGS = frozenset({TAG_PUBLISH, TAG_PUBLISH_RESULT, TAG_CREDIT, TAG_DELIVER, TAG_WORK,
-                      TAG_SETTLE})
+                      TAG_SETTLE, TAG_LEASED})
 #: ``SHOAL_WIRE_CHECK=1`` (the e2e suite sets it): every hot message handed over is checked to
 #: be exactly what a msgpack round trip gives back (plain ``int`` tags, no tuples, no
 #: memoryviews), and to be unchanged when the receiver starts and ends handling it.

@@ -124,6 +124,9 @@ async def families(broker: Broker, lag: RouterLag, per_object: bool) -> list:
     out.append(CounterMetricFamily("shoal_publishers_paused", "Times publishing connections "
                                    "were paused because a node link was full (node not "
                                    "keeping up)", value=broker.stats["publishers_paused"]))
+    out.append(CounterMetricFamily("shoal_deliveries_leased", "Deliveries this router made "
+                                   "itself under a queue's delivery lease, without the hop to "
+                                   "its node (docs/consumers.md)", value=broker.stats["leased"]))
     out.append(GaugeMetricFamily("shoal_router_event_loop_lag_seconds", "How late this "
                                  "router's event loop ran a callback due each second",
                                  value=lag.last))

@@ -9,8 +9,11 @@ from shoal.shared.wire import WIRE_VERSION, T
 class Net:
     """A Shard plus per-router inboxes (what the shard sent, in order)."""
 
-    def __init__(self, node_id: str = "node-0") -> None:
-        self.settings = Settings(node_id=node_id, link_heartbeat_ms=100, link_timeout_ms=300)
+    def __init__(self, node_id: str = "node-0", leases: bool = False) -> None:
+        """``leases``: the node lends queues (node/lease.py); off, the fake routers need not
+        answer LEASE_GRANT and the other tests see the node's own deliveries."""
+        self.settings = Settings(node_id=node_id, link_heartbeat_ms=100, link_timeout_ms=300,
+                                 delivery_leases=leases)
         self.shard = Shard(node_id, "inc-1", self.settings)
         self.inbox: dict[bytes, list[list]] = {}
         self.auto_sync: set[bytes] = set()     #: routers that answer TOPOLOGY_SYNC at once

@@ -69,3 +69,30 @@ def test_lazy_credit_is_not_merged_ahead_of_an_urgent_grant(node_and_link):
     msgs = [m for m in asyncio.run(go()) if m[0] == T.CREDIT]
     assert msgs == [[T.CREDIT, 7, 1, False], [T.CREDIT, 7, 4, True], [T.CREDIT, 7, 2, False],
                     [T.CREDIT, 8, 3, False]]
+
+
+def test_lease_records_leave_first_in_order_even_behind_a_backlog(node_and_link):
+    """LEASED and LEASE_END (router/lease.py) go ahead of settlements and publishes, and a
+    later one never overtakes an earlier one still waiting in a backlog."""
+    node, link = node_and_link
+    sent: list = []
+    accept = [False]
+
+    def send_now(batch):
+        if accept[0]:
+            sent.extend(batch)
+        return accept[0]
+
+    async def go():
+        link.up = True
+        link._send_now = send_now
+        link.send([T.PUBLISH, 0, "/", ["q"], "", "q", b"h", b"p1", None])
+        link.send_record([T.LEASED, 1, -1, "", "q", b"h", b"m1", None])
+        link._flush()                             # the node is full: nothing leaves
+        link.send_lazy([T.SETTLE, wire.OUTCOME_ACK, [-1]])
+        link.send_record([T.LEASE_END, 1])
+        accept[0] = True
+        link._flush()
+
+    asyncio.run(go())
+    assert [m[0] for m in sent] == [T.LEASED, T.LEASE_END, T.SETTLE, T.PUBLISH]

@@ -20,7 +20,9 @@ from link_flood import check_paused_and_lossless, flood
 
 
 def _hosted(ctx: zmq.Context) -> NodeServer:
-    settings = dataclasses.replace(Settings(), node_id="node-0", node_bind="inproc://node-0")
+    # The raw link below plays the router and does not answer LEASE_GRANT (node/lease.py).
+    settings = dataclasses.replace(Settings(), node_id="node-0", node_bind="inproc://node-0",
+                                   delivery_leases=False)
     server = NodeServer(settings, ctx=ctx)
     server.bind()
     return server

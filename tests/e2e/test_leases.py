@@ -1,0 +1,153 @@
+"""Delivery leases (docs/consumers.md, "Delivery leases"), as clients see them: while a queue
+is empty with one consumer, its router delivers publishes itself and tells the node after.
+Nothing a client can see may change: every message arrives once, in each channel's publish
+order, across every way a lease ends (a mandatory publish, an expiration, no credit, a
+second consumer, a publisher on another router, a requeue, a lost connection), and what is
+acknowledged is gone. ``shoal_deliveries_leased_total`` shows the path was taken.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+import pika
+import pytest
+
+from tests.e2e.test_metrics import prom, scrape, value  # noqa: F401 - the module's cluster
+
+pytestmark = pytest.mark.e2e
+
+
+def connect(url: str) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(url))
+
+
+def pump(*conns, until, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not until() and time.monotonic() < deadline:
+        for c in conns:
+            c.process_data_events(0.01)
+    assert until(), "timed out"
+
+
+def leased(cl) -> float:
+    return value(scrape(cl)["shoal_deliveries_leased"], "_total")
+
+
+def consumer(conn, queue: str, got: list, prefetch: int, ack_every: int = 1):
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=prefetch)
+    pending = []
+
+    def on(ch_, method, props, body):
+        got.append((body, method.redelivered))
+        pending.append(method.delivery_tag)
+        if len(pending) >= ack_every:
+            ch_.basic_ack(pending[-1], multiple=True)
+            pending.clear()
+    tag = ch.basic_consume(queue, on)
+    return ch, tag
+
+
+def test_every_message_arrives_once_in_order_as_leases_end_and_come_back(prom):
+    """One at a time first, until the router delivers under a lease (the queue is empty
+    between messages), then bursts in which mandatory publishes and expirations end it and
+    the consumer falls behind: one channel's messages arrive once, in order."""
+    q = f"lease-{uuid.uuid4().hex[:10]}"
+    pub, sub = connect(prom.url), connect(prom.url)
+    pch = pub.channel()
+    pch.queue_declare(q)
+    got: list = []
+    consumer(sub, q, got, prefetch=20, ack_every=1)
+    before = leased(prom)
+    sent: list = []
+    deadline = time.monotonic() + 20
+    while leased(prom) == before and time.monotonic() < deadline:
+        sent.append(f"m{len(sent)}".encode())
+        pch.basic_publish("", q, sent[-1])
+        pump(pub, sub, until=lambda: len(got) == len(sent))
+    assert leased(prom) > before, "the queue was never lent"
+    for i in range(len(sent), len(sent) + 3000):
+        body = f"m{i}".encode()
+        if i % 97 == 0:        # mandatory: answered by the node, so the lease ends first
+            pch.basic_publish("", q, body, mandatory=True)
+        elif i % 89 == 0:      # an expiration needs the queue's timers: through the node
+            pch.basic_publish("", q, body, pika.BasicProperties(expiration="60000"))
+        else:
+            pch.basic_publish("", q, body)
+        sent.append(body)
+        if i % 10 == 9:        # bursts; between them the consumer falls behind or not
+            sub.process_data_events(0)
+    pump(pub, sub, until=lambda: len(got) >= len(sent))
+    assert [b for b, _ in got] == sent
+    assert not any(r for _, r in got)
+    sub.close()
+    assert pch.queue_declare(q, passive=True).method.message_count == 0
+    pch.queue_delete(q)
+    pub.close()
+
+
+@pytest.mark.parametrize("where", ["one router", "two routers"])
+def test_two_publishers_and_a_second_consumer_lose_and_repeat_nothing(prom, routers2, where):
+    """Two publishers (the second through the other router, which has no lease), then a
+    second consumer: each publisher's messages arrive once and in its order."""
+    q = f"lease2-{uuid.uuid4().hex[:10]}"
+    url = (lambda i: prom.url) if where == "one router" else routers2.router_url
+    a, b, sub, sub2 = connect(url(0)), connect(url(1)), connect(url(0)), connect(url(1))
+    ach, bch = a.channel(), b.channel()
+    ach.queue_declare(q)
+    got: list = []
+    consumer(sub, q, got, prefetch=50)
+    sub.process_data_events(0.2)
+    for i in range(1000):
+        ach.basic_publish("", q, f"a{i}".encode())
+        if i % 3 == 0:
+            bch.basic_publish("", q, f"b{i}".encode())
+        if i == 500:
+            got2: list = []
+            consumer(sub2, q, got2, prefetch=50)
+        if i % 20 == 19:
+            sub.process_data_events(0)
+            if i > 500:
+                sub2.process_data_events(0)
+    total = 1000 + len(range(0, 1000, 3))
+    pump(a, b, sub, sub2, until=lambda: len(got) + len(got2) >= total)
+    everything = [x for x, _ in got + got2]
+    assert sorted(everything) == sorted([f"a{i}".encode() for i in range(1000)]
+                                        + [f"b{i}".encode() for i in range(0, 1000, 3)])
+    for received in (got, got2):
+        for p in (b"a", b"b"):
+            mine = [int(x[1:]) for x, _ in received if x[:1] == p]
+            assert mine == sorted(mine)
+    for c in (a, b, sub, sub2):
+        c.close()
+
+
+def test_requeued_and_unacked_leased_deliveries_come_back(prom):
+    q = f"lease3-{uuid.uuid4().hex[:10]}"
+    pub, sub = connect(prom.url), connect(prom.url)
+    pch = pub.channel()
+    pch.queue_declare(q)
+    sch = sub.channel()
+    sch.basic_qos(prefetch_count=10)
+    got: list = []
+    sch.basic_consume(q, lambda ch, m, p, body: got.append((m.delivery_tag, body)))
+    sub.process_data_events(0.2)
+    for i in range(5):
+        pch.basic_publish("", q, f"m{i}".encode())
+    pump(pub, sub, until=lambda: len(got) >= 5)
+    sch.basic_nack(got[0][0], requeue=True)
+    pump(pub, sub, until=lambda: len(got) >= 6)
+    assert got[5][1] == b"m0"
+    sub.close()                               # m1..m4 and m0 unacked: back to the queue
+    again = connect(prom.url)
+    ach = again.channel()
+    back: list = []
+    ach.basic_consume(q, lambda ch, m, p, body: back.append((body, m.redelivered)),
+                      auto_ack=True)
+    pump(pub, again, until=lambda: len(back) >= 5)
+    assert [b for b, _ in back] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+    assert all(r for _, r in back)
+    pch.queue_delete(q)
+    for c in (pub, again):
+        c.close()

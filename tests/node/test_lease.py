@@ -1,0 +1,163 @@
+"""Delivery leases, the node's side (node/lease.py; docs/consumers.md, "Delivery leases"):
+when an empty plain queue's only consumer is lent to its router, what revokes the lease, and
+what the node does with the router's records."""
+from __future__ import annotations
+
+from node_helpers import Net, bodies
+
+from shoal.node.lease import HOLD_OFF_MS
+from shoal.shared.wire import OUTCOME_ACK, OUTCOME_REQUEUE, T
+
+
+def lent(leases=True):
+    net = Net(leases=leases)
+    r = net.router("r1")
+    r.declare("q")
+    cid = r.consume("q")
+    return net, r, cid
+
+
+def grants(msgs):
+    return [m for m in msgs if m[0] == T.LEASE_GRANT]
+
+
+def record(r, cid, did, body, hdr=b"hdr"):
+    r.send(T.LEASED, cid, did, "ex", "rk", hdr, body, None)
+
+
+def test_an_empty_queue_is_lent_when_its_only_consumer_gets_credit():
+    net, r, cid = lent()
+    assert r.take() == []
+    assert r.credit(cid, 5) == [[T.LEASE_GRANT, cid, 0]]
+    assert net.shard.queues[("/", "q")].lease is not None
+    assert r.credit(cid, 5) == []                 # granted once
+
+
+def test_the_grant_counts_the_routers_publishes_the_node_has_handled():
+    net = Net(leases=True)
+    r = net.router("r1")
+    r.declare("q")
+    r.declare("other")
+    r.publish("other", b"x")
+    r.publish("other", b"y")
+    cid = r.consume("q")
+    assert r.credit(cid, 1) == [[T.LEASE_GRANT, cid, 2]]
+
+
+def test_records_become_acquired_entries_settled_like_deliveries():
+    net, r, cid = lent()
+    r.credit(cid, 5)
+    record(r, cid, -1, b"m1")
+    record(r, cid, -2, b"m2")
+    assert r.take() == []                         # nothing to deliver: the router did
+    assert r.declare("q", passive=True)[4] == ["q", 0, 1]
+    peer = net.shard.peers[b"r1"]
+    assert sorted(peer.unsettled) == [-2, -1]
+    assert peer.consumers[cid].credit == 3
+    r.send(T.SETTLE, OUTCOME_ACK, [-1, -2])
+    assert peer.unsettled == {}
+    q = net.shard.queues[("/", "q")]
+    assert q.stats == [2, 2, 2]                   # published, delivered, acked
+
+
+def test_another_routers_publish_revokes_and_waits_for_lease_end():
+    net, r, cid = lent()
+    r.credit(cid, 5)
+    record(r, cid, -1, b"m1")
+    other = net.router("r2")
+    other.publish("q", b"m2")
+    assert r.take() == [[T.LEASE_REVOKE, cid]]   # no DELIVER while the lease is out
+    other.publish("q", b"m3")
+    assert r.take() == []                         # revoked once
+    record(r, cid, -2, b"m1b")                    # a record already on its way
+    r.send(T.LEASE_END, cid)
+    assert bodies(r.take()) == [b"m2", b"m3"]
+    assert sorted(net.shard.peers[b"r1"].unsettled)[:2] == [-2, -1]
+
+
+def test_a_second_consumer_revokes():
+    net, r, cid = lent()
+    r.credit(cid, 5)
+    r.consume("q")
+    assert r.pending == [[T.LEASE_REVOKE, cid]]   # sent with CONSUME's reply
+
+
+def test_a_requeued_leased_delivery_revokes_and_comes_back_redelivered():
+    net, r, cid = lent()
+    r.credit(cid, 5)
+    record(r, cid, -1, b"m1")
+    r.send(T.SETTLE, OUTCOME_REQUEUE, [-1])
+    assert r.take() == [[T.LEASE_REVOKE, cid]]
+    r.send(T.LEASE_END, cid)
+    (d,) = [m for m in r.take() if m[0] == T.DELIVER]
+    assert d[1] == cid and d[3] is True and d[7] == b"m1"
+
+
+def test_no_new_lease_for_a_while_after_one_ends():
+    net, r, cid = lent()
+    r.credit(cid, 5)
+    r.send(T.LEASE_END, cid)
+    assert r.credit(cid, 1) == []                 # held off
+    net.now += HOLD_OFF_MS
+    assert r.credit(cid, 1) == [[T.LEASE_GRANT, cid, 0]]
+
+
+def test_no_lease_without_credit_for_a_second_consumer_or_a_non_plain_queue():
+    net = Net(leases=True)
+    r = net.router("r1")
+    r.declare("q")
+    a = r.consume("q")
+    b = r.consume("q")
+    assert grants(r.credit(a, 5) + r.credit(b, 5)) == []
+    for args in ({"x-message-ttl": 1000}, {"x-max-priority": 5}, {"x-max-length": 10},
+                 {"x-single-active-consumer": True}):
+        name = f"q{len(str(args))}-{next(iter(args))}"
+        r.declare(name, args=args)
+        c = r.consume(name)
+        assert grants(r.credit(c, 5)) == [], args
+    r.declare("selective")
+    c = r.consume("selective", args={"x-filter-jms-selector": "color = 'red'"})
+    assert grants(r.credit(c, 5)) == []
+
+
+def test_the_setting_turns_leases_off():
+    net, r, cid = lent(leases=False)
+    assert r.credit(cid, 5) == []
+    r.publish("q", b"m1")
+    assert bodies(r.take()) == [b"m1"]
+
+
+def test_cancel_ends_the_lease_and_the_next_consumer_can_have_one():
+    net, r, cid = lent()
+    r.credit(cid, 5)
+    r.request(T.CANCEL, cid)
+    assert net.shard.queues[("/", "q")].lease is None
+    c2 = r.consume("q")
+    net.now += HOLD_OFF_MS
+    assert r.credit(c2, 5) == [[T.LEASE_GRANT, c2, 0]]
+
+
+def test_a_lost_router_releases_its_leased_deliveries():
+    net, r, cid = lent()
+    r.credit(cid, 5)
+    record(r, cid, -1, b"m1")
+    r.send(T.GOODBYE)
+    other = net.router("r2")
+    c2 = other.consume("q")
+    assert bodies(other.credit(c2, 5)) == [b"m1"]
+
+
+def test_no_ack_records_are_done_at_once_and_bad_records_are_dropped():
+    net = Net(leases=True)
+    r = net.router("r1")
+    r.declare("q")
+    cid = r.consume("q", no_ack=True)
+    assert r.credit(cid, 5) == [[T.LEASE_GRANT, cid, 0]]
+    record(r, cid, -1, b"m1")
+    assert net.shard.peers[b"r1"].unsettled == {}
+    assert r.declare("q", passive=True)[4] == ["q", 0, 1]
+    record(r, 99, -2, b"nobody")                  # unknown consumer
+    r.send(T.LEASED, cid, -3, "ex")               # malformed
+    r.send(T.LEASE_END, 99)                       # unknown
+    assert r.take() == []
+    assert r.declare("q", passive=True)[4] == ["q", 0, 1]
