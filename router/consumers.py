@@ -57,7 +57,6 @@ class Consumer:
     interest_sent: bool = False  #: CREDIT(0) "tell me when you have work" is registered
     last_grant: int = 0       #: size of the last drain grant (to count empty pulls)
     unacked: int = 0          #: this queue's deliveries not yet acknowledged by the client
-    leased: bool = False      #: this router holds the queue's delivery lease (router/lease.py)
 
 
 @dataclass(slots=True, eq=False)

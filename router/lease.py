@@ -57,10 +57,9 @@ class Leases:
             ch, c = entry
             t = c.target
             key = (t.vhost, c.queue)
-            if publishes == link.publishes and not c.leased and key not in self.held \
+            if publishes == link.publishes and key not in self.held \
                     and not t.cancelled and t.registered and len(t.consumers) == 1 \
                     and not ch.closed and c.node_id == link.node_id:
-                c.leased = True
                 self.held[key] = entry
                 link.leases += 1
                 return
@@ -69,7 +68,7 @@ class Leases:
     def on_revoke(self, link: "NodeLink", cid: Any) -> None:
         """LEASE_REVOKE: give it back at once (behind the records already queued)."""
         entry = self._broker.consumers.get(cid)
-        if entry is not None and entry[1].leased:
+        if entry is not None and self.holds(entry[1]):
             self._end(entry[1], now=True)
 
     def deliver(self, ch: "BrokerChannel", ev: Any, queue: str) -> bool:
@@ -113,19 +112,22 @@ class Leases:
         """``t`` is being cancelled (or its node cancelled it): the node ends the lease when it
         removes the consumer, so nothing is sent."""
         for c in t.consumers:
-            if c.leased:
+            if self.holds(c):
                 self._drop(c)
 
     def forget_node(self, node_id: str) -> None:
         """The node is down: every lease on it is gone (the link reset its count)."""
         for key, (_, c) in list(self.held.items()):
             if c.node_id == node_id:
-                c.leased = False
                 del self.held[key]
 
+    def holds(self, c: "Consumer") -> bool:
+        """Whether this router holds the lease of queue consumer ``c``."""
+        entry = self.held.get((c.target.vhost, c.queue))
+        return entry is not None and entry[1] is c
+
     def _drop(self, c: "Consumer") -> None:
-        c.leased = False
-        self.held.pop((c.target.vhost, c.queue), None)
+        del self.held[(c.target.vhost, c.queue)]
         link = self._broker.links[c.node_id]
         if link.leases > 0:
             link.leases -= 1

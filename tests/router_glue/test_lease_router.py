@@ -56,7 +56,7 @@ def publish(body, header=PLAIN):
 def test_a_grant_is_taken_and_publishes_are_delivered_then_recorded():
     leases, link, ch, t = setup()
     leases.on_grant(link, 7, 0)
-    assert t.consumers[0].leased and link.leases == 1 and link.records == []
+    assert leases.holds(t.consumers[0]) and link.leases == 1 and link.records == []
     assert leases.deliver(ch, publish(b"a"), "q") and leases.deliver(ch, publish(b"b"), "q")
     assert ch.delivered == [(-1, b"a"), (-2, b"b")]
     assert link.records == [(T.LEASED, 7, False), (T.LEASED, 7, False)]
@@ -67,7 +67,7 @@ def test_a_grant_is_declined_when_publishes_the_node_had_not_seen_were_sent():
     leases, link, ch, t = setup()
     link.publishes = 3
     leases.on_grant(link, 7, 2)
-    assert not t.consumers[0].leased
+    assert not leases.holds(t.consumers[0])
     assert link.records == [(T.LEASE_END, 7, True)]
     assert not leases.deliver(ch, publish(b"a"), "q")
 
@@ -91,7 +91,7 @@ def test_no_credit_an_expiration_or_another_route_ends_the_lease_first():
         else:
             leases.end_for("/", {"q", "other"})
         assert link.records == [(T.LEASE_END, 7, False)], case
-        assert not t.consumers[0].leased and link.leases == 0 and not leases.held
+        assert not leases.holds(t.consumers[0]) and link.leases == 0 and not leases.held
 
 
 def test_a_revoke_is_answered_at_once_and_a_cancel_forgets_quietly():
