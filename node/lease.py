@@ -102,14 +102,15 @@ def on_leased(shard: "ShardCore", state: "RouterPeer", msg: list) -> None:
     """LEASED [consumer_id, delivery_id, exchange, routing_key, header, body, publisher]: the
     router delivered this message under ``delivery_id``; enqueue it acquired by the consumer
     (journaled as a publish and a delivery, counted as both). If the consumer or its queue is
-    gone, the message is enqueued ready on the queue if it still exists, or dropped, as a
-    publish to a deleted queue is: the client's settlement of it then finds nothing."""
+    gone (or the record is malformed), it is dropped, as a publish to a deleted queue is, and
+    the client's settlement of it finds nothing; if the lease ended under it, it is enqueued
+    ready like any publish."""
     _, cid, did, exchange, routing_key, header, body, publisher = msg
     c = state.consumers.get(cid) if type(cid) is int else None
     q = c.queue if c is not None else None
     if q is None or q.deleted or type(did) is not int or type(header) is not bytes \
             or type(body) is not bytes:
-        log.debug("dropping LEASED for consumer %r: no such consumer", cid)
+        log.debug("dropping LEASED for consumer %r: no such consumer, queue or shape", cid)
         return
     e = q.enqueue(exchange, routing_key, header, body, publisher)
     if e is None:                       # x-overflow refused it: not a plain queue; cannot be
