@@ -1,6 +1,6 @@
 """``python -m shoal.node``: see :mod:`shoal.node.cli`."""
 import sys
 
-from .cli import main
+from shoal.node.cli import main
 
 sys.exit(main())

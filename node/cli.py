@@ -16,8 +16,8 @@ import zmq
 from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings
 
-from .journal import JournalCorrupt, JournalUnavailable
-from .process import run_node
+from shoal.node.durability.journal import JournalCorrupt, JournalUnavailable
+from shoal.node.process import run_node
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ import logging
 
 from shoal.shared.wire import T, decode_batch
 
-from .shard import Shard
+from shoal.node.shard import Shard
 
 log = logging.getLogger("shoal.node")
 

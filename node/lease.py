@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from shoal.shared.wire import TAG_LEASE_GRANT, TAG_LEASE_REVOKE
 
-from .journal import JournalUnavailable
-from .message import is_persistent
+from shoal.node.durability.journal import JournalUnavailable
+from shoal.node.queues.message import is_persistent
 
 if TYPE_CHECKING:
-    from .peers import RouterPeer
-    from .queue import Queue
+    from shoal.node.peers import RouterPeer
+    from shoal.node.queues.queue import Queue
 
 log = logging.getLogger("shoal.node")
 
@@ -40,7 +40,7 @@ class ShardCore(Protocol):
 
     leases_on: bool     #: the node's ``delivery_leases`` setting
     timers: Any         #: its ``now`` is the node's clock (ms)
-    durable: Any        #: node/durable.py's DurableLog, or None
+    durable: Any        #: node/durability/durable.py's DurableLog, or None
 
     def send(self, identity: bytes, msg: list) -> None: ...
 

@@ -15,18 +15,18 @@ from shoal.shared.errors import ACCESS_REFUSED, COMMAND_INVALID, RESOURCE_ERROR,
     soft_error
 from shoal.shared.wire import OUTCOME_ACK, OUTCOME_REJECT, OUTCOME_REQUEUE, TAG_PUBLISH_RESULT, T
 
-from .consumer import QueueConsumer
-from .deadletter import delivery_count_header
-from . import lease
-from .durable import DurableLog
-from .entry import QueueEntry
-from .journal import JournalUnavailable
-from .message import body_size, is_persistent
-from .paging import PageStore, body_bytes
-from .peers import RouterPeer
-from .queue import Queue
-from .queue_args import parse_consume_arguments
-from .timers import Timers
+from shoal.node.queues.consumer import QueueConsumer
+from shoal.node.queues.deadletter import delivery_count_header
+from shoal.node import lease
+from shoal.node.durability.durable import DurableLog
+from shoal.node.queues.entry import QueueEntry
+from shoal.node.durability.journal import JournalUnavailable
+from shoal.node.queues.message import body_size, is_persistent
+from shoal.node.queues.paging import PageStore, body_bytes
+from shoal.node.peers import RouterPeer
+from shoal.node.queues.queue import Queue
+from shoal.node.queues.args import parse_consume_arguments
+from shoal.node.timers import Timers
 
 log = logging.getLogger("shoal.node")
 
@@ -59,7 +59,7 @@ def delivered_header(entry: QueueEntry) -> bytes:
 def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     """PUBLISH: enqueue on each named queue that exists; PUBLISH_RESULT if seq != 0;
     then notify consumers (seed 002). A queue over its memory budget keeps the body in the
-    node's page files (node/paging.py)."""
+    node's page files (node/queues/paging.py)."""
     _, seq, vhost, names, exchange, routing_key, header, body, publisher = msg
     state.publishes += 1
     queues = shard.queues
@@ -109,7 +109,7 @@ def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> int:
     """CONSUME (spec 1.8.3.3): a consumer with credit 0; returns the queue's AVAILABLE entries,
     so that a multi-queue consumer can pull at once from every queue with work (seed 002 DG5)
     instead of waiting for WORK. Raises 404, 405, 403 (exclusive use), 406 (bad consume
-    arguments: node/queue_args.py), 503 (consumer_id already used by this router)."""
+    arguments: node/queues/args.py), 503 (consumer_id already used by this router)."""
     _, _, cid, vhost, name, tag, no_ack, exclusive, args, owner = msg
     q = shard.queue_for(vhost, name, owner)
     if q.exclusive_consumer is not None or (exclusive and q.consumer_count):

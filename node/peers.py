@@ -14,8 +14,8 @@ from shoal.shared.settings import Settings
 from shoal.shared.wire import (TAG_GOODBYE, TAG_HEARTBEAT, TAG_NODE_BLOCKED, WIRE_VERSION,
                                T)
 
-from .consumer import QueueConsumer
-from .entry import QueueEntry
+from shoal.node.queues.consumer import QueueConsumer
+from shoal.node.queues.entry import QueueEntry
 
 log = logging.getLogger("shoal.node")
 

@@ -17,8 +17,8 @@ import zmq
 from shoal.shared.errors import StartupError
 from shoal.shared.settings import Settings
 
-from .journal import JournalCorrupt, JournalUnavailable
-from .server import NodeServer
+from shoal.node.durability.journal import JournalCorrupt, JournalUnavailable
+from shoal.node.server import NodeServer
 
 log = logging.getLogger("shoal.node")
 

@@ -28,13 +28,13 @@ from shoal.shared.linkauth import serve_curve
 from shoal.shared.settings import Settings
 from shoal.shared.wire import encode_batch
 
-from .alarms import ResourceAlarms
-from .intake import feed_frames
-from .journal import Journal, JournalUnavailable, fsync_dir
-from .paging import PageStore
-from .shard import Shard
-from .stats import write_stats_file
-from .unix_listener import UnixListener
+from shoal.node.alarms import ResourceAlarms
+from shoal.node.intake import feed_frames
+from shoal.node.durability.journal import Journal, JournalUnavailable, fsync_dir
+from shoal.node.queues.paging import PageStore
+from shoal.node.shard import Shard
+from shoal.node.stats import write_stats_file
+from shoal.node.unix_listener import UnixListener
 
 log = logging.getLogger("shoal.node")
 

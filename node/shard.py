@@ -32,23 +32,23 @@ from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_REMOVED, TAG_DELIVER, TAG_GO
                                TAG_NODE_BLOCKED, TAG_REPLY, TAG_TOPOLOGY_EVENT,
                                TAG_WORK, T)
 
-from . import messages as M
-from .access_store import AccessStore, on_access_get, on_access_set
-from .consumer import QueueConsumer
-from .deadletter import send_dead_letter
-from .lease import on_lease_end, on_leased, revoke as revoke_lease
-from .durable import DurableLog
-from .entry import QueueEntry
-from .journal import Journal
-from .messages import delivered_header
-from .paging import PageStore, body_bytes
-from .peers import Peers, RouterPeer
-from .queue import Queue
-from .queue_args import parse_queue_arguments
-from .stats import (LoopLag, on_force_close, on_node_stats, on_queue_list, on_router_report,
+from shoal.node import messages as M
+from shoal.node.access_store import AccessStore, on_access_get, on_access_set
+from shoal.node.queues.consumer import QueueConsumer
+from shoal.node.queues.deadletter import send_dead_letter
+from shoal.node.lease import on_lease_end, on_leased, revoke as revoke_lease
+from shoal.node.durability.durable import DurableLog
+from shoal.node.queues.entry import QueueEntry
+from shoal.node.durability.journal import Journal
+from shoal.node.messages import delivered_header
+from shoal.node.queues.paging import PageStore, body_bytes
+from shoal.node.peers import Peers, RouterPeer
+from shoal.node.queues.queue import Queue
+from shoal.node.queues.args import parse_queue_arguments
+from shoal.node.stats import (LoopLag, on_force_close, on_node_stats, on_queue_list, on_router_report,
                     on_router_reports)
-from .timers import Timers
-from .topology import Topology, check_equivalent
+from shoal.node.timers import Timers
+from shoal.node.topology import Topology, check_equivalent
 
 log = logging.getLogger("shoal.node")
 
@@ -80,10 +80,10 @@ class Shard:
         self.settings = settings or Settings(node_id=node_id)
         self.leases_on = self.settings.delivery_leases     #: node/lease.py may lend queues
         self.queues: dict[tuple[str, str], Queue] = {}
-        #: journal glue (node/durable.py) once :meth:`attach_journal` ran; None: nothing
+        #: journal glue (node/durability/durable.py) once :meth:`attach_journal` ran; None: nothing
         #: is durable (unit tests, a node without a data dir)
         self.durable: DurableLog | None = None
-        #: page files for bodies over a queue's memory budget (node/paging.py); None: no paging
+        #: page files for bodies over a queue's memory budget (node/queues/paging.py); None: no paging
         self.pages: PageStore | None = None
         self.loop_lag = LoopLag()       #: started by the node's server (node/stats.py)
         self.access = AccessStore()     #: users and permissions (node/access_store.py)
@@ -160,7 +160,7 @@ class Shard:
     # ------------------------------------------------------------------ durability
     def attach_journal(self, journal: Journal, clean: bool = True) -> int:
         """Make this (empty) shard durable with ``journal`` and rebuild it from
-        ``journal.recovered`` (node/durable.py; ``clean``: the last run stopped cleanly, else
+        ``journal.recovered`` (node/durability/durable.py; ``clean``: the last run stopped cleanly, else
         every restored message is marked redelivered); the recovered bodies are dropped
         afterwards. Returns the number of messages restored."""
         self.durable = DurableLog(journal, self.timers.wall_offset_ms)
@@ -229,7 +229,7 @@ class Shard:
         self.send(consumer.peer.identity, [TAG_WORK, consumer.consumer_id])
 
     def dead_letter(self, q: Queue, entry: QueueEntry, reason: str) -> None:
-        """Send ``entry`` to ``q``'s x-dead-letter-exchange (node/deadletter.py)."""
+        """Send ``entry`` to ``q``'s x-dead-letter-exchange (node/queues/deadletter.py)."""
         send_dead_letter(self, q, entry, reason)
 
     def lease_broken(self, q: Queue) -> None:

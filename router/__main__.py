@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from shoal.router.cli import main
 
 sys.exit(main())

@@ -22,11 +22,11 @@ from shoal.shared.definitions import (Definitions, access_document, merge_access
 from shoal.shared.errors import AMQPError, CONNECTION_FORCED, ConfigError
 from shoal.shared.wire import T
 
-from .access import UserStore
-from .broker import Broker
-from .limits import Limits
+from shoal.router.access.users import UserStore
+from shoal.router.broker import Broker
+from shoal.router.access.limits import Limits
 
-log = logging.getLogger("shoal.router.access")
+log = logging.getLogger("shoal.router.access.users")
 
 ASK_TIMEOUT_S = 5.0
 RETRIES = 5

@@ -23,15 +23,15 @@ from shoal.shared.linkauth import connect_curve
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH, TAG_SETTLE
 
-from . import consumers as credit, pushback
-from .access import UserStore
-from .limits import Limits
-from .consumers import Consumer, ConsumerTarget
-from .lease import Leases
-from .link import Attach, NodeLink
-from .unix_link import open_link
-from .routing import Topology
-from .session import BrokerChannel, BrokerClient, Delivery, PendingPublish
+from shoal.router import consumers as credit, pushback
+from shoal.router.access.users import UserStore
+from shoal.router.access.limits import Limits
+from shoal.router.consumers import Consumer, ConsumerTarget
+from shoal.router.lease import Leases
+from shoal.router.links.node_link import Attach, NodeLink
+from shoal.router.links.unix_link import open_link
+from shoal.router.routing import Topology
+from shoal.router.session import BrokerChannel, BrokerClient, Delivery, PendingPublish
 
 log = logging.getLogger("shoal.router.broker")
 

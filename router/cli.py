@@ -9,7 +9,7 @@ from shoal.shared.definitions import definitions_for
 from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings
 
-from .tls import server_context
+from shoal.router.frontend.tls import server_context
 
 
 def main(argv: list[str] | None = None, host_node=None) -> int:
@@ -58,5 +58,5 @@ def main(argv: list[str] | None = None, host_node=None) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s router %(levelname)s %(name)s: %(message)s")
-    from .server import run_router
+    from shoal.router.server import run_router
     return run_router(settings, host_node, definitions)

@@ -15,7 +15,7 @@ from shoal.shared.definitions import Definitions
 from shoal.shared.errors import AMQPError
 from shoal.shared.wire import T
 
-from .broker import Broker
+from shoal.router.broker import Broker
 
 log = logging.getLogger("shoal.router.definitions")
 

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from shoal.shared.wire import TAG_LEASE_END, TAG_LEASED, leasable
 
 if TYPE_CHECKING:
-    from .consumers import Consumer, ConsumerTarget
-    from .link import NodeLink
-    from .session import BrokerChannel
+    from shoal.router.consumers import Consumer, ConsumerTarget
+    from shoal.router.links.node_link import NodeLink
+    from shoal.router.session import BrokerChannel
 
 log = logging.getLogger("shoal.router")
 

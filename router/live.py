@@ -19,7 +19,7 @@ from typing import Any
 
 from shoal.shared.wire import T
 
-from .broker import Broker
+from shoal.router.broker import Broker
 
 log = logging.getLogger("shoal.router.live")
 

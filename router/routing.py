@@ -315,7 +315,7 @@ def _properties(header: bytes | None) -> Any:
     undecodable: routed as if it had no properties)."""
     if not header:
         return None
-    from .amqp.fastpath import parse_properties
+    from shoal.router.amqp.fastpath import parse_properties
     try:
         return parse_properties(header)
     except AMQPError:

@@ -33,12 +33,14 @@ from shoal.shared.definitions import Definitions
 from shoal.shared.errors import CONNECTION_FORCED, StartupError
 from shoal.shared.settings import Settings
 
-from . import access_sync, live, tls
-from .management import metrics
-from .management import server as management
-from .broker import Broker
-from .client import ClientConnection, heartbeat_loop
-from .import_definitions import declare_topology
+from shoal.router import live
+from shoal.router import access_sync
+from shoal.router.frontend import tls
+from shoal.router.management import metrics
+from shoal.router.management import server as management
+from shoal.router.broker import Broker
+from shoal.router.frontend.client import ClientConnection, heartbeat_loop
+from shoal.router.import_definitions import declare_topology
 
 log = logging.getLogger("shoal.router")
 
@@ -113,7 +115,7 @@ async def serve(settings: Settings, host_node: HostNode | None = None,
             lambda: ClientConnection(broker), settings.host, settings.direct_port, backlog=128))
         direct = f" (direct port {servers[1].sockets[0].getsockname()[1]})"
     reloader = None
-    if settings.tls_port >= 0:              # amqps (router/tls.py)
+    if settings.tls_port >= 0:              # amqps (router/frontend/tls.py)
         tls_ctx = tls.server_context(settings)
         servers.append(await loop.create_server(
             lambda: ClientConnection(broker, tls=True), settings.host, settings.tls_port,

@@ -1,7 +1,7 @@
 """What the broker and a channel use of the session layers above them: the Delivery and
 PendingPublish records and the Protocols of a client connection and a channel.
 
-A client connection (router/client.py) owns its channels (router/channel.py); a channel calls
+A client connection (router/frontend/client.py) owns its channels (router/frontend/channel.py); a channel calls
 on the broker (router/broker.py), which calls back into channels and connections: a delivery, a
 confirm, a consumer cancelled, a node lost (design.md section 3, "Flow of a message"). Imports
 only go down, client -> channel -> broker -> this module, so what a lower layer uses of a
@@ -14,9 +14,9 @@ from typing import Any, Mapping, Protocol
 
 from shoal.shared.errors import AMQPError
 
-from .access import VhostAccess
-from .amqp.connection import AMQPConnection
-from .consumers import Consumer, CreditPool
+from shoal.router.access.users import VhostAccess
+from shoal.router.amqp.connection import AMQPConnection
+from shoal.router.consumers import Consumer, CreditPool
 
 
 class Delivery:
@@ -44,7 +44,7 @@ class PendingPublish:
 
 
 class BrokerChannel(Protocol):
-    """What the broker uses of a channel (router/channel.py's ``Channel``)."""
+    """What the broker uses of a channel (router/frontend/channel.py's ``Channel``)."""
 
     number: int
     vhost: str
@@ -64,7 +64,7 @@ class BrokerChannel(Protocol):
 
 
 class BrokerClient(Protocol):
-    """What the broker uses of a client connection (router/client.py's ``ClientConnection``),
+    """What the broker uses of a client connection (router/frontend/client.py's ``ClientConnection``),
     and what the heartbeat clock and the shutdown (router/server.py) use of the connections
     the broker keeps in ``Broker.connections``."""
 
@@ -94,6 +94,6 @@ class ChannelClient(BrokerClient, Protocol):
 
     vhost: str
     exclusive_queues: set[str]
-    access: VhostAccess | None   #: the user's permissions in ``vhost`` (router/access.py)
+    access: VhostAccess | None   #: the user's permissions in ``vhost`` (router/access/users.py)
 
     def fail(self, channel: int, err: AMQPError) -> None: ...

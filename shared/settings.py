@@ -102,7 +102,7 @@ class Settings:
     #: ``vhosts`` are not used (shared/definitions.py)
     tls_port: int = -1                       #: router: the amqps listener (RabbitMQ's
     #: ``listeners.ssl.default``, 5671 by convention; -1 = none); needs ``tls_certfile`` and
-    #: ``tls_keyfile`` (PEM), which are reloaded when they change on disk (router/tls.py)
+    #: ``tls_keyfile`` (PEM), which are reloaded when they change on disk (router/frontend/tls.py)
     tls_certfile: str = ""                   #: server certificate chain (PEM)
     tls_keyfile: str = ""                    #: its private key (PEM)
     tls_cacertfile: str = ""                 #: CAs that client certificates must chain to

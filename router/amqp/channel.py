@@ -5,11 +5,11 @@ from __future__ import annotations
 from shoal.shared.errors import (FRAME_ERROR, PRECONDITION_FAILED, UNEXPECTED_FRAME,
                                  hard_error, soft_error)
 
-from . import fastpath
-from .events import MessagePublished
-from .methods import with_ids
-from .properties import check_properties
-from .states import CHANNEL_NEXT, ChannelInput, ChannelState
+from shoal.router.amqp import fastpath
+from shoal.router.amqp.events import MessagePublished
+from shoal.router.amqp.methods import with_ids
+from shoal.router.amqp.properties import check_properties
+from shoal.router.amqp.states import CHANNEL_NEXT, ChannelInput, ChannelState
 
 _PUBLISH = fastpath.BASIC_PUBLISH
 OPEN, AWAIT_HEADER, AWAIT_BODY, CLOSING = (ChannelState.OPEN, ChannelState.AWAIT_HEADER,

@@ -21,18 +21,18 @@ from pamqp import commands
 
 from shoal.shared.errors import CONNECTION_FORCED, FRAME_ERROR, AMQPError, hard_error
 
-from . import fastpath
-from .channel import (AFTER_PUBLISH, AWAIT_BODY as _AWAIT_BODY,
+from shoal.router.amqp import fastpath
+from shoal.router.amqp.channel import (AFTER_PUBLISH, AWAIT_BODY as _AWAIT_BODY,
                       AWAIT_HEADER as _AWAIT_HEADER, CLOSING as _CLOSING, OPEN as _OPEN,
                       Channel)
-from .control import ControlFrames
-from .events import AcksReceived, ConnectionClosed
-from .framing import (FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD, FRAME_OVERHEAD,
+from shoal.router.amqp.control import ControlFrames
+from shoal.router.amqp.events import AcksReceived, ConnectionClosed
+from shoal.router.amqp.framing import (FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD, FRAME_OVERHEAD,
                       FRAME_TYPES, HEARTBEAT_FRAME, PROTOCOL_HEADER, method_frame,
                       unpack_frame_header)
-from .handshake import LOCALES, MECHANISMS, server_properties as default_server_properties
-from .methods import CHANNEL_CLOSE, CONNECTION_CLOSE, close_frame
-from .states import ChannelInput, ConnectionInput, ConnectionState, channel_next, connection_next
+from shoal.router.amqp.handshake import LOCALES, MECHANISMS, server_properties as default_server_properties
+from shoal.router.amqp.methods import CHANNEL_CLOSE, CONNECTION_CLOSE, close_frame
+from shoal.router.amqp.states import ChannelInput, ConnectionInput, ConnectionState, channel_next, connection_next
 
 _PUBLISH, _ACK = fastpath.BASIC_PUBLISH, fastpath.BASIC_ACK
 _unpack_mid = fastpath.unpack_method_id

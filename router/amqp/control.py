@@ -17,19 +17,19 @@ from pamqp import commands
 from shoal.shared.errors import (CHANNEL_ERROR, COMMAND_INVALID, FRAME_ERROR, NOT_ALLOWED,
                                  NOT_IMPLEMENTED, UNEXPECTED_FRAME, AMQPError, hard_error)
 
-from . import fastpath
-from .channel import CLOSING as _CLOSING, Channel
-from .events import (ChannelClosed, ChannelOpened, ConnectionClosed, ConnectionOpened,
+from shoal.router.amqp import fastpath
+from shoal.router.amqp.channel import CLOSING as _CLOSING, Channel
+from shoal.router.amqp.events import (ChannelClosed, ChannelOpened, ConnectionClosed, ConnectionOpened,
                      MethodReceived)
-from .framing import (FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE,
+from shoal.router.amqp.framing import (FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, FRAME_MIN_SIZE,
                       FRAME_OVERHEAD, decode_method, method_frame)
-from .handshake import negotiate, refused, sasl_credentials
-from .methods import (BASIC_CANCEL_OK, CHANNEL_CLOSE, CHANNEL_CLOSE_OK, CHANNEL_FLOW,
+from shoal.router.amqp.handshake import negotiate, refused, sasl_credentials
+from shoal.router.amqp.methods import (BASIC_CANCEL_OK, CHANNEL_CLOSE, CHANNEL_CLOSE_OK, CHANNEL_FLOW,
                       CHANNEL_FLOW_OK, CHANNEL_OPEN, CLIENT_CHANNEL_METHODS, CONNECTION_CLASS,
                       CONNECTION_CLOSE, CONNECTION_CLOSE_OK, CONNECTION_OPEN,
                       CONNECTION_START_OK, CONNECTION_TUNE_OK, CONNECTION_UPDATE_SECRET, name,
                       require_known, with_ids)
-from .states import ChannelInput, ConnectionInput, ConnectionState, channel_next, connection_next
+from shoal.router.amqp.states import ChannelInput, ConnectionInput, ConnectionState, channel_next, connection_next
 
 _PUBLISH = fastpath.BASIC_PUBLISH
 _unpack_mid = fastpath.unpack_method_id

@@ -18,7 +18,7 @@ from pamqp.header import ContentHeader
 
 from shoal.shared.errors import AMQPError, FRAME_ERROR, hard_error
 
-from .framing import (FRAME_BODY, FRAME_END_BYTE, FRAME_HEADER, FRAME_METHOD, FRAME_OVERHEAD,
+from shoal.router.amqp.framing import (FRAME_BODY, FRAME_END_BYTE, FRAME_HEADER, FRAME_METHOD, FRAME_OVERHEAD,
                       pack_frame_header, pamqp_guard, shortstr)
 
 #: ``class_id << 16 | method_id`` of the hot methods (spec 1.8 "Class basic").

@@ -14,7 +14,7 @@ from pamqp import decode
 
 from shoal.shared.errors import ACCESS_REFUSED, NOT_ALLOWED, SYNTAX_ERROR, AMQPError, hard_error
 
-from .framing import pamqp_guard
+from shoal.router.amqp.framing import pamqp_guard
 
 MECHANISMS = "PLAIN AMQPLAIN"
 LOCALES = "en_US"

@@ -11,7 +11,7 @@ from pamqp import commands
 
 from shoal.shared.errors import NOT_IMPLEMENTED, AMQPError, hard_error
 
-from .framing import FRAME_END_BYTE, FRAME_METHOD, pack_frame_header
+from shoal.router.amqp.framing import FRAME_END_BYTE, FRAME_METHOD, pack_frame_header
 
 CONNECTION_CLASS = 10
 CONNECTION_START_OK, CONNECTION_TUNE_OK, CONNECTION_OPEN = 0x000A000B, 0x000A001F, 0x000A0028
@@ -75,7 +75,7 @@ class QueueDeclareOk(commands.Queue.DeclareOk):
     pamqp checks a queue name against the 0-9-1 spec's ``queue-name`` pattern
     (``^[a-zA-Z0-9-_.:]*$``), which RabbitMQ never enforced: it accepts any UTF-8 string of at
     most 255 octets (``ünïcode``, ``q#*``). The broker's own rule is checked where the name
-    comes in (:func:`shoal.router.topology_methods.check_name`); here only the shortstr limit.
+    comes in (:func:`shoal.router.frontend.topology_methods.check_name`); here only the shortstr limit.
     Raises ValueError for a name longer than 255 octets (a programming error).
     """
 

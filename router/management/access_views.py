@@ -23,9 +23,9 @@ from shoal.shared.definitions import (DEFAULT_HASHING, HASHING_ALGORITHMS, Defin
 from shoal.shared.topology import BUILTIN_EXCHANGES
 from shoal.shared.wire import T
 
-from .. import access_sync
-from ..import_definitions import declare_topology
-from .views import ApiError, _arg, _body, _broker, permissions, queue_rows, users
+from shoal.router import access_sync
+from shoal.router.import_definitions import declare_topology
+from shoal.router.management.views import ApiError, _arg, _body, _broker, permissions, queue_rows, users
 
 
 def _not_found() -> ApiError:

@@ -8,8 +8,8 @@ from aiohttp import web
 
 from shoal.shared.wire import T
 
-from .. import live
-from .views import ApiError, _arg, _broker, _vhost
+from shoal.router import live
+from shoal.router.management.views import ApiError, _arg, _broker, _vhost
 
 REASON = "Closed via management plugin"     #: RabbitMQ's reply text (X-Reason overrides it)
 

@@ -16,9 +16,9 @@ from shoal.shared import wire
 from shoal.shared.errors import AMQPError
 from shoal.shared.wire import TAG_SETTLE, T
 
-from ..amqp.fastpath import parse_properties
-from ..live import json_safe
-from .views import ApiError, _arg, _body, _broker, _vhost
+from shoal.router.amqp.fastpath import parse_properties
+from shoal.router.live import json_safe
+from shoal.router.management.views import ApiError, _arg, _body, _broker, _vhost
 
 #: ackmode -> the settlement of every fetched message once all are fetched (RabbitMQ fetches
 #: ``count`` messages, then requeues or drops them together, so a requeued one is not

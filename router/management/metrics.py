@@ -26,9 +26,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 
-from ..amqp.handshake import shoal_version
-from ..broker import Broker
-from .views import RABBITMQ_VERSION, node_stats, queue_rows
+from shoal.router.amqp.handshake import shoal_version
+from shoal.router.broker import Broker
+from shoal.router.management.views import RABBITMQ_VERSION, node_stats, queue_rows
 
 #: RabbitMQ's global counters (``rabbitmq_global_messages_*_total``) -> Broker.stats keys
 GLOBAL_COUNTERS = {

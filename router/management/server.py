@@ -24,9 +24,9 @@ from aiohttp import web
 
 from shoal.shared.errors import AMQPError, ConfigError
 
-from ..broker import Broker
-from ..link import NodeDown
-from . import access_views, live_views, messages, views
+from shoal.router.broker import Broker
+from shoal.router.links.node_link import NodeDown
+from shoal.router.management import access_views, live_views, messages, views
 
 log = logging.getLogger("shoal.router.management")
 

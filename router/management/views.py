@@ -23,9 +23,9 @@ from shoal.shared.errors import AMQPError
 from shoal.shared.topology import BUILTIN_EXCHANGES, EXCHANGE_TYPES
 from shoal.shared.wire import T
 
-from .. import live
-from ..amqp.handshake import shoal_version
-from ..broker import Broker
+from shoal.router import live
+from shoal.router.amqp.handshake import shoal_version
+from shoal.router.broker import Broker
 
 NODE_TIMEOUT_S = 5.0
 RABBITMQ_VERSION = "3.10.8"     #: the RabbitMQ whose API this one follows (tools check it)
@@ -335,7 +335,7 @@ async def whoami(request: web.Request):
 async def nodes(request: web.Request):
     """Shoal's nodes: ``running`` (its link is up and it answered NODE_STATS), ``queues``,
     ``mem_used`` (resident bytes, RabbitMQ's field), ``mem_alarm``, ``messages_ready`` and
-    ``paged_bytes`` (node/paging.py)."""
+    ``paged_bytes`` (node/queues/paging.py)."""
     b = _broker(request)
     (rows, _), stats = await asyncio.gather(queue_rows(b, None), node_stats(b))
     per_node: dict[str, int] = {}

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from shoal.node.journal import Journal
+from shoal.node.durability.journal import Journal
 
 HEADER = b"\x00\x3c\x00\x00\x00\x00\x00\x00\x00\x00\x00\x64\x10\x00\x02"   # delivery-mode 2
 BODY = b"x" * 100

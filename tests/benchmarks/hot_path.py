@@ -42,8 +42,8 @@ from amqp_testkit import PROTOCOL_HEADER, m, publish, start_ok_plain  # noqa: E4
 from shoal.node.intake import feed_frames  # noqa: E402
 from shoal.node.shard import Shard  # noqa: E402
 from shoal.router.broker import Broker  # noqa: E402
-from shoal.router.link import NodeLink  # noqa: E402
-from shoal.router.client import ClientConnection  # noqa: E402
+from shoal.router.links.node_link import NodeLink  # noqa: E402
+from shoal.router.frontend.client import ClientConnection  # noqa: E402
 from shoal.shared import wire  # noqa: E402
 from shoal.shared.settings import Settings  # noqa: E402
 from shoal.shared.wire import T  # noqa: E402

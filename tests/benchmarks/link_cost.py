@@ -54,7 +54,7 @@ STAGES = [
     ("queue model (node)", ("node/queue", "node/messages", "node/shard", "node/consumer",
                             "node/entries", "node/credit", "node/journal")),
     ("deliveries to clients", ("fastpath.py", "consumers.py", "delivery", "deliver")),
-    ("client I/O and AMQP (router)", ("router/client.py", "router/amqp", "router/channel",
+    ("client I/O and AMQP (router)", ("router/frontend/client.py", "router/amqp", "router/channel",
                                       "router/broker.py", "pamqp")),
     ("event loop, other", ("",)),
 ]

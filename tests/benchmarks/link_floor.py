@@ -11,7 +11,7 @@ uvloop and the link code's patterns (reader callbacks, one send per batch). Tran
 measured in the same run, alternating:
 
 - ``zmq``: ZeroMQ DEALER -> ROUTER over ``ipc://`` (design.md section 4), the FD read on
-  ZMQ_EVENTS as router/link.py and node/server.py do;
+  ZMQ_EVENTS as router/links/node_link.py and node/server.py do;
 - ``zmq-tcp``: the same over ``tcp://127.0.0.1`` (what a pod's link uses);
 - ``zmq-pinned``: ``zmq`` with each process (its Python thread and the ZeroMQ I/O thread it
   starts) held to one CPU of its own (``sched_setaffinity``), so that the hand-off between a

@@ -1,4 +1,4 @@
-"""A queue holds more than its memory budget (issue 22, point 4; node/paging.py): with
+"""A queue holds more than its memory budget (issue 22, point 4; node/queues/paging.py): with
 ``queue_max_in_memory_bytes`` at 1 MiB, 96 MiB published to one queue go to the node's page
 files instead of its memory; the persistent ones are paged again when a restarted node restores
 them from its journal; every message comes back intact, in order, with pika."""

@@ -56,16 +56,16 @@ def test_the_copy_is_what_is_checked(tree: Path):
 
 @pytest.mark.parametrize("module, line, says", [
     # the pipeline uses router and node only as processes
-    ("pipeline/loadtest/schema.py", "import shoal.node.queue",
-     "shoal.pipeline.loadtest.schema -> shoal.node.queue"),
+    ("pipeline/loadtest/schema.py", "import shoal.node.queues.queue",
+     "shoal.pipeline.loadtest.schema -> shoal.node.queues.queue"),
     # shared is below both
     ("shared/placement.py", "import shoal.router.routing",
      "shoal.shared.placement -> shoal.router.routing"),
     # router and node are independent
     ("router/routing.py", "from shoal.node import topology",
      "shoal.router.routing -> shoal.node.topology"),
-    # node/queue.py imports node/entry.py: the reverse closes a circle, even for types only
-    ("node/entry.py",
+    # node/queues/queue.py imports node/queues/entry.py: the reverse closes a circle, even for types only
+    ("node/queues/entry.py",
      "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import queue",
      "No cycles are allowed in shoal.node"),
 ], ids=["pipeline-to-node", "shared-to-router", "router-to-node", "circle-in-node"])

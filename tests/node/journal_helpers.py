@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from shoal.node.journal import Journal
+from shoal.node.durability.journal import Journal
 
 Q = ("/", "q")
 

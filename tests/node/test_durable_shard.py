@@ -1,5 +1,5 @@
 """Issue 5, sans-IO: a Shard with a real Journal in a tmp dir, "restarted" by opening the
-journal again in a new Shard (node/durable.py, docs/durability.md).
+journal again in a new Shard (node/durability/durable.py, docs/durability.md).
 
 Checks what a router (and so a client) sees: replay order, redelivered and delivery counts,
 TTL and scheduled times kept across a restart, durable topology back, transient state gone,
@@ -11,8 +11,8 @@ import errno
 
 import pytest
 from pamqp.commands import Basic
-from shoal.node.journal import Journal, JournalUnavailable
-from shoal.node.message import encode_header
+from shoal.node.durability.journal import Journal, JournalUnavailable
+from shoal.node.queues.message import encode_header
 from shoal.node.shard import Shard
 from shoal.shared.settings import Settings
 from shoal.shared.wire import DEST_QUEUE, OUTCOME_ACK, OUTCOME_REQUEUE, WIRE_VERSION, T

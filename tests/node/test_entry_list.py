@@ -6,8 +6,8 @@ A variant's test class subclasses :class:`QueueEntryListContract` and implements
 from __future__ import annotations
 
 
-from shoal.node.entry import EntryState, QueueEntry, TRANSITIONS
-from shoal.node.entry_list import QueueEntryList, StandardQueueEntryList
+from shoal.node.queues.entry import EntryState, QueueEntry, TRANSITIONS
+from shoal.node.queues.entry_list import QueueEntryList, StandardQueueEntryList
 
 
 class QueueEntryListContract:

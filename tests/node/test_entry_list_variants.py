@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 from pamqp.commands import Basic
 from test_entry_list import QueueEntryListContract
 
-from shoal.node.consumer import QueueConsumer
-from shoal.node.entry import EntryState, QueueEntry
-from shoal.node.entry_list import (LastValueQueueEntryList, PriorityQueueEntryList,
+from shoal.node.queues.consumer import QueueConsumer
+from shoal.node.queues.entry import EntryState, QueueEntry
+from shoal.node.queues.entry_list import (LastValueQueueEntryList, PriorityQueueEntryList,
                                    SortedQueueEntryList)
-from shoal.node.message import encode_header
-from shoal.node.queue import Queue
+from shoal.node.queues.message import encode_header
+from shoal.node.queues.queue import Queue
 
 
 # ---- the contract, per variant -------------------------------------------------------------
@@ -105,7 +105,7 @@ class RecordingSink:
         if entry.entry_id in self.holder:
             self.violations.append(f"{entry.entry_id} to {who} while held")
         first = next((e for e in self.queue.entries if e.state is EntryState.AVAILABLE
-                      and not self.queue._expired(e)), None)
+                      and not self.queue.features.expired(e)), None)
         if first is not None and self.queue.entries.before(first, entry):
             self.violations.append(f"{entry.entry_id} delivered before "
                                    f"{first.entry_id if first else None}")

@@ -16,9 +16,9 @@ import pytest
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from shoal.node.journal import Journal, JournalConfig, JournalCorrupt, JournalUnavailable
-from shoal.node.journal_format import RecordType, scan
-from shoal.node.message import is_persistent
+from shoal.node.durability.journal import Journal, JournalConfig, JournalCorrupt, JournalUnavailable
+from shoal.node.durability.format import RecordType, scan
+from shoal.node.queues.message import is_persistent
 from shoal.shared.errors import ShoalError
 
 from journal_helpers import Q, crash_copy, fill, ids, segs
@@ -169,7 +169,7 @@ def test_torn_write_at_every_byte_of_the_last_record(jdir: Path, tmp_path: Path,
     seg, last_write, size = _journal_with_records(jdir, 4)
     image = seg.read_bytes()
     assert size - last_write > 100                  # BATCH marker + the record
-    caplog.set_level(logging.WARNING, "shoal.node.journal")
+    caplog.set_level(logging.WARNING, "shoal.node.durability.journal")
     for cut in range(last_write, size):
         d = tmp_path / f"cut{cut}"
         d.mkdir()

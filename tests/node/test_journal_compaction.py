@@ -10,8 +10,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoal.node.journal import Journal, JournalConfig
-from shoal.node.journal_format import RecordType
+from shoal.node.durability.journal import Journal, JournalConfig
+from shoal.node.durability.format import RecordType
 
 from journal_helpers import Q, crash_copy, fill, ids, segs
 

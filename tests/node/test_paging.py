@@ -1,5 +1,5 @@
 """Bodies over a queue's memory budget go to page files and come back intact (issue 22,
-point 4: RabbitMQ's paging / lazy queues; node/paging.py)."""
+point 4: RabbitMQ's paging / lazy queues; node/queues/paging.py)."""
 from __future__ import annotations
 
 import gc
@@ -7,7 +7,7 @@ import gc
 import pytest
 from node_helpers import Net, bodies
 
-from shoal.node.paging import PagedBody, PageStore
+from shoal.node.queues.paging import PagedBody, PageStore
 from shoal.shared.errors import PRECONDITION_FAILED
 from shoal.shared.wire import OUTCOME_ACK, OUTCOME_REJECT, OUTCOME_REQUEUE, T
 

@@ -1,11 +1,11 @@
 """Queue and QueueConsumerManager behaviour (seeds 000 and 002), without the wire."""
 from __future__ import annotations
 
-from shoal.node.consumer import ConsumerListState as S
-from shoal.node.consumer import QueueConsumer
-from shoal.node.consumer_manager import QueueConsumerManager
-from shoal.node.entry import EntryState
-from shoal.node.queue import Queue
+from shoal.node.queues.consumer import ConsumerListState as S
+from shoal.node.queues.consumer import QueueConsumer
+from shoal.node.queues.consumer_manager import QueueConsumerManager
+from shoal.node.queues.entry import EntryState
+from shoal.node.queues.queue import Queue
 
 
 class Sink:

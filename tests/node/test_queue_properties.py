@@ -9,10 +9,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.node.consumer import QueueConsumer
-from shoal.node.entry import EntryState
-from shoal.node.entry_list import StandardQueueEntryList
-from shoal.node.queue import Queue
+from shoal.node.queues.consumer import QueueConsumer
+from shoal.node.queues.entry import EntryState
+from shoal.node.queues.entry_list import StandardQueueEntryList
+from shoal.node.queues.queue import Queue
 
 
 class RecordingSink:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from node_helpers import Net, bodies
 from pamqp.commands import Basic
 
-from shoal.node.message import encode_header, parse_properties
+from shoal.node.queues.message import encode_header, parse_properties
 from shoal.shared.errors import PRECONDITION_FAILED
 from shoal.shared.wire import OUTCOME_REJECT, OUTCOME_REQUEUE, T
 

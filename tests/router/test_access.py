@@ -1,11 +1,11 @@
-"""router/access.py: RabbitMQ's permission rules, without sockets (issue 22, point 1)."""
+"""router/access/users.py: RabbitMQ's permission rules, without sockets (issue 22, point 1)."""
 from __future__ import annotations
 
 import logging
 
 import pytest
 
-from shoal.router.access import CONFIGURE, READ, WRITE, UserStore, VhostAccess
+from shoal.router.access.users import CONFIGURE, READ, WRITE, UserStore, VhostAccess
 from shoal.shared.definitions import Permission, from_settings, parse_definitions
 from shoal.shared.errors import AMQPError
 
@@ -55,7 +55,7 @@ def test_topic_permissions_with_variables():
 
 def test_user_store_logins_vhosts_and_loopback(caplog):
     store = UserStore(from_settings({"guest": "guest", "dev": "pw"}, ["/"]), ("guest",))
-    caplog.set_level(logging.WARNING, "shoal.router.access")
+    caplog.set_level(logging.WARNING, "shoal.router.access.users")
     assert store.authenticate("dev", "pw", "10.0.0.9:5000", loopback=False)
     assert not store.authenticate("dev", "wrong-pw-123", "10.0.0.9:5000", loopback=False)
     assert not store.authenticate("guest", "guest", "10.0.0.9:5001", loopback=False)

@@ -36,9 +36,21 @@ PIECES = [
 
 
 def norm(events: list) -> list:
-    """Events as comparable values (pamqp method objects have no __eq__)."""
-    return [(type(e).__name__, e.channel, type(e.method).__name__, dict(e.method))
-            if hasattr(e, "method") else e for e in events]
+    """Events as comparable values (pamqp method objects have no __eq__). Acks in a row on one
+    channel are one value: the connection gathers the acks of one ``receive_data`` call into
+    one AcksReceived, so how they are grouped depends on the chunking, and their order not."""
+    out: list = []
+    for e in events:
+        if type(e).__name__ == "AcksReceived":
+            if out and isinstance(out[-1], tuple) and out[-1][:2] == ("acks", e.channel):
+                out[-1][2].extend(e.acks)
+            else:
+                out.append(("acks", e.channel, list(e.acks)))
+        elif hasattr(e, "method"):
+            out.append((type(e).__name__, e.channel, type(e.method).__name__, dict(e.method)))
+        else:
+            out.append(e)
+    return out
 
 
 def feed(conn, data: bytes, sizes: list[int]) -> list:

@@ -1,4 +1,4 @@
-"""router/tls.py without sockets: the server context from settings, and the user name a
+"""router/frontend/tls.py without sockets: the server context from settings, and the user name a
 client certificate gives EXTERNAL (issue 22, point 2)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ssl
 
 import pytest
 
-from shoal.router.tls import peer_identity, server_context
+from shoal.router.frontend.tls import peer_identity, server_context
 from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings
 from tests.e2e.tls_ca import TestCA

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from shoal.router.link import NodeLink
+from shoal.router.links.node_link import NodeLink
 from shoal.shared.wire import T
 
 DECLARE = [T.QUEUE_DECLARE, "/", "q1", False, False, False, False, {}, None]

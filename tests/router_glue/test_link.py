@@ -1,4 +1,4 @@
-"""NodeLink batching (router/link.py): what a node receives when acks and credit are lazy.
+"""NodeLink batching (router/links/node_link.py): what a node receives when acks and credit are lazy.
 
 A real DEALER link talks to a bound ROUTER socket standing in for the node, so the assertions
 are on the wire messages the node would decode.
@@ -10,7 +10,7 @@ import asyncio
 import pytest
 import zmq
 
-from shoal.router.link import NodeLink
+from shoal.router.links.node_link import NodeLink
 from shoal.shared import wire
 from shoal.shared.wire import T
 

@@ -1,4 +1,4 @@
-"""UnixLink (router/unix_link.py) to a NodeServer on a ``unix://`` endpoint (node/unix_listener.py).
+"""UnixLink (router/links/unix_link.py) to a NodeServer on a ``unix://`` endpoint (node/unix_listener.py).
 
 Both sides run in one event loop here, each on its own end of a real Unix socket: the
 handshake and a request, back-pressure when the node falls behind (nothing dropped), a node
@@ -16,7 +16,7 @@ import pytest
 
 from shoal.node.peers import EARLY_BATCH
 from shoal.node.server import NodeServer
-from shoal.router.unix_link import UnixLink
+from shoal.router.links.unix_link import UnixLink
 from shoal.shared import wire
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T

@@ -5,7 +5,7 @@ besides its Python thread); at 5,000 msg/s those wake-ups, not Shoal's code, are
 message's CPU (docs/performance.md, issue 20). Here the router's own event loop reads and writes
 the node's socket: one wake-up per batch on each side.
 
-The protocol is :class:`~shoal.router.link.NodeLink`'s (HELLO, heartbeats, GOODBYE, credit,
+The protocol is :class:`~shoal.router.links.node_link.NodeLink`'s (HELLO, heartbeats, GOODBYE, credit,
 batches); only the transport differs, framed by :mod:`shoal.shared.stream`. What ZeroMQ did for
 the link is done here:
 
@@ -28,9 +28,9 @@ import zmq
 
 from shoal.shared import stream
 
-from .link import Attach, LocalLink, NodeLink
+from shoal.router.links.node_link import Attach, LocalLink, NodeLink
 
-log = logging.getLogger("shoal.router.link")
+log = logging.getLogger("shoal.router.links.node_link")
 
 #: Bytes waiting in the transport (not yet in the kernel's socket buffer) above which batches
 #: are refused and publishers paused: with the kernel's buffer, about the 16 batches that

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .consumer import ConsumerListState as S
-from .consumer import QueueConsumer
+from shoal.node.queues.consumer import ConsumerListState as S
+from shoal.node.queues.consumer import QueueConsumer
 
 #: The one table of legal list moves (from, to). DETACHED means "not registered".
 MOVES: frozenset[tuple[S, S]] = frozenset({

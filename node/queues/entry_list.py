@@ -20,7 +20,7 @@ from typing import Iterator
 
 import bisect
 
-from .entry import AVAILABLE, DELETED, HELD, QueueEntry
+from shoal.node.queues.entry import AVAILABLE, DELETED, HELD, QueueEntry
 
 #: Dead entries collected before a scavenging pass unlinks them.
 SCAVENGE_BATCH = 256
@@ -85,7 +85,7 @@ class StandardQueueEntryList(QueueEntryList):
         self.scavenge_batch = scavenge_batch
         self.linked = 0          #: entries currently linked (live + dead not yet unlinked)
         #: journaled queues: the shard's list of entry ids that died (settled in the journal
-        #: at the end of the turn, node/durable.py); None for queues without a journal
+        #: at the end of the turn, node/durability/durable.py); None for queues without a journal
         self.settled: list[int] | None = None
 
     @property

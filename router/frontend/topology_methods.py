@@ -3,7 +3,7 @@ declare, delete, bind, unbind, purge.
 
 Each is a request to the node that owns the exchange or queue, which stores it (design.md
 section 1, "Topology lives on the nodes too"); the routers' caches follow the owning node's
-change feed. They are the ``on_<class>_<method>`` handlers of router/channel.py's ``Channel``
+change feed. They are the ``on_<class>_<method>`` handlers of router/frontend/channel.py's ``Channel``
 for those classes, run as tasks in the channel's order, and raise AMQPError.
 """
 from __future__ import annotations
@@ -21,15 +21,15 @@ from shoal.shared.selector import check_arguments as check_selector
 from shoal.shared.topology import BUILTIN_EXCHANGES, EXCHANGE_TYPES
 from shoal.shared.wire import T
 
-from .access import CONFIGURE, READ, WRITE
-from .amqp.methods import QueueDeclareOk
-from .broker import Broker
-from .routing import check_x_match
-from .session import ChannelClient
+from shoal.router.access.users import CONFIGURE, READ, WRITE
+from shoal.router.amqp.methods import QueueDeclareOk
+from shoal.router.broker import Broker
+from shoal.router.routing import check_x_match
+from shoal.router.session import ChannelClient
 
 
 class TopologyChannel(Protocol):
-    """What these handlers use of a channel (router/channel.py's ``Channel``)."""
+    """What these handlers use of a channel (router/frontend/channel.py's ``Channel``)."""
 
     broker: Broker
     vhost: str

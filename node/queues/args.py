@@ -78,7 +78,7 @@ class QueueConfig:
         self.single_active = False
         self.plain = True
         self.needs_props = False       # enqueue must decode properties (type, groups)
-        self.max_in_memory_bytes: int | None = None   # paging budget (node/paging.py)
+        self.max_in_memory_bytes: int | None = None   # paging budget (node/queues/paging.py)
 
 
 def _bad(arg: str, queue: str, vhost: str, why: str) -> Exception:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from shoal.shared.definitions import Definitions, Permission, User
 from shoal.shared.errors import ACCESS_REFUSED, AMQPError, soft_error
 
-log = logging.getLogger("shoal.router.access")
+log = logging.getLogger("shoal.router.access.users")
 
 CONFIGURE, WRITE, READ = "configure", "write", "read"
 _ALL = ".*"

@@ -19,7 +19,7 @@ import ssl
 from shoal.shared.errors import ConfigError
 from shoal.shared.settings import Settings
 
-log = logging.getLogger("shoal.router.tls")
+log = logging.getLogger("shoal.router.frontend.tls")
 
 RELOAD_CHECK_S = 5.0
 _VERSIONS = {"tlsv1": ssl.TLSVersion.TLSv1, "tlsv1.1": ssl.TLSVersion.TLSv1_1,

@@ -23,16 +23,16 @@ from shoal.shared.errors import (ACCESS_REFUSED, INTERNAL_ERROR, NOT_ALLOWED, NO
                                  hard_error, injected_faults, soft_error)
 from shoal.shared.wire import T, TAG_SETTLE
 
-from . import consumers as credit
-from . import topology_methods
-from .access import READ, WRITE
-from .amqp.events import MessagePublished
-from .broker import Broker
-from .consumers import Consumer, ConsumerTarget, CreditPool
-from .session import ChannelClient, Delivery
-from .topology_methods import queue_name
+from shoal.router import consumers as credit
+from shoal.router.frontend import topology_methods
+from shoal.router.access.users import READ, WRITE
+from shoal.router.amqp.events import MessagePublished
+from shoal.router.broker import Broker
+from shoal.router.consumers import Consumer, ConsumerTarget, CreditPool
+from shoal.router.session import ChannelClient, Delivery
+from shoal.router.frontend.topology_methods import queue_name
 
-log = logging.getLogger("shoal.router.channel")
+log = logging.getLogger("shoal.router.frontend.channel")
 
 
 class Channel:
@@ -132,7 +132,7 @@ class Channel:
 
     def check_access(self, perm: str, kind: str, name: str) -> None:
         """403 ACCESS_REFUSED (soft) unless the connection's user has ``perm`` (configure,
-        write, read) on the ``kind`` ("queue", "exchange") ``name`` (router/access.py)."""
+        write, read) on the ``kind`` ("queue", "exchange") ``name`` (router/access/users.py)."""
         acc = self.client.access
         if acc is not None:
             acc.check(perm, kind, name)
@@ -203,7 +203,7 @@ class Channel:
         """Route one basic.publish (spec 1.8.3.7) and forward it to the nodes of its queues.
 
         Raises 403 (no write permission on the exchange, or topic permission on the routing
-        key; router/access.py), 404 (no such exchange), 403 (internal exchange), 540
+        key; router/access/users.py), 404 (no such exchange), 403 (internal exchange), 540
         (immediate=true, as RabbitMQ). Confirms: basic.ack once every target node accepted it, basic.nack if one
         failed; mandatory and unroutable: basic.return 312 NO_ROUTE before the confirm.
         """

@@ -20,7 +20,7 @@ from shoal.shared.errors import AMQPError, NOT_FOUND
 from shoal.shared.wire import (T, TAG_CREDIT, TAG_GOODBYE, TAG_HEARTBEAT, TAG_HELLO_OK,
                                TAG_PUBLISH, TAG_REPLY, TAG_SETTLE)
 
-log = logging.getLogger("shoal.router.link")
+log = logging.getLogger("shoal.router.links.node_link")
 
 #: Batches queued towards one node (each side) before publishers are paused. Small, so that
 #: what waits in the pipes (up to LINK_HWM * MAX_BATCH messages) stays a fraction of a second.
@@ -65,7 +65,7 @@ class NodeLink:
                  on_read: Callable[[], None] = lambda: None,
                  secure: Callable[[zmq.Socket, str], None] | None = None) -> None:
         """``secure(socket, endpoint)``: set the socket's security (CURVE, shared/linkauth.py)
-        before it connects. ``on_read()``: the Unix link (router/unix_link.py) runs it after
+        before it connects. ``on_read()``: the Unix link (router/links/unix_link.py) runs it after
         the batches of each socket read are handled, and the broker writes the deliveries they
         made to the clients then, not at the end of the event-loop turn, so a large grant of
         credit reaches the consumer in the node's early batches (node/peers.py

@@ -1,9 +1,9 @@
 """The node's append-only journal: :class:`Journal` (design.md section 5, issue 5).
 
 One journal per node, in ``<data_dir>/journal/``: segment files ``00000001.seg``, ... (format in
-:mod:`shoal.node.journal_format`, rules of replay in :mod:`shoal.node.journal_state`, reading
-the segments back at start in :mod:`shoal.node.journal_recover`, segments and compaction in
-:mod:`shoal.node.journal_compact`; the whole picture and where the node calls it in
+:mod:`shoal.node.durability.format`, rules of replay in :mod:`shoal.node.durability.state`, reading
+the segments back at start in :mod:`shoal.node.durability.recover`, segments and compaction in
+:mod:`shoal.node.durability.compact`; the whole picture and where the node calls it in
 docs/durability.md).
 
 Commit rule: :meth:`Journal.append` only buffers and returns the record's sequence number
@@ -32,22 +32,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .journal_format import (HEADER_BYTES, RECORD_OVERHEAD, TOPOLOGY_TYPES, Batch, BindingAdded,
+from shoal.node.durability.format import (HEADER_BYTES, RECORD_OVERHEAD, TOPOLOGY_TYPES, Batch, BindingAdded,
                              BindingRemoved, DeliveryState, Enqueue, ExchangeDeclared,
                              ExchangeDeleted, JournalCorrupt, JournalError, JournalUnavailable,
                              QueueDeclared, QueueDeleted, Record, RecordType, Settle,
                              decode_record, encode_payload, frame, scan, segment_header,
                              unavailable)
-from .journal_compact import (Job, JournalConfig, JournalStats, Kind, Pending, Segment, fsync_dir,
+from shoal.node.durability.compact import (Job, JournalConfig, JournalStats, Kind, Pending, Segment, fsync_dir,
                               plan_compaction)
-from .journal_recover import recover_segments
-from .journal_state import JournalState, LiveEntry, Recovered
-from .stats import COMMIT_BUCKETS, FSYNC_BUCKETS, Histogram
+from shoal.node.durability.recover import recover_segments
+from shoal.node.durability.state import JournalState, LiveEntry, Recovered
+from shoal.node.stats import COMMIT_BUCKETS, FSYNC_BUCKETS, Histogram
 
 __all__ = ["Journal", "JournalConfig", "JournalStats", "JournalError", "JournalCorrupt",
            "JournalUnavailable", "Recovered"]
 
-log = logging.getLogger("shoal.node.journal")
+log = logging.getLogger("shoal.node.durability.journal")
 
 _ENQUEUE = int(RecordType.ENQUEUE)
 _SNAPSHOT = int(RecordType.TOPOLOGY_SNAPSHOT)

@@ -1,6 +1,6 @@
 """What a message's properties make of its entry on a queue with features (docs/queues.md).
 
-:class:`~shoal.node.queue.Queue` keeps the entry states and counts; this module reads the
+:class:`~shoal.node.queues.queue.Queue` keeps the entry states and counts; this module reads the
 content header of a new message once and derives, without touching the queue:
 
 - its place in the order: priority level (seed 003 ``x-max-priority``, Qpid's priority
@@ -19,12 +19,12 @@ from typing import Any, Callable
 
 from shoal.shared.wire import scheduled
 
-from .entry import QueueEntry
-from .entry_list import (LastValueQueueEntryList, PriorityQueueEntryList, QueueEntryList,
+from shoal.node.queues.entry import QueueEntry
+from shoal.node.queues.entry_list import (LastValueQueueEntryList, PriorityQueueEntryList, QueueEntryList,
                          SortedQueueEntryList, StandardQueueEntryList)
-from .message import (F_EXPIRATION, F_HEADERS, F_PRIORITY, expiration_ms, header_value,
+from shoal.node.queues.message import (F_EXPIRATION, F_HEADERS, F_PRIORITY, expiration_ms, header_value,
                       parse_properties)
-from .queue_args import QueueConfig, QueueType
+from shoal.node.queues.args import QueueConfig, QueueType
 
 #: entry.props after a parse that found nothing usable (None means "not parsed yet")
 NO_PROPS = False

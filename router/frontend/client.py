@@ -1,7 +1,7 @@
 """One client TCP connection: moves bytes between the socket and the sans-IO AMQPConnection.
 
 asyncio only moves bytes here (design.md section 7); the protocol lives in
-:mod:`shoal.router.amqp.connection` and the broker logic in :mod:`shoal.router.channel`.
+:mod:`shoal.router.amqp.connection` and the broker logic in :mod:`shoal.router.frontend.channel`.
 """
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from pamqp import commands as C
 from shoal.shared.errors import INTERNAL_ERROR, AMQPError
 from shoal.shared.wire import T
 
-from .amqp import events as E
-from .access import VhostAccess
-from .amqp.connection import AMQPConnection
-from .tls import peer_identity
-from .broker import Broker
-from .channel import Channel
+from shoal.router.amqp import events as E
+from shoal.router.access.users import VhostAccess
+from shoal.router.amqp.connection import AMQPConnection
+from shoal.router.frontend.tls import peer_identity
+from shoal.router.broker import Broker
+from shoal.router.frontend.channel import Channel
 
-log = logging.getLogger("shoal.router.client")
+log = logging.getLogger("shoal.router.frontend.client")
 
 #: Bytes read from a client socket at a time: sized to about READ_MESSAGES of the client's
 #: publishes (between READ_MIN and READ_MAX), READ_START until it has published. A read that

@@ -12,7 +12,7 @@
 
 The publisher's other headers keep the bytes (and so the field types) it sent; what the broker
 writes has RabbitMQ's types: ``count`` and ``x-delivery-count`` are signed 64-bit integers
-('l'), ``time`` a timestamp (node/header_table.py). The node calls these only on these paths.
+('l'), ``time`` a timestamp (node/queues/header_table.py). The node calls these only on these paths.
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from pamqp.commands import Basic
 
 from shoal.shared.wire import TAG_REPUBLISH
 
-from .header_table import Long, raw_headers, splice_headers
-from .message import encode_header, parse_properties
-from .paging import body_bytes
+from shoal.node.queues.header_table import Long, raw_headers, splice_headers
+from shoal.node.queues.message import encode_header, parse_properties
+from shoal.node.queues.paging import body_bytes
 
 log = logging.getLogger("shoal.node")
 

@@ -17,12 +17,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .journal_format import (BindingAdded, BindingRemoved, DeliveryState, Enqueue,
+from shoal.node.durability.format import (BindingAdded, BindingRemoved, DeliveryState, Enqueue,
                              ExchangeDeclared, ExchangeDeleted, QueueDeclared, QueueDeleted,
                              Record, Settle, TopologySnapshot)
 from shoal.shared.topology import freeze
 
-log = logging.getLogger("shoal.node.journal")
+log = logging.getLogger("shoal.node.durability.journal")
 
 QueueKey = tuple[str, str]          # (vhost, queue name)
 

@@ -9,7 +9,7 @@ texts (https://www.rabbitmq.com/docs/user-limits, /docs/vhosts#limits).
 A negative value, or none, means no limit; 0 refuses every connection (or queue). Connection
 and channel counts are this router's: with several routers each enforces the limits over the
 connections it holds (docs/security.md). The queue count is the cluster's, asked of the nodes
-(router/topology_methods.py).
+(router/frontend/topology_methods.py).
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pamqp import encode
 
-from .message import F_CONTENT_ENCODING, F_CONTENT_TYPE, F_HEADERS
+from shoal.node.queues.message import F_CONTENT_ENCODING, F_CONTENT_TYPE, F_HEADERS
 
 #: type octet -> size of its value (fixed-size types)
 _FIXED = {0x74: 1, 0x62: 1, 0x42: 1, 0x73: 2, 0x75: 2, 0x49: 4, 0x69: 4, 0x6C: 8, 0x4C: 8,

@@ -47,7 +47,7 @@ _FROM_DELETE = TRANSITIONS[DELETED]
 
 
 class QueueEntry:
-    """A message on a queue, linked into its :class:`~shoal.node.entry_list.QueueEntryList`.
+    """A message on a queue, linked into its :class:`~shoal.node.queues.entry_list.QueueEntryList`.
 
     ``entry_id``: int, unique in the node for its lifetime; it is the wire ``delivery_id``.
     ``header``/``body``: bytes exactly as the publisher sent them (never re-encoded).

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
-from .journal_format import (HEADER_BYTES, RECORD_HEADER, RECORD_OVERHEAD, RecordType,
+from shoal.node.durability.format import (HEADER_BYTES, RECORD_HEADER, RECORD_OVERHEAD, RecordType,
                              decode_record, encode_payload)
-from .journal_state import JournalState, LiveEntry
+from shoal.node.durability.state import JournalState, LiveEntry
 
-log = logging.getLogger("shoal.node.journal")
+log = logging.getLogger("shoal.node.durability.journal")
 
 ENQUEUE = int(RecordType.ENQUEUE)
 SNAPSHOT = int(RecordType.TOPOLOGY_SNAPSHOT)

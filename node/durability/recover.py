@@ -1,10 +1,10 @@
 """Reading a node journal's segments back at start (design.md section 5: replay, stopping at a
 torn tail): which segment files exist, each scanned record applied to the journal's
-:class:`~shoal.node.journal_state.JournalState`, torn tails of the last segment cut.
+:class:`~shoal.node.durability.state.JournalState`, torn tails of the last segment cut.
 
-:func:`recover_segments` is called once by :meth:`Journal.open <shoal.node.journal.Journal.open>`;
-the record format is :mod:`shoal.node.journal_format`'s, the replay rules
-:mod:`shoal.node.journal_state`'s.
+:func:`recover_segments` is called once by :meth:`Journal.open <shoal.node.durability.journal.Journal.open>`;
+the record format is :mod:`shoal.node.durability.format`'s, the replay rules
+:mod:`shoal.node.durability.state`'s.
 """
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import os
 import re
 from pathlib import Path
 
-from .journal_compact import Segment, fsync_dir
-from .journal_format import (HEADER_BYTES, TOPOLOGY_TYPES, JournalCorrupt, RecordType,
+from shoal.node.durability.compact import Segment, fsync_dir
+from shoal.node.durability.format import (HEADER_BYTES, TOPOLOGY_TYPES, JournalCorrupt, RecordType,
                              decode_record, scan, unavailable)
-from .journal_state import JournalState, TornTail
+from shoal.node.durability.state import JournalState, TornTail
 
-log = logging.getLogger("shoal.node.journal")
+log = logging.getLogger("shoal.node.durability.journal")
 
 _SEG_NAME = re.compile(r"^(\d{8})\.seg$")
 _SNAPSHOT = int(RecordType.TOPOLOGY_SNAPSHOT)

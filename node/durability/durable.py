@@ -1,9 +1,9 @@
 """The shard's side of the journal: :class:`DurableLog` (design.md section 5, issue 5).
 
-:class:`~shoal.node.journal.Journal` is the storage engine; this module decides *what* a shard
+:class:`~shoal.node.durability.journal.Journal` is the storage engine; this module decides *what* a shard
 journals and *when* answers may leave (docs/durability.md, "Where the node calls it"):
 
-- ENQUEUE of persistent messages (``delivery_mode`` 2, :func:`~shoal.node.message.is_persistent`)
+- ENQUEUE of persistent messages (``delivery_mode`` 2, :func:`~shoal.node.queues.message.is_persistent`)
   on durable queues (``queue.journaled``: durable and not exclusive, as RabbitMQ);
 - SETTLE of every entry of a journaled queue that dies (ack, reject, expiry, purge, LVQ
   replacement, drop-head, dead-lettering): the entry lists collect the ids in
@@ -35,17 +35,17 @@ from shoal.shared.wire import (
     EV_EXCHANGE_REMOVED,
 )
 
-from .entry import HELD, QueueEntry
-from .journal import Journal
-from .journal_state import Recovered
-from .paging import PageStore
-from .timers import Timers
-from .topology import BUILTIN_EXCHANGES, Topology
+from shoal.node.queues.entry import HELD, QueueEntry
+from shoal.node.durability.journal import Journal
+from shoal.node.durability.state import Recovered
+from shoal.node.queues.paging import PageStore
+from shoal.node.timers import Timers
+from shoal.node.topology import BUILTIN_EXCHANGES, Topology
 
 if TYPE_CHECKING:
-    from .queue import Queue
+    from shoal.node.queues.queue import Queue
 
-log = logging.getLogger("shoal.node.durable")
+log = logging.getLogger("shoal.node.durability.durable")
 
 
 class RestoreTarget(Protocol):
@@ -204,10 +204,10 @@ class DurableLog:
                 e.delivery_count = int(m.delivery_count)
                 if m.expiry_ms:
                     e.expires_at = max(1.0, timers.wall_to_monotonic(m.expiry_ms))
-                    timers.add(e.expires_at + 1, q._expire_due, e)
+                    timers.add(e.expires_at + 1, q.features.expire_due, e)
                 if m.not_before_ms and e.state is HELD:
                     e.not_before = timers.wall_to_monotonic(m.not_before_ms)
-                    timers.add(e.not_before, q._unhold, e)
+                    timers.add(e.not_before, q.features.unhold, e)
                 if pages is not None and pages.over_budget(q):
                     e.body = pages.page_out(m.body)     # a long queue restored: paged again
             q.next_id = keep_id

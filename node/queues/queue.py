@@ -1,7 +1,7 @@
 """One queue of the node's shard: :class:`Queue` (seeds 000, 002, 003, 004).
 
-The queue owns its :class:`~shoal.node.entry_list.QueueEntryList` (the strict order) and its
-:class:`~shoal.node.consumer_manager.QueueConsumerManager`. Consumers pull (seed 002):
+The queue owns its :class:`~shoal.node.queues.entry_list.QueueEntryList` (the strict order) and its
+:class:`~shoal.node.queues.consumer_manager.QueueConsumerManager`. Consumers pull (seed 002):
 :meth:`Queue.deliver_single_message` walks a consumer's pointer forward and acquires with the
 guarded transition. :meth:`Queue.notify_work` notifies ONE interested consumer at a time, which
 pulls until it has no credit or the queue has nothing for it, then goes to the back of
@@ -11,11 +11,12 @@ Output goes to a *sink* (the shard): ``deliver(consumer, entry)`` and ``work(con
 queues with features also call ``dead_letter(queue, entry, reason)`` (when
 ``x-dead-letter-exchange`` is set) and ``browse_done(consumer)`` (``x-filter-auto-close``).
 
-Features (node/queue_args.py, docs/queues.md): queue types, TTL, scheduled delivery (HELD
+Features (node/queues/args.py, docs/queues.md): queue types, TTL, scheduled delivery (HELD
 entries), overflow, dead-lettering, delivery limit, message groups, single active consumer,
 selectors, no_local, consumer timeout; what a message's properties make of its entry is in
-node/entry_features.py, and what the queue does for them is node/queue_features.py's
-(:class:`~shoal.node.queue_features.QueueFeatures`, a mixin of :class:`Queue`). A queue without
+node/queues/entry_features.py, and what the queue does for them is node/queues/features.py's
+(:class:`~shoal.node.queues.features.QueueFeatures`, an object the queue holds as ``features``
+and calls at its hook points). A queue without
 any (``cfg.plain``) keeps the plain FIFO path: per message it reads two bytes of the content
 header and nothing else.
 """
@@ -23,14 +24,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
-from .consumer import QueueConsumer
-from .consumer_manager import QueueConsumerManager
-from .entry import ACQUIRED, AVAILABLE, HELD, QueueEntry
-from .entry_features import make_entry_list, scheduled
-from .entry_list import QueueEntryList
-from .queue_args import QueueConfig, parse_queue_arguments
-from .queue_features import DELIVERY_LIMIT, EXPIRED, REJECTED, QueueFeatures
-from .timers import Timers
+from shoal.node.queues.consumer import QueueConsumer
+from shoal.node.queues.consumer_manager import QueueConsumerManager
+from shoal.node.queues.entry import ACQUIRED, AVAILABLE, HELD, QueueEntry
+from shoal.node.queues.entry_features import make_entry_list, scheduled
+from shoal.node.queues.entry_list import QueueEntryList
+from shoal.node.queues.args import QueueConfig, parse_queue_arguments
+from shoal.node.queues.features import DELIVERY_LIMIT, EXPIRED, REJECTED, QueueFeatures
+from shoal.node.timers import Timers
 
 
 class DeliverySink(Protocol):
@@ -39,7 +40,7 @@ class DeliverySink(Protocol):
     def lease_broken(self, queue: "Queue") -> None: ...
 
 
-class Queue(QueueFeatures):
+class Queue:
     """A queue (spec 1.7.2 ``queue.declare``) with its entries and consumers.
 
     ``exclusive_owner``: ``"<router_id>/<connection_id>"`` or None. ``arguments``: the declare
@@ -54,7 +55,7 @@ class Queue(QueueFeatures):
                  "entries", "qcm", "available", "sink", "next_id", "deleted", "had_consumers",
                  "exclusive_consumer", "work_wanted", "cfg", "timers", "held", "ready_bytes",
                  "groups", "active", "last_used", "journaled", "stats", "lease",
-                 "lease_revoked", "lease_hold_until")
+                 "lease_revoked", "lease_hold_until", "features")
 
     def __init__(self, vhost: str, name: str, *, durable: bool = False,
                  exclusive_owner: str | None = None, auto_delete: bool = False,
@@ -70,6 +71,8 @@ class Queue(QueueFeatures):
         self.arguments = arguments or {}
         self.cfg = config if config is not None else parse_queue_arguments(
             vhost, name, self.arguments)
+        #: TTL, scheduling, overflow, dead-lettering, groups, selectors, timeouts, x-expires
+        self.features = QueueFeatures(self)
         self.entries = entries if entries is not None else make_entry_list(self.cfg)
         self.qcm = QueueConsumerManager()
         self.available = 0
@@ -89,7 +92,7 @@ class Queue(QueueFeatures):
         self.groups: dict[Any, list] | None = {} if self.cfg.group_key is not None else None
         self.active: QueueConsumer | None = None          # single active consumer
         self.last_used = self.timers.now
-        #: persistent messages of this queue go to the node's journal (node/durable.py)
+        #: persistent messages of this queue go to the node's journal (node/durability/durable.py)
         self.journaled = False
         #: messages published to it, delivered or fetched from it, acknowledged (QUEUE_LIST:
         #: the management API's message_stats); [publish, deliver_get, ack]
@@ -100,7 +103,7 @@ class Queue(QueueFeatures):
         self.lease_revoked = False
         self.lease_hold_until = 0.0
         if self.cfg.expires:
-            self.timers.add(self.last_used + self.cfg.expires, self._check_expires)
+            self.timers.add(self.last_used + self.cfg.expires, self.features.check_expires)
 
     # --- counts ---
     @property
@@ -131,13 +134,13 @@ class Queue(QueueFeatures):
             self.available += 1
             self.ready_bytes += len(body)
             return entry
-        return self._enqueue_featured(entry, flags << 8)
+        return self.features.enqueue(entry, flags << 8)
 
     def discard(self, e: QueueEntry) -> None:
         """Take back a just-enqueued entry that could not be journaled (not dead-lettered)."""
-        self._remove_ready(e, None)
+        self.features.remove_ready(e, None)
 
-    def _rewind_pointers(self, entry: QueueEntry) -> None:
+    def rewind_pointers(self, entry: QueueEntry) -> None:
         """Move back every consumer pointer that is past ``entry`` (seed 000)."""
         before = self.entries.before
         for c in self.qcm.all:
@@ -164,14 +167,14 @@ class Queue(QueueFeatures):
         plain = consumer.plain and self.groups is None
         while node is not None:
             if node.state is AVAILABLE:
-                if node.expires_at and self._expired(node):
-                    self._remove_ready(node, EXPIRED)
-                elif (plain or self._interest(consumer, node)) and node.acquire(consumer):
+                if node.expires_at and self.features.expired(node):
+                    self.features.remove_ready(node, EXPIRED)
+                elif (plain or self.features.interest(consumer, node)) and node.acquire(consumer):
                     consumer.pointer = node
                     self.available -= 1
                     self.ready_bytes -= len(node.body)
                     if not self.cfg.plain or self.groups is not None or consumer.timeout:
-                        self._acquired(node, consumer)
+                        self.features.acquired(node, consumer)
                     return node
             n = nxt(node)
             if n is None:
@@ -185,8 +188,8 @@ class Queue(QueueFeatures):
         node = nxt(c.pointer)
         seen = c.seen
         while node is not None:
-            if node.state is AVAILABLE and not (node.expires_at and self._expired(node)) \
-                    and node.entry_id not in seen and self._interest(c, node):
+            if node.state is AVAILABLE and not (node.expires_at and self.features.expired(node)) \
+                    and node.entry_id not in seen and self.features.interest(c, node):
                 c.pointer = node
                 if self.entries.inserts_before_tail:
                     seen.add(node.entry_id)
@@ -207,8 +210,8 @@ class Queue(QueueFeatures):
         nxt = self.entries.next
         node = nxt(c.pointer) if not c.acquires else c.pointer
         while node is not None:
-            if node.state is AVAILABLE and not (node.expires_at and self._expired(node)) \
-                    and (c.acquires or node.entry_id not in c.seen) and self._interest(c, node):
+            if node.state is AVAILABLE and not (node.expires_at and self.features.expired(node)) \
+                    and (c.acquires or node.entry_id not in c.seen) and self.features.interest(c, node):
                 return True
             node = nxt(node)
         return False
@@ -223,14 +226,14 @@ class Queue(QueueFeatures):
         while e is not None:
             n = nxt(e)
             if e.state is AVAILABLE:
-                if e.expires_at and self._expired(e):
-                    self._remove_ready(e, EXPIRED)
+                if e.expires_at and self.features.expired(e):
+                    self.features.remove_ready(e, EXPIRED)
                 elif (groups is None or e.group is None or e.group not in groups) \
                         and e.acquire(None):
                     self.available -= 1
                     self.ready_bytes -= len(e.body)
                     if not self.cfg.plain:
-                        self._acquired(e, None)
+                        self.features.acquired(e, None)
                     return e
             e = n
         return None
@@ -248,9 +251,9 @@ class Queue(QueueFeatures):
         if cfg.max_returns is not None and entry.state is ACQUIRED and \
                 entry.delivery_count > cfg.max_returns:
             if entry.delete():
-                self._unacquired(entry, c)
+                self.features.unacquired(entry, c)
                 self.entries.entry_dead(entry)
-                self._dead_letter(entry, DELIVERY_LIMIT)
+                self.features.dead_letter(entry, DELIVERY_LIMIT)
                 _forget(entry)
             return False
         if not entry.release():
@@ -258,11 +261,11 @@ class Queue(QueueFeatures):
         self.available += 1
         self.ready_bytes += len(entry.body)
         if not cfg.plain or self.groups is not None:
-            self._unacquired(entry, c)
-            if entry.expires_at and self._expired(entry):
-                self._remove_ready(entry, EXPIRED)
+            self.features.unacquired(entry, c)
+            if entry.expires_at and self.features.expired(entry):
+                self.features.remove_ready(entry, EXPIRED)
                 return False
-        self._rewind_pointers(entry)
+        self.rewind_pointers(entry)
         return True
 
     def dequeue(self, entry: QueueEntry) -> bool:
@@ -271,7 +274,7 @@ class Queue(QueueFeatures):
         if not entry.dequeue():
             return False
         if self.groups is not None:
-            self._unacquired(entry, c)
+            self.features.unacquired(entry, c)
         self.entries.entry_dead(entry)
         _forget(entry)
         return True
@@ -283,9 +286,9 @@ class Queue(QueueFeatures):
         if entry.state is not ACQUIRED or not entry.delete():
             return False
         if self.groups is not None:
-            self._unacquired(entry, c)
+            self.features.unacquired(entry, c)
         self.entries.entry_dead(entry)
-        self._dead_letter(entry, REJECTED)
+        self.features.dead_letter(entry, REJECTED)
         _forget(entry)
         return True
 
@@ -295,7 +298,7 @@ class Queue(QueueFeatures):
         n = 0
         for e in list(self.entries):
             if e.state is AVAILABLE or e.state is HELD:
-                self._remove_ready(e, None)
+                self.features.remove_ready(e, None)
                 n += 1
         return n
 
@@ -345,7 +348,7 @@ class Queue(QueueFeatures):
             for g in mine:
                 del self.groups[g]
             if mine:
-                self._rewind_all()
+                self.features.rewind_all()
         if self.active is consumer:
             self.active = next((c for c in self.qcm.all if c.acquires), None)
             if self.active is not None:
