@@ -1,17 +1,28 @@
-"""One channel's protocol state: lifecycle and the assembly of published content
-(spec 2.3.5.2 "Content Framing": method frame, content header frame, body frames)."""
+"""A connection's channels: each one's protocol state and the assembly of published content
+(spec 2.3.5.2 "Content Framing": method frame, content header frame, body frames), and the
+table of them with their lifecycle (channel.open, close, close-ok and flow, spec 1.5, 2.2.3).
+"""
 from __future__ import annotations
 
-from shoal.shared.errors import (FRAME_ERROR, PRECONDITION_FAILED, UNEXPECTED_FRAME,
+from typing import Callable
+
+from pamqp import commands
+
+from shoal.shared.errors import (CHANNEL_ERROR, COMMAND_INVALID, FRAME_ERROR, NOT_ALLOWED,
+                                 NOT_IMPLEMENTED, PRECONDITION_FAILED, UNEXPECTED_FRAME,
                                  hard_error, soft_error)
 
 from shoal.router.amqp import fastpath
-from shoal.router.amqp.events import MessagePublished
-from shoal.router.amqp.methods import with_ids
+from shoal.router.amqp.events import ChannelClosed, ChannelOpened, MessagePublished, MethodReceived
+from shoal.router.amqp.framing import decode_method, method_frame
+from shoal.router.amqp.methods import (BASIC_CANCEL_OK, CHANNEL_CLOSE, CHANNEL_CLOSE_OK,
+                                       CHANNEL_FLOW, CHANNEL_FLOW_OK, CHANNEL_OPEN,
+                                       CLIENT_CHANNEL_METHODS, name, with_ids)
 from shoal.router.amqp.properties import check_properties
-from shoal.router.amqp.states import CHANNEL_NEXT, ChannelInput, ChannelState
+from shoal.router.amqp.states import CHANNEL_NEXT, ChannelInput, ChannelState, channel_next
 
 _PUBLISH = fastpath.BASIC_PUBLISH
+_CI = ChannelInput
 OPEN, AWAIT_HEADER, AWAIT_BODY, CLOSING = (ChannelState.OPEN, ChannelState.AWAIT_HEADER,
                                            ChannelState.AWAIT_BODY, ChannelState.CLOSING)
 # Hot transitions, resolved once from the table in states.py.
@@ -97,3 +108,88 @@ class Channel:
         self.header = b""
         self.body = None
         self.remaining = 0
+
+
+class ChannelTable:
+    """The channels of one connection: ``channels`` (number -> :class:`Channel`, the dict the
+    connection's hot path reads) and every channel-level frame of an OPEN connection that the
+    hot path does not take (:meth:`method`).
+
+    ``write(bytes)``: the connection's output. ``channel_max``: how many channels may be open
+    at once (0: no limit; the connection sets the negotiated value after ``tune-ok``).
+    ``admit_channel() -> str | None``: None admits a ``channel.open``, a string is the 530
+    reason (a user's channel limit).
+    """
+
+    __slots__ = ("channels", "channel_max", "_write", "_admit_channel")
+
+    def __init__(self, write: Callable[[bytes], None], channel_max: int,
+                 admit_channel: Callable[[], str | None] | None = None) -> None:
+        self.channels: dict[int, Channel] = {}
+        self.channel_max = channel_max
+        self._write = write
+        self._admit_channel = admit_channel
+
+    def method(self, ch: int, chan: Channel | None, mid: int, buf: bytes, start: int,
+               fend: int, events: list) -> None:
+        """A method frame ``buf[start:fend]`` (method id ``mid``) on channel ``ch`` != 0 of an
+        OPEN connection. Appends ChannelOpened, ChannelClosed or MethodReceived to ``events``.
+        Raises 504 CHANNEL_ERROR (not open, already open), 530 NOT_ALLOWED (channel_max, the
+        channel limit), 505 UNEXPECTED_FRAME (a method while content is expected), 540
+        NOT_IMPLEMENTED (``channel.flow active=false``, as RabbitMQ 3.10), 503 COMMAND_INVALID
+        (a method only servers send); each hard, as RabbitMQ raises them."""
+        channels = self.channels
+        if chan is None:
+            if mid != CHANNEL_OPEN:
+                raise hard_error(CHANNEL_ERROR, f"expected 'channel.open' on channel {ch}, "
+                                                f"got {name(mid)}")
+            if self.channel_max and len(channels) >= self.channel_max:
+                # channel_max counts open channels; any number 1-65535 may be used (RabbitMQ)
+                raise hard_error(NOT_ALLOWED, f"number of channels opened "
+                                              f"({len(channels)}) has reached the "
+                                              f"negotiated channel_max ({self.channel_max})")
+            refusal = self._admit_channel() if self._admit_channel is not None else None
+            if refusal is not None:
+                raise hard_error(NOT_ALLOWED, refusal)
+            channels[ch] = Channel()
+            self._write(method_frame(ch, commands.Channel.OpenOk()))
+            events.append(ChannelOpened(ch))
+            return
+        cstate = chan.state
+        if cstate == CLOSING:  # spec 2.2.3: discard all but close / close-ok
+            if mid == CHANNEL_CLOSE:
+                channel_next(ch, cstate, _CI.CLIENT_CLOSE)
+                self._write(method_frame(ch, commands.Channel.CloseOk()))
+            elif mid == CHANNEL_CLOSE_OK:
+                channel_next(ch, cstate, _CI.CLOSE_OK)
+                del channels[ch]
+                events.append(ChannelClosed(ch))
+            return
+        if mid == CHANNEL_CLOSE:
+            channel_next(ch, cstate, _CI.CLIENT_CLOSE)  # 505 while content is expected
+            del channels[ch]
+            self._write(method_frame(ch, commands.Channel.CloseOk()))
+            events.append(ChannelClosed(ch))
+            return
+        if mid == CHANNEL_CLOSE_OK:
+            channel_next(ch, cstate, _CI.CLOSE_OK)  # raises: we sent no channel.close
+        if mid == _PUBLISH:  # the hot path takes the OPEN case; here: 505 mid-content
+            chan.state = channel_next(ch, cstate, _CI.PUBLISH)
+            (chan.exchange, chan.routing_key, chan.mandatory,
+             chan.immediate) = fastpath.parse_publish(buf, start, fend)
+            return
+        chan.state = channel_next(ch, cstate, _CI.METHOD)  # 505 while content is expected
+        if mid == CHANNEL_OPEN:
+            raise hard_error(CHANNEL_ERROR, f"channel {ch} is already open")
+        method = decode_method(mid, buf[start + 4:fend])
+        if mid in CLIENT_CHANNEL_METHODS:
+            events.append(MethodReceived(ch, method))
+        elif mid == CHANNEL_FLOW:
+            if not method.active:   # RabbitMQ 3.10: consumers use basic.qos instead
+                raise hard_error(NOT_IMPLEMENTED, "active=false")
+            chan.flow_active = True
+            self._write(method_frame(ch, commands.Channel.FlowOk(True)))
+        elif mid in (CHANNEL_FLOW_OK, BASIC_CANCEL_OK):
+            pass  # answers to our channel.flow / basic.cancel: nothing to do
+        else:
+            raise hard_error(COMMAND_INVALID, f"{name(mid)} is not sent by clients")

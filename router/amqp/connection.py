@@ -9,9 +9,10 @@ It handles by itself: the protocol header, connection negotiation (start/start-o
 open/open-ok, spec 4.10), SASL PLAIN/AMQPLAIN, heartbeats (spec 4.2.7), channel open/close/flow
 (spec 2.2.3, 1.5), content assembly of ``basic.publish`` (spec 2.3.5.2) and every frame-level
 error. Errors become ``channel.close`` / ``connection.close`` in exactly one place,
-:meth:`AMQPConnection.fail`. This module holds the input side up to the inline hot path
-(basic.publish, basic.ack, content), errors and close, time and output; the frames the hot
-path does not take are handled by the :class:`~.control.ControlFrames` part of the class.
+:meth:`AMQPConnection.fail`. The connection holds the input side with its inline hot path
+(basic.publish, basic.ack, content), the dispatch of every other frame, errors and close, time
+and output; it hands the login's decisions to :class:`~.login.Login` (start-ok, tune-ok, open,
+update-secret) and the channels' lifecycle to :class:`~.channel.ChannelTable`.
 """
 from __future__ import annotations
 
@@ -19,20 +20,28 @@ from typing import Callable, Container, Iterable
 
 from pamqp import commands
 
-from shoal.shared.errors import CONNECTION_FORCED, FRAME_ERROR, AMQPError, hard_error
+from shoal.shared.errors import (CHANNEL_ERROR, COMMAND_INVALID, CONNECTION_FORCED,
+                                 FRAME_ERROR, UNEXPECTED_FRAME, AMQPError, hard_error)
 
 from shoal.router.amqp import fastpath
 from shoal.router.amqp.channel import (AFTER_PUBLISH, AWAIT_BODY as _AWAIT_BODY,
-                      AWAIT_HEADER as _AWAIT_HEADER, CLOSING as _CLOSING, OPEN as _OPEN,
-                      Channel)
-from shoal.router.amqp.control import ControlFrames
-from shoal.router.amqp.events import AcksReceived, ConnectionClosed
-from shoal.router.amqp.framing import (FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD, FRAME_OVERHEAD,
-                      FRAME_TYPES, HEARTBEAT_FRAME, PROTOCOL_HEADER, method_frame,
-                      unpack_frame_header)
-from shoal.router.amqp.handshake import LOCALES, MECHANISMS, server_properties as default_server_properties
-from shoal.router.amqp.methods import CHANNEL_CLOSE, CONNECTION_CLOSE, close_frame
-from shoal.router.amqp.states import ChannelInput, ConnectionInput, ConnectionState, channel_next, connection_next
+                                       AWAIT_HEADER as _AWAIT_HEADER, CLOSING as _CLOSING,
+                                       OPEN as _OPEN, Channel, ChannelTable)
+from shoal.router.amqp.events import AcksReceived, ConnectionClosed, ConnectionOpened
+from shoal.router.amqp.framing import (FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT,
+                                       FRAME_METHOD, FRAME_OVERHEAD, FRAME_TYPES,
+                                       HEARTBEAT_FRAME, PROTOCOL_HEADER, decode_method,
+                                       method_frame, unpack_frame_header)
+from shoal.router.amqp.handshake import LOCALES, server_properties as default_server_properties
+from shoal.router.amqp.liveness import HEARTBEAT, Liveness
+from shoal.router.amqp.login import Login
+from shoal.router.amqp.methods import (CHANNEL_CLOSE, CHANNEL_OPEN, CONNECTION_CLASS,
+                                       CONNECTION_CLOSE, CONNECTION_CLOSE_OK, CONNECTION_OPEN,
+                                       CONNECTION_START_OK, CONNECTION_TUNE_OK,
+                                       CONNECTION_UPDATE_SECRET, close_frame, name,
+                                       require_known, with_ids)
+from shoal.router.amqp.states import (ChannelInput, ConnectionInput, ConnectionState,
+                                      channel_next, connection_next)
 
 _PUBLISH, _ACK = fastpath.BASIC_PUBLISH, fastpath.BASIC_ACK
 _unpack_mid = fastpath.unpack_method_id
@@ -40,9 +49,14 @@ _parse_publish, _parse_ack = fastpath.parse_publish, fastpath.parse_ack
 _CI = ChannelInput
 _CONN_OPEN, _CONN_CLOSING, _CONN_CLOSED = (ConnectionState.OPEN, ConnectionState.CLOSING,
                                            ConnectionState.CLOSED)
+_CONNECTION_INPUTS = {CONNECTION_START_OK: ConnectionInput.START_OK,
+                      CONNECTION_TUNE_OK: ConnectionInput.TUNE_OK,
+                      CONNECTION_OPEN: ConnectionInput.OPEN,
+                      CONNECTION_CLOSE: ConnectionInput.CLIENT_CLOSE,
+                      CONNECTION_CLOSE_OK: ConnectionInput.CLOSE_OK}
 
 
-class AMQPConnection(ControlFrames):
+class AMQPConnection:
     """The server side of one AMQP 0-9-1 connection, without I/O.
 
     ``authenticate(username, password) -> bool``; ``vhosts``: the virtual hosts that exist;
@@ -59,6 +73,9 @@ class AMQPConnection(ControlFrames):
     406. ``loopback_users`` may only log in when ``peer_is_loopback`` (RabbitMQ's rule).
     ``handshake_timeout``/``close_timeout`` (seconds, via :meth:`tick`): how long the client
     may take to finish the handshake / to answer our ``connection.close``.
+    ``check_secret(user, secret) -> bool``: a backend that checks ``connection.update-secret``
+    (a token backend); None (password users) accepts it unchecked, as RabbitMQ 3.10 does
+    (:class:`~.login.Login`).
     """
 
     def __init__(self, authenticate: Callable[[str, str | None], bool],
@@ -69,29 +86,22 @@ class AMQPConnection(ControlFrames):
                  handshake_timeout: float = 10.0, close_timeout: float = 30.0,
                  admit: Callable[[str, str], str | None] | None = None,
                  admit_channel: Callable[[], str | None] | None = None,
-                 external_identity: str | None = None) -> None:
-        self._authenticate = authenticate
-        self._external_identity = external_identity
-        self._vhosts = vhosts
-        self._admit = admit
-        self._admit_channel = admit_channel
+                 external_identity: str | None = None,
+                 check_secret: Callable[[str, str], bool] | None = None) -> None:
+        self._login = Login(authenticate, vhosts, (frame_max, channel_max, heartbeat),
+                            admit=admit, external_identity=external_identity,
+                            peer_is_loopback=peer_is_loopback,
+                            loopback_users=frozenset(loopback_users), check_secret=check_secret)
         self._server_properties = default_server_properties(server_properties)
         self.frame_max = frame_max
         self.channel_max = channel_max
         self.heartbeat = heartbeat
-        self._offer = (frame_max, channel_max, heartbeat)
         self.max_message_size = max_message_size
-        self._peer_is_loopback = peer_is_loopback
-        self._loopback_users = frozenset(loopback_users)
-        self._handshake_timeout = handshake_timeout
-        self._close_timeout = close_timeout
+        self._liveness = Liveness(handshake_timeout, close_timeout)
 
-        self.client_properties: dict = {}
-        self.capabilities: dict = {}
-        self.user: str | None = None
-        self.vhost: str | None = None
         self._state = ConnectionState.AWAIT_PROTOCOL_HEADER
-        self._channels: dict[int, Channel] = {}
+        self._table = ChannelTable(self._write, channel_max, admit_channel)
+        self._channels: dict[int, Channel] = self._table.channels
         self._close_reason = (CONNECTION_FORCED, "CONNECTION_FORCED - connection closed")
         # input: unparsed bytes wait in _chunks until _need octets are there (a partial frame)
         self._chunks: list[bytes] = []
@@ -104,13 +114,29 @@ class AMQPConnection(ControlFrames):
         # time (tick): activity flags since the last tick, and when things last happened
         self._received = False
         self._sent = False
-        self._last_received: float | None = None
-        self._last_sent: float | None = None
-        self._started_at: float | None = None
         self._deferred: list = []  # events of a close() before the protocol header
-        self._closing_since: float | None = None
 
     # ------------------------------------------------------------------ properties
+    @property
+    def user(self) -> str | None:
+        """The user logged in (None before ``start-ok``)."""
+        return self._login.user
+
+    @property
+    def vhost(self) -> str | None:
+        """The virtual host opened (None before ``connection.open``)."""
+        return self._login.vhost
+
+    @property
+    def client_properties(self) -> dict:
+        """The client's ``client-properties`` table from ``start-ok``."""
+        return self._login.client_properties
+
+    @property
+    def capabilities(self) -> dict:
+        """The ``capabilities`` table inside the client's properties."""
+        return self._login.capabilities
+
     @property
     def state(self) -> ConnectionState:
         return self._state
@@ -193,10 +219,8 @@ class AMQPConnection(ControlFrames):
         self._chunks, self._buffered = [], 0
         self._state = connection_next(self._state, ConnectionInput.PROTOCOL_HEADER)
         self._need = 7
-        mechanisms = MECHANISMS if self._external_identity is None \
-            else f"{MECHANISMS} EXTERNAL"
         self._write(method_frame(0, commands.Connection.Start(
-            0, 9, self._server_properties, mechanisms, LOCALES)))
+            0, 9, self._server_properties, self._login.mechanisms, LOCALES)))
         events: list = []
         if len(got) > size:
             self._frames(got, size, events)
@@ -208,7 +232,7 @@ class AMQPConnection(ControlFrames):
         The frame size is checked against frame_max from the 7 header octets, before the
         payload is buffered. basic.publish, basic.ack, a content header and a single
         completing body frame on an OPEN connection are handled inline (design.md section 4);
-        everything else goes through :meth:`_frame` (:mod:`.control`).
+        everything else goes through :meth:`_frame`.
         """
         end = len(buf)
         channels = self._channels
@@ -279,6 +303,98 @@ class AMQPConnection(ControlFrames):
             self._chunks = [buf[pos:]]
             self._buffered = end - pos
         self._need = need
+
+    # ------------------------------------------------------------------ other frames
+    def _frame(self, frame_type: int, ch: int, chan: Channel | None, buf: bytes, start: int,
+               fend: int, events: list) -> None:
+        """Every frame the inline path in :meth:`_frames` does not take: methods (the
+        connection class here, channels in :class:`~.channel.ChannelTable`), heartbeats (spec
+        4.2.7) and misplaced content frames (spec 4.2.3-4.2.6). Raises AMQPError for
+        :meth:`fail`."""
+        if frame_type == FRAME_METHOD:
+            if fend - start < 4:
+                raise hard_error(FRAME_ERROR, "method frame shorter than 4 octets")
+            mid = _unpack_mid(buf, start)[0]
+            try:
+                self._method(ch, chan, mid, buf, start, fend, events)
+            except AMQPError as err:
+                if not err.class_id:
+                    with_ids(err, mid)
+                raise
+        elif frame_type == FRAME_HEARTBEAT:
+            if ch != 0:  # spec 4.2.7: heartbeats belong to channel 0 (505, as RabbitMQ)
+                raise hard_error(UNEXPECTED_FRAME, f"heartbeat frame on channel {ch}")
+        elif self._state == _CONN_CLOSING:
+            return  # spec 2.2.4: discard all but close / close-ok
+        elif self._state != _CONN_OPEN:
+            raise hard_error(UNEXPECTED_FRAME, "content frame before connection.open")
+        elif ch == 0:
+            raise hard_error(UNEXPECTED_FRAME, "content frame on channel 0")
+        elif chan is None:
+            raise hard_error(CHANNEL_ERROR, f"channel {ch} is not open")
+        else:  # on a CLOSING channel: discarded (spec 2.2.3); otherwise 505
+            channel_next(ch, chan.state, _CI.HEADER if frame_type == FRAME_HEADER
+                         else _CI.BODY)
+
+    def _method(self, ch: int, chan: Channel | None, mid: int, buf: bytes, start: int,
+                fend: int, events: list) -> None:
+        state = self._state
+        if state == _CONN_CLOSING:  # spec 2.2.4: discard all but close / close-ok
+            if ch == 0 and mid in (CONNECTION_CLOSE, CONNECTION_CLOSE_OK):
+                self._connection_method(mid, buf, start, fend, events)
+            return
+        if ch == 0:
+            if mid == CHANNEL_OPEN:
+                raise hard_error(CHANNEL_ERROR, "channel.open on channel 0")
+            if mid >> 16 != CONNECTION_CLASS:
+                require_known(mid)   # RabbitMQ: a channel method on channel 0 is 504
+                raise hard_error(CHANNEL_ERROR, f"{name(mid)} on channel 0")
+            self._connection_method(mid, buf, start, fend, events)
+            return
+        require_known(mid)
+        if mid >> 16 == CONNECTION_CLASS:
+            raise hard_error(COMMAND_INVALID, f"{name(mid)} on channel {ch}, expected 0")
+        if state != _CONN_OPEN:
+            raise hard_error(COMMAND_INVALID, f"{name(mid)} before connection.open")
+        self._table.method(ch, chan, mid, buf, start, fend, events)
+
+    def _connection_method(self, mid: int, buf: bytes, start: int, fend: int,
+                           events: list) -> None:
+        """Connection class methods on channel 0 (spec 1.4, 4.10): the state machine of
+        :mod:`.states` orders them (503 when out of order), :class:`~.login.Login` decides."""
+        login = self._login
+        event = _CONNECTION_INPUTS.get(mid)
+        if event is None:
+            if mid == CONNECTION_UPDATE_SECRET:
+                login.update_secret(decode_method(mid, buf[start + 4:fend]),
+                                    self._state == _CONN_OPEN)
+                self._write(method_frame(0, commands.Connection.UpdateSecretOk()))
+                return
+            require_known(mid)
+            raise hard_error(COMMAND_INVALID, f"{name(mid)} is not sent by clients")
+        nxt = connection_next(self._state, event)  # 503 when out of order
+        method = decode_method(mid, buf[start + 4:fend])
+        if event == ConnectionInput.START_OK:
+            self._write(method_frame(0, login.start_ok(method)))
+        elif event == ConnectionInput.TUNE_OK:
+            self.channel_max, self.frame_max, self.heartbeat = login.tune_ok(method)
+            self._table.channel_max = self.channel_max
+            self._max_payload = self.frame_max - FRAME_OVERHEAD
+        elif event == ConnectionInput.OPEN:
+            login.open(method.virtual_host)
+            self._write(method_frame(0, commands.Connection.OpenOk()))
+            events.append(ConnectionOpened(login.vhost, login.user, login.client_properties))
+        else:   # the client's close, or its close-ok after ours
+            if event == ConnectionInput.CLIENT_CLOSE:
+                self._write(method_frame(0, commands.Connection.CloseOk()))
+                if self._state != _CONN_CLOSING:
+                    self._close_reason = (200, f"client closed connection: "
+                                               f"{method.reply_code} {method.reply_text}")
+            self._state = nxt
+            self._discard_input()
+            events.append(ConnectionClosed(*self._close_reason))
+            return
+        self._state = nxt
 
     # ------------------------------------------------------------------ errors and close
     def fail(self, channel: int, error: AMQPError) -> None:
@@ -388,31 +504,17 @@ class AMQPConnection(ControlFrames):
         state = self._state
         if state == _CONN_CLOSED:
             return []
-        if self._last_received is None or self._received:
-            self._last_received = now
-        if self._last_sent is None or self._sent:
-            self._last_sent = now
+        received, sent = self._received, self._sent
         self._received = self._sent = False
-        if self._started_at is None:
-            self._started_at = now
-        if state == _CONN_CLOSING:
-            if self._closing_since is None:
-                self._closing_since = now
-            elif now - self._closing_since >= self._close_timeout:
-                return self._drop(*self._close_reason)
+        verdict = self._liveness.check(now, state, received, sent, self.heartbeat,
+                                       self._close_reason)
+        if verdict is None:
             return []
-        if state < _CONN_OPEN and now - self._started_at >= self._handshake_timeout:
-            return self._drop(CONNECTION_FORCED, "CONNECTION_FORCED - handshake timeout")
-        heartbeat = self.heartbeat
-        if heartbeat > 0 and state >= ConnectionState.AWAIT_OPEN:
-            if now - self._last_received >= 2 * heartbeat:
-                return self._drop(CONNECTION_FORCED, f"CONNECTION_FORCED - missed heartbeats "
-                                                     f"from client, timeout: {heartbeat}s")
-            if now - self._last_sent >= heartbeat / 2:
-                self._write(HEARTBEAT_FRAME)
-                self._sent = False
-                self._last_sent = now
-        return []
+        if verdict == HEARTBEAT:
+            self._write(HEARTBEAT_FRAME)
+            self._sent = False
+            return []
+        return self._drop(*verdict)
 
     # ------------------------------------------------------------------ output
     def _write(self, data: bytes) -> None:

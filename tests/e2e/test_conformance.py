@@ -113,19 +113,30 @@ def test_an_unexpected_exception_on_a_node_answers_541(faulty, uid):
 
 
 # ---- connection.update-secret (aiormq, which aio-pika uses, implements it) ------------------
-def test_update_secret_is_accepted_and_checked(cluster):
+def test_update_secret_for_a_password_user_is_accepted(cluster):
+    """As RabbitMQ 3.10 answers a user of its internal store: update-secret-ok whatever the
+    new secret (the store does not use secrets after login), and the connection goes on.
+    pika's connection.update_secret works the same way (side by side in test_parity.py)."""
     async def run():
         conn = await aiormq.connect(cluster.url)
-        ok = await conn.update_secret(cluster.password, reason="token refresh")
-        assert isinstance(ok, commands.Connection.UpdateSecretOk)
-        ch = await conn.channel()                 # the connection still works
-        await ch.queue_declare("", exclusive=True)
-        with pytest.raises(aiormq.exceptions.ConnectionClosed) as e:
-            await conn.update_secret("not-the-password", reason="bad token")
-            await conn.channel()
-        assert "530" in str(e.value) or "NOT_ALLOWED" in str(e.value), e.value
+        for secret in (cluster.password, "not-the-password"):
+            ok = await conn.update_secret(secret, reason="token refresh")
+            assert isinstance(ok, commands.Connection.UpdateSecretOk)
+            ch = await conn.channel()                 # the connection still works
+            await ch.queue_declare("", exclusive=True)
         await conn.close()
     asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_pika_update_secret_works(cluster):
+    """pika's BlockingConnection.update_secret, which closed the connection with 530 before
+    (issue 34): the call returns and the channel keeps working."""
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url))
+    ch = conn.channel()
+    conn.update_secret("any-new-secret", "token refresh")
+    assert ch.queue_declare("", exclusive=True).method.queue.startswith("amq.gen-")
+    assert conn.is_open
+    conn.close()
 
 
 # ---- channel_max ---------------------------------------------------------------------------

@@ -135,7 +135,6 @@ def hard_close(conn):
     (raw_frame(1, 1, struct.pack(">HH", 60, 80) + b"\x00" * 4), 501, (60, 80)),  # short ack
     (raw_frame(1, 1, struct.pack(">HHH", 60, 40, 0) + b"\x05ab"), 501, (60, 40)),  # publish
     (raw_frame(1, 1, struct.pack(">HHH", 60, 40, 0) + b"\x01\xff\x00\x00"), 501, (60, 40)),
-    (raw_frame(1, 0, struct.pack(">HH", 10, 70) + b"\x00" * 8), 530, (10, 70)),  # bad secret
 ])
 def test_method_errors_close_the_connection(frame, code, ids):
     conn = open_conn(channel_max=10)

@@ -356,25 +356,39 @@ def test_amqplain_undecodable_table_is_502():
     assert close.reply_code == 502
 
 
-def test_update_secret_with_the_users_secret_is_accepted():
-    """RabbitMQ's connection.update-secret: the connection's user authenticates again with
-    the new secret; update-secret-ok, and the connection stays open."""
+def test_update_secret_for_a_password_user_is_accepted_unchecked():
+    """RabbitMQ 3.10's internal user store does not use secrets after login, so it answers
+    connection.update-secret with update-secret-ok whatever the new secret (its
+    rabbit_auth_backend_internal update_state); a password user's connection stays open."""
     conn = make_conn()
     handshake(conn, user="alice", password="secret")
-    conn.receive_data(m(commands.Connection.UpdateSecret("secret", "token refresh")))
+    for secret in ("secret", "not-the-password"):
+        conn.receive_data(m(commands.Connection.UpdateSecret(secret, "token refresh")))
+        [(ch, ok)] = methods(conn)
+        assert ch == 0 and isinstance(ok, commands.Connection.UpdateSecretOk)
+        assert not conn.closing
+
+
+def test_update_secret_is_checked_by_a_backend_that_validates_secrets():
+    """A backend that validates the new secret (a token backend) still decides: accepted,
+    update-secret-ok; refused, connection.close 530 with RabbitMQ's wording."""
+    checked = []
+
+    def check_secret(user, secret):
+        checked.append((user, secret))
+        return secret == "fresh-token"
+
+    conn = make_conn(check_secret=check_secret)
+    handshake(conn, user="alice", password="secret")
+    conn.receive_data(m(commands.Connection.UpdateSecret("fresh-token", "token refresh")))
     [(ch, ok)] = methods(conn)
-    assert ch == 0 and isinstance(ok, commands.Connection.UpdateSecretOk)
-    assert not conn.closing
-
-
-def test_update_secret_refused_closes_the_connection_with_530():
-    conn = make_conn()
-    handshake(conn, user="alice", password="secret")
-    conn.receive_data(m(commands.Connection.UpdateSecret("guest", "token refresh")))
+    assert isinstance(ok, commands.Connection.UpdateSecretOk) and not conn.closing
+    conn.receive_data(m(commands.Connection.UpdateSecret("stale-token", "token refresh")))
     ch, close = last_close(conn)
     assert ch == 0 and close.reply_code == 530 and conn.closing
     assert close.reply_text == "NOT_ALLOWED - New secret was refused by one of the backends"
     assert (close.class_id, close.method_id) == (10, 70)
+    assert checked == [("alice", "fresh-token"), ("alice", "stale-token")]
 
 
 def test_update_secret_before_open_is_a_command_error():
