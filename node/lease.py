@@ -10,7 +10,7 @@ out the node delivers nothing to that consumer (its interest is off), so the rou
 of the consumer's credit stays exact; anything that makes the queue non-empty or shared
 revokes the lease, and what arrived waits for the router's LEASE_END, behind its records.
 
-Why (docs/performance.md, "A delivery lease"): at moderate rates each burst otherwise wakes
+Why (docs/performance.md, "Why a delivery lease"): at moderate rates each burst otherwise wakes
 the node from idle and costs a second trip through the router before the consumer sees it.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ _TOPOLOGY_SYNC = int(T.TOPOLOGY_SYNC)
 
 #: Messages queued to one router that make a batch worth sending before the turn ends: a
 #: consumer's credit arriving on a backlog is delivered in batches of this size, so the router
-#: forwards the first while the node makes the rest (docs/performance.md, session 15).
+#: forwards the first while the node makes the rest (docs/performance-log.md, session 15).
 EARLY_BATCH = 64
 
 

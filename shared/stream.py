@@ -4,7 +4,7 @@ ZeroMQ keeps message boundaries; a Unix stream socket does not. On a ``unix://``
 batch (:func:`shoal.shared.wire.encode_batch`'s bytes) is sent as one *frame*: a 4-byte
 big-endian length, then the batch. Everything above the frame (HELLO, heartbeats, GOODBYE,
 credit, replies) is the ZeroMQ link's protocol unchanged; only the transport differs
-(docs/performance.md, "a same-host link without ZeroMQ's I/O threads").
+(docs/performance.md, "The same-host link").
 """
 from __future__ import annotations
 

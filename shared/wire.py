@@ -295,7 +295,7 @@ def decode_batch(frame: bytes) -> list[list[Any]]:
 #: ints or strs, each message is a list built for one send, and neither side keeps or changes it
 #: after handing it over: a peer in the same process (``shoal serve --embed-node``) receives them
 #: as they are, which saves the msgpack round trip (about 1 µs per message at 5,000 msg/s,
-#: docs/performance.md, session 6).
+#: docs/performance-log.md, session 6).
 HOT_TAGS = frozenset({TAG_PUBLISH, TAG_PUBLISH_RESULT, TAG_CREDIT, TAG_DELIVER, TAG_WORK,
                       TAG_SETTLE, TAG_LEASED})
 #: ``SHOAL_WIRE_CHECK=1`` (the e2e suite sets it): every hot message handed over is checked to

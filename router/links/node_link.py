@@ -29,7 +29,7 @@ LINK_HWM = 16
 LAZY_FLUSH_S = 0.001
 #: The same while this router holds a delivery lease from the node (router/lease.py): the
 #: records of leased deliveries and the settlements wait this long, so that the node wakes
-#: once per few bursts rather than once per burst (docs/performance.md, "A delivery lease").
+#: once per few bursts rather than once per burst (docs/performance.md, "Why a delivery lease").
 LEASE_FLUSH_S = 0.005
 #: Wire messages in one batch at most, so a node never swallows a huge backlog in one go
 #: (it ticks and heartbeats between batches).
@@ -70,7 +70,7 @@ class NodeLink:
         made to the clients then, not at the end of the event-loop turn, so a large grant of
         credit reaches the consumer in the node's early batches (node/peers.py
         ``EARLY_BATCH``) instead of as one block. The ZeroMQ and in-process links do not:
-        on ZeroMQ it measured worse near the link's limit (docs/performance.md, session 16)."""
+        on ZeroMQ it measured worse near the link's limit (docs/performance-log.md, session 16)."""
         self._secure = secure
         self.node_id = node_id
         self.endpoint = endpoint
@@ -456,7 +456,7 @@ class LocalLink(NodeLink):
 
     The protocol and batches are NodeLink's; only the transport differs: each batch is handed
     to the node in memory (``attach``) instead of through ZeroMQ, which at 5,000 msg/s saves
-    about a quarter of the CPU per message (docs/performance.md, session 4). The hot path's
+    about a quarter of the CPU per message (docs/performance-log.md, session 4). The hot path's
     messages are handed over as they are, every other message as a msgpack copy
     (``shared.wire.handover``, session 6). A node in
     the same process cannot die apart from it, so there is no monitor; heartbeats and the

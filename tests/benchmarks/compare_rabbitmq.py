@@ -332,7 +332,7 @@ def load1(bench: Bench, brokers: list, load: list[str] = LOAD1, name: str = "loa
     """Interleaved searches: one step on each broker in turn. With ``runs`` > 1 a step is
     run up to ``runs`` times (fresh broker each time) and passes when most of them do; it
     stops as soon as the majority is known. Near either broker's limit one run passes or
-    fails about as often as a coin (docs/performance.md, session 15)."""
+    fails about as often as a coin (docs/performance-log.md, session 15)."""
     steps = 5 if bench.quick else 7
     gens = {b.label: bisect_rate(5000, steps) for b in brokers}
     rates = {label: next(g) for label, g in gens.items()}
