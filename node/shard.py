@@ -178,7 +178,7 @@ class Shard:
         """Re-create a durable queue from the journal (no records written)."""
         q = Queue(vhost, name, durable=True, auto_delete=auto_delete, arguments=args,
                   sink=self, next_id=self._next_id, timers=self.timers,
-                  config=parse_queue_arguments(vhost, name, args))
+                  config=parse_queue_arguments(vhost, name, args, restored=True))
         self.queues[(vhost, name)] = q
         if self.durable is not None:
             self.durable.attach(q)
