@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import logging
 import sys
 
 from shoal.shared.definitions import definitions_for
 from shoal.shared.errors import ConfigError
-from shoal.shared.settings import load_settings
+from shoal.shared.settings import load_settings, warn_unknown_env
 
-USAGE = """usage: shoal {serve,node,router,ctl,cluster,loadtest,report,keygen} [options]
+USAGE = """usage: shoal {serve,node,router,ctl,cluster,loadtest,report,keygen,version} [options]
 
 commands:
   serve    run a local cluster: N nodes and R routers on one port (node-0 in the
@@ -31,6 +32,7 @@ commands:
   cluster  docker clusters for load tests: build, up, loadtest, status, down
   report   Spark job over loadtest runs: HTML report + Parquet/CSV aggregates
   keygen   print a new CURVE key pair for the router-node link (docs/security.md)
+  version  print the version (also: shoal --version)
 
 'shoal COMMAND --help' shows a command's options."""
 
@@ -70,6 +72,7 @@ def serve_main(argv: list[str]) -> int:
                         "output loads unchanged)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     args = p.parse_args(argv)
+    warn_unknown_env("shoal serve")     # once: its children are told not to repeat it
     try:
         settings = load_settings(args.config, overrides={
             "load_definitions": args.definitions,
@@ -106,12 +109,23 @@ def _host_node(*args):
     return importlib.import_module("shoal.node.process").hosted_node(*args)
 
 
+def version() -> str:
+    """The installed package's version (pyproject.toml is its one source)."""
+    try:
+        return importlib.metadata.version("shoal")
+    except importlib.metadata.PackageNotFoundError:     # a tree that is not installed
+        return "0+unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if command in ("--version", "-V", "version"):
+        print(f"shoal {version()}")
+        return 0
     if command == "serve":
         return serve_main(rest)
     if command == "keygen":

@@ -32,13 +32,15 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from shoal.shared.settings import Settings
+from shoal.shared.settings import (ENV_CHECKED, LAUNCHED_FAILURE, LISTENERS, Settings,
+                                  listen_error)
 
 log = logging.getLogger("shoal.launcher")
 
@@ -68,6 +70,58 @@ def _child_setup(cpu: int | None):
             except OSError:
                 pass
     return setup
+
+
+class PortError(RuntimeError):
+    """A port of the cluster cannot be listened on: ``str()`` is the one line to print."""
+
+
+def _listeners(settings: Settings) -> list[tuple[str, int, str | None]]:
+    """The fixed ports the routers of ``shoal serve`` will listen on (0 = any free one, not
+    checked): ``(setting, port, flag of shoal serve or None)``."""
+    s = settings
+    out = [("port", s.port, "--port")]
+    if s.serve_routers() == 1:          # several routers: each gets a free direct port
+        out.append(("direct_port", s.direct_port, None))
+    out += [("tls_port", s.tls_port, None), ("management_port", s.management_port, None),
+            ("prometheus_port", s.prometheus_port, None)]
+    return [(name, port, flag) for name, port, flag in out if port > 0]
+
+
+def check_ports(settings: Settings) -> None:
+    """Raise PortError (one line naming the port and the flag or setting to change) when a
+    fixed port of the cluster is in use or given twice, before any process starts. A socket
+    without SO_REUSEPORT is bound and closed: that fails when anything listens there, another
+    ``shoal serve`` too (whose routers would otherwise share the port with ours)."""
+    seen: dict[int, str] = {}
+    for name, port, flag in _listeners(settings):
+        if port in seen:
+            raise PortError(f"port {port} is given to both the {LISTENERS[seen[port]]} "
+                            f"({seen[port]}) and the {LISTENERS[name]} ({name}); choose "
+                            f"another for one of them")
+        seen[port] = name
+        try:
+            infos = socket.getaddrinfo(settings.host or None, port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+        except socket.gaierror as exc:
+            raise PortError(f"cannot listen on {settings.host}:{port}: {exc.strerror}; check "
+                            f"--host or SHOAL_HOST") from None
+        for family, kind, proto, _name, addr in infos:
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio does
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                try:
+                    sock.bind(addr)
+                except OSError as exc:
+                    raise PortError(listen_error(name, settings.host, port, exc, flag)) \
+                        from None
+
+
+def _child_env() -> dict[str, str]:
+    """The children's environment: ours, and ``SHOAL_ENV_CHECKED`` (the launcher warned about
+    unknown ``SHOAL_*`` variables already; the children do not repeat it)."""
+    return {**os.environ, ENV_CHECKED: "1"}
 
 
 def _endpoint(run_dir: Path, node_id: str, local_link: str = "zmq") -> str:
@@ -109,7 +163,7 @@ class Cluster:
     def _spawn_node(self, node: dict) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "shoal.node", "--node-id", node["id"], "--bind",
                node["endpoint"], "--data-dir", str(self.data_dir / node["id"]), *self._common()]
-        proc = subprocess.Popen(cmd, preexec_fn=_child_setup(node.get("cpu")))
+        proc = subprocess.Popen(cmd, preexec_fn=_child_setup(node.get("cpu")), env=_child_env())
         self.procs[node["id"]] = proc
         node["pid"] = proc.pid
         return proc
@@ -120,7 +174,7 @@ class Cluster:
         # Through the shoal command, which can host nodes in the router (inproc:// endpoints).
         cmd = [sys.executable, "-m", "shoal.cli", "router", "--host", s.host, "--port",
                str(port), "--data-dir", str(self.data_dir), "--max-message-size",
-               str(s.max_message_size), *self._common()]
+               str(s.max_message_size), "--launched", *self._common()]
         if s.load_definitions:
             cmd += ["--definitions", str(Path(s.load_definitions).expanduser().resolve())]
         if s.serve_routers() > 1:
@@ -132,7 +186,7 @@ class Cluster:
             elif node.get("embedded") and "shared_endpoint" in node:
                 cmd += ["--embed-bind", node["shared_endpoint"]]
             cmd += ["--node", f"{node['id']}={endpoint}"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=_child_env(),
                                 preexec_fn=_child_setup(router.get("cpu")))
         self.procs[router["id"]] = proc
         router["pid"] = proc.pid
@@ -151,7 +205,9 @@ class Cluster:
             router["direct_port"] = direct
 
     def _await_ready(self, proc: subprocess.Popen) -> tuple[str, int, int | None]:
-        """Wait for the router's ready line: (host, port, direct port or None)."""
+        """Wait for the router's ready line: (host, port, direct port or None). A router that
+        cannot start says why in one line (``--launched``): that line is raised as
+        PortError, to be printed as the launcher's own."""
         lines: queue.Queue = queue.Queue()
 
         def reader() -> None:
@@ -160,13 +216,20 @@ class Cluster:
             lines.put(None)
         threading.Thread(target=reader, daemon=True).start()
         deadline = time.monotonic() + READY_TIMEOUT_S
+        failure = ""
         while time.monotonic() < deadline:
             try:
                 line = lines.get(timeout=0.2)
             except queue.Empty:
                 continue
             if line is None:
-                raise RuntimeError(f"router exited with code {proc.wait()} before it was ready")
+                code = proc.wait()
+                if failure:
+                    raise PortError(failure)
+                raise RuntimeError(f"router exited with code {code} before it was ready")
+            if line.startswith(LAUNCHED_FAILURE):
+                failure = line[len(LAUNCHED_FAILURE):].strip()
+                continue
             m = _READY.match(line)
             if m:
                 direct = m["direct"]
@@ -255,6 +318,11 @@ def serve(settings: Settings, config_file: str | None) -> int:
         stop.set()
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    try:
+        check_ports(settings)
+    except PortError as exc:
+        print(f"shoal serve: {exc}", file=sys.stderr)
+        return 1
     cluster = Cluster(settings, config_file)
     try:
         cluster.start()

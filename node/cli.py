@@ -7,6 +7,7 @@ shared.settings.load_settings (file < SHOAL_* env < flags). Exit codes: 0 clean 
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import logging
 import sys
@@ -14,7 +15,7 @@ import sys
 import zmq
 
 from shoal.shared.errors import ConfigError
-from shoal.shared.settings import load_settings
+from shoal.shared.settings import load_settings, warn_unknown_env
 
 from shoal.node.durability.journal import JournalCorrupt, JournalUnavailable
 from shoal.node.process import run_node
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", help="directory for the journal and runtime files")
     p.add_argument("--log-level", help="debug, info, warning or error")
     args = p.parse_args(argv)
+    warn_unknown_env("shoal node")
     try:
         settings = load_settings(args.config, overrides={
             "node_id": args.node_id, "node_bind": args.bind, "data_dir": args.data_dir,
@@ -50,5 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shoal node: cannot open the journal: {exc}", file=sys.stderr)
         return 3
     except (zmq.ZMQError, OSError) as exc:
-        print(f"shoal node: cannot bind {settings.node_bind}: {exc}", file=sys.stderr)
+        in_use = exc.errno == errno.EADDRINUSE
+        print(f"shoal node: cannot bind {settings.node_bind}: "
+              f"{'it is in use' if in_use else exc}; choose another with --bind or "
+              f"SHOAL_NODE_BIND", file=sys.stderr)
         return 1

@@ -7,13 +7,14 @@ import sys
 
 from shoal.shared.definitions import definitions_for
 from shoal.shared.errors import ConfigError
-from shoal.shared.settings import load_settings
+from shoal.shared.settings import LAUNCHED_FAILURE, load_settings, warn_unknown_env
 
 from shoal.router.frontend.tls import server_context
 
 
 def main(argv: list[str] | None = None, host_node=None) -> int:
-    """Parse flags, load settings, run the router. Exit 2 with one line on a bad setting.
+    """Parse flags, load settings, run the router. Exit 2 with one line on a bad setting, 4
+    with one line naming the port and the flag or setting when a port cannot be bound.
 
     ``host_node`` runs the nodes given as ``inproc://`` endpoints inside this process (see
     ``shoal.router.server``); the ``shoal`` command passes it, ``python -m shoal.router``
@@ -40,7 +41,11 @@ def main(argv: list[str] | None = None, host_node=None) -> int:
                         "and topology to load at start (rabbitmqctl export_definitions's "
                         "output loads unchanged)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    # Started by ``shoal serve``: a start-up failure goes to stdout as ``shoal router failed:
+    # LINE`` for the launcher to tell in its own one line (deploy/launcher.py).
+    p.add_argument("--launched", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    warn_unknown_env("shoal router")
     try:
         settings = load_settings(args.config, overrides={
             "host": args.host, "port": args.port, "node_endpoints": args.node_endpoints,
@@ -59,4 +64,6 @@ def main(argv: list[str] | None = None, host_node=None) -> int:
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s router %(levelname)s %(name)s: %(message)s")
     from shoal.router.server import run_router
-    return run_router(settings, host_node, definitions)
+    report = (lambda line: print(f"{LAUNCHED_FAILURE}{line}", flush=True)) if args.launched \
+        else None
+    return run_router(settings, host_node, definitions, report)

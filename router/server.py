@@ -25,13 +25,13 @@ import os
 import signal
 import socket
 import sys
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import zmq
 
 from shoal.shared.definitions import Definitions
 from shoal.shared.errors import CONNECTION_FORCED, StartupError
-from shoal.shared.settings import Settings
+from shoal.shared.settings import EXIT_CANNOT_LISTEN, Settings, listen_error
 
 from shoal.router import live
 from shoal.router import access_sync
@@ -49,6 +49,8 @@ log = logging.getLogger("shoal.router")
 #: process (``shoal.node.process.hosted_node``); it has ``serve()``, ``stop()``, ``close()``
 #: and ``attach_local`` (the broker's LocalLink hands it frames in memory, not via ZeroMQ).
 HostNode = Callable[[Settings, str, str, zmq.Context], Any]
+#: ``report(line)``: tells a start-up failure in one line (the router CLI's choice of stream).
+Report = Callable[[str], None]
 
 
 def hosted_endpoints(settings: Settings) -> list[tuple[str, str]]:
@@ -57,10 +59,13 @@ def hosted_endpoints(settings: Settings) -> list[tuple[str, str]]:
 
 
 async def serve(settings: Settings, host_node: HostNode | None = None,
-                definitions: Definitions | None = None) -> int:
+                definitions: Definitions | None = None, report: Report | None = None) -> int:
     """Run the router (and the nodes it hosts) until SIGINT/SIGTERM. Returns the exit code:
-    0 clean stop, 1 nodes unreachable or a hosted node failed, or a hosted node's
-    StartupError code (3: its journal cannot be opened)."""
+    0 clean stop, 1 nodes unreachable or a hosted node failed, a hosted node's StartupError
+    code (3: its journal cannot be opened), or 4 (``EXIT_CANNOT_LISTEN``) when one of its
+    ports cannot be bound. A start-up failure is told in one line to ``report`` (default:
+    stderr, ``shoal router: ...``)."""
+    report = report or _report_stderr
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -89,7 +94,7 @@ async def serve(settings: Settings, host_node: HostNode | None = None,
             task.add_done_callback(watch(node_id))
             hosted.append((node_id, node, task))
     except StartupError as exc:
-        print(f"shoal router: {exc}", flush=True, file=sys.stderr)
+        report(str(exc))
         await _stop_hosted(hosted, ctx)
         return exc.exit_code
     broker = Broker(settings, ctx, {node_id: node.attach_local for node_id, node, _ in hosted},
@@ -104,31 +109,58 @@ async def serve(settings: Settings, host_node: HostNode | None = None,
     broker.on_access = lambda version, doc: access_sync.apply(broker, version, doc)
     await access_sync.sync_at_start(broker)      # users and permissions the first node keeps
     await declare_topology(broker, broker.definitions)   # load_definitions' topology
-    server = await loop.create_server(
-        lambda: ClientConnection(broker), settings.host, settings.port,
-        reuse_port=hasattr(socket, "SO_REUSEPORT"), backlog=1024)
-    host, port = server.sockets[0].getsockname()[:2]
-    servers = [server]
-    direct = ""
-    if settings.direct_port >= 0:           # this router alone (tests, diagnostics)
-        servers.append(await loop.create_server(
-            lambda: ClientConnection(broker), settings.host, settings.direct_port, backlog=128))
-        direct = f" (direct port {servers[1].sockets[0].getsockname()[1]})"
+    servers: list[asyncio.AbstractServer] = []
+    runners: list[Any] = []
+
+    async def listen(setting: str, port: int, start: Awaitable, flag: str | None = None):
+        """``await start``; a port that cannot be bound stops the router with one line."""
+        try:
+            return await start
+        except OSError as exc:
+            raise StartupError(listen_error(setting, settings.host, port, exc, flag),
+                               EXIT_CANNOT_LISTEN) from None
+
+    reuse = hasattr(socket, "SO_REUSEPORT")     # routers on one host share their ports
     reloader = None
-    if settings.tls_port >= 0:              # amqps (router/frontend/tls.py)
-        tls_ctx = tls.server_context(settings)
-        servers.append(await loop.create_server(
-            lambda: ClientConnection(broker, tls=True), settings.host, settings.tls_port,
-            ssl=tls_ctx, ssl_handshake_timeout=10.0,
-            reuse_port=hasattr(socket, "SO_REUSEPORT"), backlog=1024))
-        log.info("router %s accepting AMQP 0-9-1 over TLS on %s:%s", broker.router_id,
-                 settings.host, servers[-1].sockets[0].getsockname()[1])
-        reloader = asyncio.ensure_future(tls.reload_loop(tls_ctx, settings))
-    mgmt = await management.start(broker, settings.host, settings.management_port) \
-        if settings.management_port else None
-    prom = await management.serve(metrics.make_app(broker), settings.host,
-                                  settings.prometheus_port, "Prometheus metrics",
-                                  "/metrics") if settings.prometheus_port else None
+    try:
+        servers.append(await listen("port", settings.port, loop.create_server(
+            lambda: ClientConnection(broker), settings.host, settings.port, reuse_port=reuse,
+            backlog=1024), "--port"))
+        host, port = servers[0].sockets[0].getsockname()[:2]
+        direct = ""
+        if settings.direct_port >= 0:           # this router alone (tests, diagnostics)
+            servers.append(await listen("direct_port", settings.direct_port, loop.create_server(
+                lambda: ClientConnection(broker), settings.host, settings.direct_port,
+                backlog=128), "--direct-port"))
+            direct = f" (direct port {servers[1].sockets[0].getsockname()[1]})"
+        if settings.tls_port >= 0:              # amqps (router/frontend/tls.py)
+            tls_ctx = tls.server_context(settings)
+            servers.append(await listen("tls_port", settings.tls_port, loop.create_server(
+                lambda: ClientConnection(broker, tls=True), settings.host, settings.tls_port,
+                ssl=tls_ctx, ssl_handshake_timeout=10.0, reuse_port=reuse, backlog=1024)))
+            log.info("router %s accepting AMQP 0-9-1 over TLS on %s:%s", broker.router_id,
+                     settings.host, servers[-1].sockets[0].getsockname()[1])
+            reloader = asyncio.ensure_future(tls.reload_loop(tls_ctx, settings))
+        if settings.management_port:
+            runners.append(await listen("management_port", settings.management_port,
+                                        management.start(broker, settings.host,
+                                                         settings.management_port)))
+        if settings.prometheus_port:
+            runners.append(await listen("prometheus_port", settings.prometheus_port,
+                                        management.serve(metrics.make_app(broker), settings.host,
+                                                         settings.prometheus_port,
+                                                         "Prometheus metrics", "/metrics")))
+    except StartupError as exc:
+        report(str(exc))
+        if reloader is not None:
+            reloader.cancel()
+        for srv in servers:
+            srv.close()
+        for runner in runners:
+            await runner.cleanup()
+        await broker.stop()
+        await _stop_hosted(hosted, ctx)
+        return exc.exit_code
     print(f"shoal router ready on {host}:{port}{direct}", flush=True)
     log.info("router %s accepting AMQP 0-9-1 on %s:%s, %d nodes", broker.router_id, host, port,
              len(broker.links))
@@ -143,9 +175,8 @@ async def serve(settings: Settings, host_node: HostNode | None = None,
     log.info("router stopping: closing %d client connections", len(broker.connections))
     for srv in servers:
         srv.close()
-    for runner in (mgmt, prom):
-        if runner is not None:
-            await runner.cleanup()
+    for runner in runners:
+        await runner.cleanup()
     ticker.cancel()
     for client in list(broker.connections):
         client.shutdown(CONNECTION_FORCED, "CONNECTION_FORCED - broker shutdown")
@@ -191,10 +222,15 @@ async def _write_stats(broker: Broker, path: str) -> None:
             log.warning("cannot write stats file %s: %s", path, exc.strerror)
 
 
+def _report_stderr(line: str) -> None:
+    print(f"shoal router: {line}", flush=True, file=sys.stderr)
+
+
 def run_router(settings: Settings, host_node: HostNode | None = None,
-               definitions: Definitions | None = None) -> int:
+               definitions: Definitions | None = None, report: Report | None = None) -> int:
     """Run the router until SIGINT/SIGTERM; returns the process exit code (see serve).
-    ``definitions``: users, vhosts and permissions (default: from ``settings``)."""
+    ``definitions``: users, vhosts and permissions (default: from ``settings``); ``report``:
+    see :func:`serve`."""
     # Most router objects live as long as a connection or a delivery; fewer young-generation
     # collections cost less CPU per message without growing memory noticeably.
     gc.set_threshold(20_000, 50, 100)
@@ -203,4 +239,4 @@ def run_router(settings: Settings, host_node: HostNode | None = None,
         uvloop.install()
     except ImportError:  # uvloop is optional (Windows)
         pass
-    return asyncio.run(serve(settings, host_node, definitions))
+    return asyncio.run(serve(settings, host_node, definitions, report))

@@ -9,7 +9,12 @@ environment variables (``SHOAL_PORT=5673``; lists comma-separated; users as
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import errno
 import os
+import re
+import socket
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -300,6 +305,88 @@ def _coerce(name: str, value: Any) -> Any:
     except (TypeError, ValueError):
         kind = type(proto).__name__
         raise ConfigError(f"invalid setting '{name}': expected {kind} (got {value!r})") from None
+
+
+#: What each port setting a router listens on serves, for one-line errors (:func:`listen_error`).
+LISTENERS = {"port": "AMQP listener", "direct_port": "direct AMQP port of one router",
+             "tls_port": "AMQP over TLS listener", "management_port": "management API",
+             "prometheus_port": "Prometheus metrics"}
+#: Exit code of a router that cannot listen on one of its ports (:func:`listen_error`'s line).
+EXIT_CANNOT_LISTEN = 4
+#: How a router started by ``shoal serve`` (``--launched``) tells it on stdout why it cannot
+#: start; the launcher prints the rest of the line as its own one-line error.
+LAUNCHED_FAILURE = "shoal router failed: "
+
+
+def listen_error(setting: str, host: str, port: int, exc: OSError,
+                 flag: str | None = None) -> str:
+    """The one line for a listener (``setting`` of :data:`LISTENERS`) that cannot bind
+    ``host:port``: which port, what for, and the flag (``flag``, when the command has one) or
+    setting that changes it, e.g. ``port 5672 is in use (AMQP listener); choose another with
+    --port or SHOAL_PORT``."""
+    env = f"SHOAL_{setting.upper()}"
+    how = f"{flag} or {env}" if flag else f"the {setting} setting ({env} or --config)"
+    if setting in ("management_port", "prometheus_port"):
+        how += ", or 0 to turn it off"
+    what = LISTENERS[setting]
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} is in use ({what}); choose another with {how}"
+    if exc.errno in (errno.EADDRNOTAVAIL, socket.EAI_NONAME):
+        return (f"cannot listen on {host}:{port} ({what}): {exc.strerror or exc}; check --host "
+                f"or SHOAL_HOST")
+    return f"cannot listen on port {port} ({what}): {exc.strerror or exc}; choose another with {how}"
+
+
+#: ``SHOAL_*`` environment variables that are not settings but are read elsewhere: the
+#: ``shoal ctl`` client (deploy/ctl.py), diagnostics (shared/wire.py, shared/errors.py,
+#: node/server.py), the test suites and their tools, and :data:`ENV_CHECKED`. Never warned about.
+OTHER_ENV = frozenset({
+    "SHOAL_MANAGEMENT_URL", "SHOAL_USER", "SHOAL_PASSWORD",        # shoal ctl
+    "SHOAL_WIRE_CHECK", "SHOAL_INJECT_FAULTS", "SHOAL_NODE_STATS_FILE",
+    "SHOAL_PARITY_RABBITMQ_URL", "SHOAL_FAULT_ROUNDS", "SHOAL_TEST_BASE_IMAGE",
+    "SHOAL_ENV_CHECKED",
+})
+#: Prefixes of such variables: the e2e harness, the fuzz and crash campaigns, CI, the base image.
+OTHER_ENV_PREFIXES = ("SHOAL_E2E_", "SHOAL_FUZZ_", "SHOAL_CRASH_", "SHOAL_CI_", "SHOAL_BASE_")
+#: What Kubernetes puts in every pod for a Service named ``shoal`` or ``shoal-*`` (its "service
+#: links": ``SHOAL_SERVICE_HOST``, ``SHOAL_PORT_5672_TCP_ADDR``, ``SHOAL_PORT=tcp://...``).
+_SERVICE_LINK = re.compile(r"SHOAL(_[A-Z0-9_]+?)?_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|"
+                           r"PORT_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)")
+#: Set by ``shoal serve`` for its children, which then do not repeat its warnings.
+ENV_CHECKED = "SHOAL_ENV_CHECKED"
+
+
+def _service_link(key: str, value: str) -> bool:
+    return bool(_SERVICE_LINK.fullmatch(key)) or (
+        key.endswith("_PORT") and re.fullmatch(r"(tcp|udp|sctp)://\S+:\d+", value) is not None)
+
+
+def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """One line for each ``SHOAL_*`` variable of ``env`` that names no setting and is none of
+    :data:`OTHER_ENV`: ``SHOAL_PROT is not a setting and is ignored; did you mean SHOAL_PORT?``
+    (the closest setting by :func:`difflib.get_close_matches`, when one is close)."""
+    env = os.environ if env is None else env
+    names = [f"SHOAL_{name.upper()}" for name in _FIELDS]
+    out = []
+    for key in sorted(env):
+        if not key.startswith("SHOAL_") or key[6:].lower() in _FIELDS or key in OTHER_ENV \
+                or key.startswith(OTHER_ENV_PREFIXES) or _service_link(key, env[key]):
+            continue
+        close = difflib.get_close_matches(key.upper(), names, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        out.append(f"environment variable {key} is not a setting and is ignored{hint}")
+    return out
+
+
+def warn_unknown_env(prog: str = "shoal", env: Mapping[str, str] | None = None,
+                     stream=None) -> None:
+    """Print :func:`unknown_env`'s lines to stderr as ``PROG: warning: ...``, unless
+    :data:`ENV_CHECKED` says that a parent (``shoal serve``) did already."""
+    env = os.environ if env is None else env
+    if env.get(ENV_CHECKED):
+        return
+    for line in unknown_env(env):
+        print(f"{prog}: warning: {line}", file=stream or sys.stderr, flush=True)
 
 
 def load_settings(config_file: str | os.PathLike | None = None,

@@ -197,25 +197,23 @@ def make_app(broker: Broker) -> web.Application:
     return app
 
 
-async def start(broker: Broker, host: str, port: int) -> web.AppRunner | None:
-    """Serve the API on ``host:port`` (SO_REUSEPORT, as routers share the AMQP port). A port
-    in use is logged and the API stays off; the broker goes on."""
+async def start(broker: Broker, host: str, port: int) -> web.AppRunner:
+    """Serve the API on ``host:port`` (SO_REUSEPORT, as routers share the AMQP port). Raises
+    OSError when the port cannot be bound (the router stops with one line naming it)."""
     return await serve(make_app(broker), host, port, "management API", "/api/")
 
 
 async def serve(app: web.Application, host: str, port: int, what: str,
-                path: str) -> web.AppRunner | None:
-    """Serve ``app`` on ``host:port`` (SO_REUSEPORT); a port in use is logged (``what`` is
-    not started) and None returned."""
+                path: str) -> web.AppRunner:
+    """Serve ``app`` on ``host:port`` (SO_REUSEPORT); ``what`` names it in the log. Raises
+    OSError when the port cannot be bound, after cleaning up."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=hasattr(socket, "SO_REUSEPORT"))
     try:
         await site.start()
-    except OSError as exc:
-        log.warning("%s not started: cannot listen on %s:%s (%s)", what, host, port,
-                    exc.strerror)
+    except OSError:
         await runner.cleanup()
-        return None
+        raise
     log.info("%s on http://%s:%s%s", what, host, port, path)
     return runner
