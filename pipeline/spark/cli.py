@@ -41,6 +41,8 @@ def run(runs: list[str], master: str, out: str, approx: bool = False) -> str:
     except ImportError:
         raise ShoalSparkError("pyspark is not installed: pip install 'shoal[spark]'") from None
     from . import html as page
+    from . import use_this_python
+    use_this_python()           # Spark's Python workers: this interpreter, not PATH's python3
     progress = report.stderr_progress(13)
     progress(f"starting Spark ({master})")
     spark = (SparkSession.builder.master(master).appName("shoal report")

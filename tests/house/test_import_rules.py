@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 ROOMS = ("cli", "deploy", "node", "pipeline", "router", "shared")
 
 pytest.importorskip("importlinter", reason="import-linter is in the test extra")
+#: ``lint-imports`` (import-linter's console script) run by this interpreter.
+LINT_IMPORTS = "import sys; from importlinter.cli import lint_imports_command; " \
+    "sys.exit(lint_imports_command())"
 
 
 def lint_imports(tree: Path | None = None) -> subprocess.CompletedProcess:
@@ -22,9 +26,11 @@ def lint_imports(tree: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
-    exe = shutil.which("lint-imports")
-    assert exe, "lint-imports is not on PATH: pip install -e '.[test]'"
-    return subprocess.run([exe, "--no-cache", str(ROOT / "pyproject.toml")], cwd=tree or ROOT,
+    # This interpreter's import-linter, not whatever ``lint-imports`` is on PATH (a venv that is
+    # not activated has none there); import-linter has no ``python -m`` entry, so its console
+    # script's function is called.
+    return subprocess.run([sys.executable, "-c", LINT_IMPORTS, "--no-cache",
+                           str(ROOT / "pyproject.toml")], cwd=tree or ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -15,7 +15,8 @@ def spark():
     if shutil.which("java") is None:
         pytest.skip("no java on PATH: PySpark needs Java 17")
     from pyspark.sql import SparkSession
-    from shoal.pipeline.spark import register
+    from shoal.pipeline.spark import register, use_this_python
+    use_this_python()       # workers run this interpreter, also from a venv not activated
     session = (SparkSession.builder.master("local[2]").appName("shoal-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
