@@ -147,6 +147,15 @@ def test_routers_know_every_node_by_its_stable_dns_name(replicas: int) -> None:
     assert args[args.index("--host") + 1] == "0.0.0.0"
 
 
+def test_pods_get_no_service_link_variables() -> None:
+    """A release named "shoal" has a Service "shoal", for which Kubernetes would inject
+    SHOAL_PORT=tcp://IP:5672 into every pod: a value Shoal's settings would read as its port.
+    The pods turn service links off (issue 34)."""
+    docs = render({})
+    for kind, name in (("Deployment", f"{FULL}-router"), ("StatefulSet", f"{FULL}-node")):
+        assert docs[(kind, name)]["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+
 def test_users_secret_feeds_the_routers() -> None:
     docs = render({"auth": {"username": "app", "password": "s3cret:x",
                             "extraUsers": {"ops": "pw2"}}})

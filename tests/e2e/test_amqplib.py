@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_parity import RABBITMQ_URL
+from .side_by_side.test_parity import RABBITMQ_URL
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
 
 from .clients import connect
-from .test_durability import drain, kill9, session, wait_serving
+from .durability.test_durability import drain, kill9, session, wait_serving
 
 pytestmark = pytest.mark.e2e
 

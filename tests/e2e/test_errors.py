@@ -314,7 +314,7 @@ def test_505_method_where_content_header_expected(cluster):
 
 
 def test_heartbeat_on_a_channel_is_a_frame_error(cluster):
-    # spec 4.2.7 says 501; RabbitMQ 3.10 answers 505, and so do we (tests/e2e/test_parity.py)
+    # spec 4.2.7 says 501; RabbitMQ 3.10 answers 505, and so do we (tests/e2e/side_by_side/test_parity.py)
     assert raw_close_code(cluster, lambda r: r.send(raw_frame(8, 1, b""))) == 505
 
 

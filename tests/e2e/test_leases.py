@@ -13,7 +13,7 @@ import uuid
 import pika
 import pytest
 
-from tests.e2e.test_metrics import prom, scrape, value  # noqa: F401 - the module's cluster
+from tests.e2e.management.test_metrics import prom, scrape, value  # noqa: F401 - the module's cluster
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import pytest
 from shoal.router.frontend.tls import peer_identity, server_context
 from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings
-from tests.e2e.tls_ca import TestCA
+from tests.e2e.security.tls_ca import TestCA
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ over ``HANG_S`` (a hang), output that does not parse as frames; against a cluste
 "Task exception was never retrieved", traceback or 541 internal error in the cluster's log, and
 a normal client that cannot publish and get afterwards.
 
-CI runs a short campaign (tests/e2e/test_fuzz_campaign.py); by hand, with the figures for
+CI runs a short campaign (tests/e2e/faults/test_fuzz_campaign.py); by hand, with the figures for
 docs/reliability.md::
 
-    python -m tests.e2e.fuzz_campaign --inputs 1000000 --cluster-inputs 5000
+    python -m tests.e2e.faults.fuzz_campaign --inputs 1000000 --cluster-inputs 5000
 """
 from __future__ import annotations
 
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     import pika
 
     from tests.conftest import start_cluster, stop_cluster
-    p = argparse.ArgumentParser(prog="python -m tests.e2e.fuzz_campaign")
+    p = argparse.ArgumentParser(prog="python -m tests.e2e.faults.fuzz_campaign")
     p.add_argument("--inputs", type=int, default=1_000_000, help="in-process inputs")
     p.add_argument("--cluster-inputs", type=int, default=5000)
     p.add_argument("--seed", type=int, default=1)

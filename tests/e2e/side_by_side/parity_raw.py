@@ -11,7 +11,7 @@ import warnings
 from pamqp import commands as C
 from pamqp import frame, header
 
-from .amqp_raw import PROTOCOL_HEADER, Closed, RawAMQP, method_frame, raw_frame
+from ..amqp_raw import PROTOCOL_HEADER, Closed, RawAMQP, method_frame, raw_frame
 from .parity import Rec, scenario
 
 HANDSHAKE_WAIT = 6.0   #: longer than RabbitMQ's 3 s silent-close delay after handshake errors

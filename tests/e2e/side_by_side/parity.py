@@ -14,7 +14,7 @@ raw socket of :mod:`tests.e2e.amqp_raw`. Each scenario runs in a worker thread b
 module (names, exchanges, queues), :mod:`.parity_basic` (acks, headers, consumers, tx) and
 :mod:`.parity_raw` (frame-level: tune, channel_max, update-secret, heartbeats).
 
-``python -m tests.e2e.parity --a URL --b URL [--full] [NAME ...]`` prints a table.
+``python -m tests.e2e.side_by_side.parity --a URL --b URL [--full] [NAME ...]`` prints a table.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import pika
 import pika.exceptions as px
 from pamqp import commands as C
 
-from .amqp_raw import Closed, RawAMQP
+from ..amqp_raw import Closed, RawAMQP
 
 TIMEOUT = 8.0            #: socket / handshake bound of every connection (s)
 SCENARIO_TIMEOUT = 40.0  #: a whole scenario, cleanup included (s)

@@ -15,7 +15,7 @@ The normal client publishes one message every 5 ms and consumes it, measuring ea
 trip. Figures go to docs/reliability.md; CI runs a small version (tests/e2e/
 test_socket_abuse.py).
 
-``python -m tests.e2e.socket_abuse --idle 2000 --seconds 30``
+``python -m tests.e2e.faults.socket_abuse --idle 2000 --seconds 30``
 """
 from __future__ import annotations
 
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from tests.conftest import start_cluster, stop_cluster
-    p = argparse.ArgumentParser(prog="python -m tests.e2e.socket_abuse")
+    p = argparse.ArgumentParser(prog="python -m tests.e2e.faults.socket_abuse")
     p.add_argument("--idle", type=int, default=2000)
     p.add_argument("--seconds", type=float, default=30.0)
     a = p.parse_args(argv)

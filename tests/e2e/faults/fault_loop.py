@@ -14,10 +14,10 @@ confirmed and is published again with the same id. At the end every queue is dra
   than once (a confirm lost in a crash, then republished) may arrive twice without it: the
   publisher sent two messages.
 
-In CI: ``tests/e2e/test_crash.py`` (10 rounds, ``SHOAL_FAULT_ROUNDS``). By hand, 100 rounds
+In CI: ``tests/e2e/faults/test_crash.py`` (10 rounds, ``SHOAL_FAULT_ROUNDS``). By hand, 100 rounds
 with the figures for docs/reliability.md::
 
-    python -m tests.e2e.fault_loop --rounds 100 --nodes 3 --routers 2
+    python -m tests.e2e.faults.fault_loop --rounds 100 --nodes 3 --routers 2
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from pathlib import Path
 import pika
 import pika.exceptions
 
-from .test_durability import PERSISTENT, kill9, params, retry
+from ..durability.test_durability import PERSISTENT, kill9, params, retry
 
 ERRORS = (pika.exceptions.AMQPError, OSError)
 
@@ -210,7 +210,7 @@ def run(cl, rounds: int, seed: int | None = None) -> Report:
 
 def main(argv: list[str] | None = None) -> int:
     from tests.conftest import start_cluster, stop_cluster
-    p = argparse.ArgumentParser(prog="python -m tests.e2e.fault_loop",
+    p = argparse.ArgumentParser(prog="python -m tests.e2e.faults.fault_loop",
                                 description="kill -9 rounds under confirmed persistent load")
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--nodes", type=int, default=3)

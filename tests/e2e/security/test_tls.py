@@ -1,6 +1,6 @@
 """amqps (issue 22, point 2): TLS with pika and aio-pika, client certificates and SASL
 EXTERNAL, refused handshakes, and certificate reload without a restart. The CA and the
-certificates are made by the test (tests/e2e/tls_ca.py)."""
+certificates are made by the test (tests/e2e/security/tls_ca.py)."""
 from __future__ import annotations
 
 import asyncio

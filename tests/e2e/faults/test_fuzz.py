@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands, frame
 
-from .amqp_raw import Closed, RawAMQP
+from ..amqp_raw import Closed, RawAMQP
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +29,7 @@ FUZZ = settings(max_examples=40, deadline=None, derandomize=False,
 def valid_traffic(frame_max: int = 131072) -> bytes:
     """A realistic stream after channel 1 is open: declare, publish (3 body frames), qos,
     consume, get, a heartbeat."""
-    from .amqp_raw import publish_frames
+    from ..amqp_raw import publish_frames
     q = "fuzz-" + uuid.uuid4().hex[:8]
     out = frame.marshal(commands.Queue.Declare(queue=q, auto_delete=True,
                                                arguments={"x-k": 1, "t": {"n": True}}), 1)

@@ -1,4 +1,4 @@
-"""Socket abuse, small (tests/e2e/socket_abuse.py; the full run, 2,000 idle sockets and its
+"""Socket abuse, small (tests/e2e/faults/socket_abuse.py; the full run, 2,000 idle sockets and its
 latency ratio, is by hand with figures in docs/reliability.md). What is asserted is what a
 user sees: the normal client's every message comes back while idle sockets, a flooder, a
 reader that never reads and a 1 GiB announcement hit the broker; the silent sockets are

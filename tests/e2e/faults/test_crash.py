@@ -1,4 +1,4 @@
-"""Issue 5's crash test, as issue 22's fault loop (tests/e2e/fault_loop.py): a confirmed
+"""Issue 5's crash test, as issue 22's fault loop (tests/e2e/faults/fault_loop.py): a confirmed
 persistent message is never lost through kill -9 of random nodes and routers.
 
 ``SHOAL_FAULT_ROUNDS`` rounds (10 by default, as CI runs it) on a cluster of 3 nodes and 2

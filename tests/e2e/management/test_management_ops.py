@@ -10,7 +10,7 @@ import sys
 import pika
 import pytest
 
-from tests.e2e.test_management import call, mgmt  # noqa: F401 (the fixture)
+from tests.e2e.management.test_management import call, mgmt  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.e2e
 

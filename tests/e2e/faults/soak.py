@@ -1,7 +1,7 @@
 """The soak (issue 22, point 5): a cluster under steady load for a long time keeps its resident
 memory and open file descriptors flat. By hand (it takes the machine for ``--minutes``):
 
-``python -m tests.e2e.soak --minutes 60 --rate 40000``
+``python -m tests.e2e.faults.soak --minutes 60 --rate 40000``
 
 It starts ``shoal serve`` (default layout, ``--nodes``), runs ``shoal loadtest`` against it
 (``--producers`` producers at ``--rate`` msg/s in all, as many consumers, 100-byte messages,
@@ -44,7 +44,7 @@ def growth(rows: list[dict], key: str, warmup_s: float) -> tuple[int, int, float
 
 def main(argv: list[str] | None = None) -> int:
     from tests.conftest import start_cluster, stop_cluster
-    p = argparse.ArgumentParser(prog="python -m tests.e2e.soak")
+    p = argparse.ArgumentParser(prog="python -m tests.e2e.faults.soak")
     p.add_argument("--minutes", type=float, default=60.0)
     p.add_argument("--rate", type=int, default=40000, help="msg/s over all producers")
     p.add_argument("--producers", type=int, default=2)

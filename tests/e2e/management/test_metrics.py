@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import stop_cluster
-from tests.e2e.test_management import http_cluster
+from tests.e2e.management.test_management import http_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -95,7 +95,7 @@ def test_queue_gauges_counters_and_node_figures(prom, uid):
 def test_the_charts_dashboard_uses_only_metrics_shoal_serves(prom):
     """Every metric the Grafana dashboard (helm/shoal/dashboards/) queries is in a scrape
     (a histogram's _bucket/_sum/_count and a counter's _total are its samples)."""
-    board = json.loads((Path(__file__).resolve().parents[2] / "helm" / "shoal" / "dashboards"
+    board = json.loads((Path(__file__).resolve().parents[3] / "helm" / "shoal" / "dashboards"
                         / "shoal-overview.json").read_text())
     used = {name for p in board["panels"] for t in p["targets"]
             for name in re.findall(r"\b((?:rabbitmq|shoal)_[a-z_]+)\b", t["expr"])}

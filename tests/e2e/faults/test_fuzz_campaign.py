@@ -1,4 +1,4 @@
-"""The fuzz campaign's short run (tests/e2e/fuzz_campaign.py; the long run, a million inputs,
+"""The fuzz campaign's short run (tests/e2e/faults/fuzz_campaign.py; the long run, a million inputs,
 is by hand, with its figures in docs/reliability.md). ``SHOAL_FUZZ_INPUTS`` and
 ``SHOAL_FUZZ_CLUSTER_INPUTS`` scale it."""
 from __future__ import annotations

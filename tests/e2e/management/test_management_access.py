@@ -13,9 +13,9 @@ import pika
 import pytest
 
 from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
-from tests.e2e.test_management import _free_port, call
-from tests.e2e.test_management_live import closed_by_broker
-from tests.e2e.test_management_ops import ctl
+from tests.e2e.management.test_management import _free_port, call
+from tests.e2e.management.test_management_live import closed_by_broker
+from tests.e2e.management.test_management_ops import ctl
 
 pytestmark = pytest.mark.e2e
 

@@ -11,8 +11,8 @@ import pika
 import pytest
 
 from tests.conftest import stop_cluster
-from tests.e2e.test_management import call, http_cluster, rabbitmqadmin
-from tests.e2e.test_management_ops import ctl
+from tests.e2e.management.test_management import call, http_cluster, rabbitmqadmin
+from tests.e2e.management.test_management_ops import ctl
 
 pytestmark = pytest.mark.e2e
 

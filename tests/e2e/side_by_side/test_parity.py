@@ -13,7 +13,7 @@ import urllib.parse
 
 import pytest
 
-from .amqp_raw import RawAMQP
+from ..amqp_raw import RawAMQP
 from .parity import SCENARIOS
 
 pytestmark = pytest.mark.e2e

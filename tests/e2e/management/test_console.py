@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from tests.conftest import stop_cluster
-from tests.e2e.test_management import call, http_cluster
+from tests.e2e.management.test_management import call, http_cluster
 
 pytestmark = pytest.mark.e2e
 

@@ -1,0 +1,1 @@
+"""Durability end to end: restarts, paging, disk and memory alarms, transactions."""

@@ -1,0 +1,1 @@
+"""TLS, client certificates and CURVE on the router-node link, end to end."""
