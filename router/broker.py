@@ -28,7 +28,8 @@ from shoal.router.access.users import UserStore
 from shoal.router.access.limits import Limits
 from shoal.router.consumers import Consumer, ConsumerTarget
 from shoal.router.lease import Leases
-from shoal.router.links.node_link import Attach, NodeLink
+from shoal.router.links.local_link import Attach
+from shoal.router.links.node_link import NodeLink
 from shoal.router.links.unix_link import open_link
 from shoal.router.routing import Topology
 from shoal.router.session import BrokerChannel, BrokerClient, Delivery, PendingPublish

@@ -28,7 +28,8 @@ import zmq
 
 from shoal.shared import stream
 
-from shoal.router.links.node_link import Attach, LocalLink, NodeLink
+from shoal.router.links.local_link import Attach, LocalLink
+from shoal.router.links.node_link import NodeLink
 
 log = logging.getLogger("shoal.router.links.node_link")
 

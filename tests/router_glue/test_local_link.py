@@ -1,4 +1,4 @@
-"""LocalLink (router/links/node_link.py) to a NodeServer hosted in the same event loop (``--embed-node``).
+"""LocalLink (router/links/local_link.py) to a NodeServer hosted in the same event loop (``--embed-node``).
 
 The router's link and a real node share one loop, as in the router process: the handshake,
 a request and its REPLY travel in memory, and a node that has not yet read LOCAL_HWM frames
@@ -12,7 +12,8 @@ import dataclasses
 import zmq
 
 from shoal.node.server import LOCAL_HWM, NodeServer
-from shoal.router.links.node_link import MAX_BATCH, LocalLink
+from shoal.router.links.local_link import LocalLink
+from shoal.router.links.node_link import MAX_BATCH
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T
 
