@@ -78,7 +78,8 @@ def report(broker: Broker) -> dict[str, list[dict]]:
                 "messages_unacknowledged": len(ch.unacked),
                 "prefetch_count": ch.pool.prefetch_count,
                 "global_prefetch_count": ch.pool.global_prefetch,
-                "confirm": ch.confirm, "transactional": ch.tx, "state": "running"})
+                "confirm": ch.confirm, "transactional": ch.tx is not None,
+                "state": "running"})
             for t in list(ch.pool.targets.values()):
                 for queue in dict.fromkeys(t.queues):
                     cons.append({

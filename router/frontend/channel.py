@@ -4,7 +4,8 @@ Methods that need a node's answer (declares, binds, consume, get, ...) run as ta
 runs, later frames of the same channel wait in a backlog so that a channel's methods take effect
 in the order the client sent them (AMQP 0-9-1 spec 2.3.5.2 "Channels"). Publishes and acks are
 handled inline on the hot path when nothing waits. The methods of the exchange and queue
-classes are in :mod:`.topology_methods`.
+classes are in :mod:`.topology_methods`, those of the tx class and what a transactional channel
+holds back in :mod:`.transactions`.
 """
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ from shoal.shared.errors import (ACCESS_REFUSED, INTERNAL_ERROR, NOT_ALLOWED, NO
 from shoal.shared.wire import T, TAG_SETTLE
 
 from shoal.router import consumers as credit
-from shoal.router.frontend import topology_methods
+from shoal.router.frontend import topology_methods, transactions
 from shoal.router.access.users import READ, WRITE
 from shoal.router.amqp.events import MessagePublished
 from shoal.router.broker import Broker
 from shoal.router.consumers import Consumer, ConsumerTarget, CreditPool
 from shoal.router.session import ChannelClient, Delivery
 from shoal.router.frontend.topology_methods import queue_name
+from shoal.router.frontend.transactions import Transaction
 
 log = logging.getLogger("shoal.router.frontend.channel")
 
@@ -51,9 +53,7 @@ class Channel:
         self._unconfirmed: deque[int] = deque()   # confirm seqs in publish order
         self._confirmed: dict[int, bool] = {}      # finished this turn: seq -> ack (else nack)
         self._confirm_sent: set[int] = set()       # confirmed out of order, still in the deque
-        self.tx = False                            # tx.select: publishes/acks wait for commit
-        self._tx_publishes: list[tuple[Any, set[str]]] = []
-        self._tx_settles: list[tuple[int, list[tuple[int, Delivery]]]] = []
+        self.tx: Transaction | None = None         # tx.select: publishes/acks wait for commit
         self.last_queue = ""
         self.closed = False
         self._busy = False
@@ -143,61 +143,11 @@ class Channel:
 
     # ---- publishing --------------------------------------------------------------------------
     def on_confirm_select(self, m: C.Confirm.Select) -> None:
-        if self.tx:
+        if self.tx is not None:
             raise soft_error(PRECONDITION_FAILED, "cannot switch from tx to confirm mode")
         self.confirm = True
         if not m.nowait:
             self.send(C.Confirm.SelectOk())
-
-    # ---- transactions (spec 1.9 class tx) ----------------------------------------------------
-    def on_tx_select(self, m: Any) -> None:
-        """Publishes and settlements on this channel now wait for tx.commit.
-
-        Atomicity: at commit each node gets its share of the transaction in one batch and
-        applies it in one event-loop turn, so on each node a transaction is all-or-nothing and
-        no other client sees half of it. Across nodes it is not atomic: if a node holding a
-        target queue is down, the commit fails (404, channel closed) while the other nodes may
-        already have applied their share. Raises 406 on a confirm channel (as RabbitMQ).
-        """
-        if self.confirm:
-            raise soft_error(PRECONDITION_FAILED, "cannot switch from confirm to tx mode")
-        self.tx = True
-        self.send(C.Tx.SelectOk())
-
-    async def on_tx_commit(self, m: Any) -> None:
-        """Send the buffered publishes and settlements; commit-ok once every node accepted
-        every publish. Raises 406 when the channel is not transactional, 404 when a node
-        holding a target queue is down."""
-        if not self.tx:
-            raise soft_error(PRECONDITION_FAILED, "channel is not transactional")
-        publishes, self._tx_publishes = self._tx_publishes, []
-        settles, self._tx_settles = self._tx_settles, []
-        loop = asyncio.get_running_loop()
-        futures = []
-        for ev, queues in publishes:
-            fut = loop.create_future()
-            self.broker.publish(self, 0, ev, queues, fut)
-            futures.append(fut)
-        for outcome, items in settles:
-            self.broker.settle(self, [d for _, d in items], outcome)
-        results = await asyncio.gather(*futures)
-        if any(p.failed for p in results):
-            raise soft_error(NOT_FOUND, "a node holding a queue of this transaction is down; "
-                                        "part of the transaction may not have been applied")
-        self.send(C.Tx.CommitOk())
-
-    def on_tx_rollback(self, m: Any) -> None:
-        """Discard buffered publishes; settlements are undone (the deliveries are unacked
-        again, under their delivery tags). Raises 406 when not transactional."""
-        if not self.tx:
-            raise soft_error(PRECONDITION_FAILED, "channel is not transactional")
-        self._tx_publishes.clear()
-        for _, items in self._tx_settles:
-            for tag, d in items:
-                self.unacked[tag] = d
-        self._tx_settles.clear()
-        self.unacked = dict(sorted(self.unacked.items()))
-        self.send(C.Tx.RollbackOk())
 
     def publish(self, ev: Any) -> None:
         """Route one basic.publish (spec 1.8.3.7) and forward it to the nodes of its queues.
@@ -229,8 +179,8 @@ class Channel:
                              f"cannot publish to internal exchange '{ev.exchange}'")
         queues = b.topology.route(self.vhost, ev.exchange, ev.routing_key,
                                   None, ev.header)  # headers decoded once, only if needed
-        if self.tx:
-            self._tx_publishes.append((ev, queues))
+        if self.tx is not None:
+            self.tx.publishes.append((ev, queues))
             return
         b.publish(self, seq, ev, queues)
 
@@ -395,8 +345,8 @@ class Channel:
 
     def settle(self, deliveries: list[tuple[int, Delivery]], outcome: int) -> None:
         """Settle ``(tag, delivery)`` pairs now, or at tx.commit on a transactional channel."""
-        if self.tx and not self.closed:
-            self._tx_settles.append((outcome, deliveries))
+        if self.tx is not None and not self.closed:
+            self.tx.settles.append((outcome, deliveries))
             return
         self.broker.settle(self, [d for _, d in deliveries], outcome)
 
@@ -452,10 +402,8 @@ class Channel:
         self._backlog.clear()
         for t in list(self.pool.targets.values()):
             self.broker.cancel_consumer(self, t)
-        for _, items in self._tx_settles:   # uncommitted acks roll back: requeue those too
-            self.unacked.update(items)
-        self._tx_settles.clear()
-        self._tx_publishes.clear()
+        if self.tx is not None:   # uncommitted acks roll back: requeue those too
+            self.tx.undo(self.unacked)
         self.settle(self._take(0, True), wire.OUTCOME_REQUEUE)
 
 
@@ -465,11 +413,13 @@ _HANDLERS: dict[type, tuple[Any, bool]] = {}
 
 def _handler_for(method: Any) -> tuple[Any, bool]:
     """The handler for a pamqp method (cached by class): ``Channel.on_<class>_<method>``, or
-    the function of that name in :mod:`.topology_methods` (the exchange and queue classes).
+    the function of that name in :mod:`.topology_methods` (the exchange and queue classes) or
+    :mod:`.transactions` (the tx class).
     A method named in ``SHOAL_INJECT_FAULTS`` (``router:queue.purge``; tests only) gets a
     handler of the same kind that raises InjectedFault."""
     name = "on_" + _SNAKE.sub("_", method.name.replace(".", "_")).lower()  # RecoverAsync
-    fn = getattr(Channel, name, None) or getattr(topology_methods, name, None)
+    fn = (getattr(Channel, name, None) or getattr(topology_methods, name, None)
+          or getattr(transactions, name, None))
     is_async = fn is not None and asyncio.iscoroutinefunction(fn)
     if fn is not None and method.name.lower() in _FAULTS:
         fn = _faulty_async if is_async else _faulty
