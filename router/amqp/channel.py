@@ -10,14 +10,14 @@ from pamqp import commands
 
 from shoal.shared.errors import (CHANNEL_ERROR, COMMAND_INVALID, FRAME_ERROR, NOT_ALLOWED,
                                  NOT_IMPLEMENTED, PRECONDITION_FAILED, UNEXPECTED_FRAME,
-                                 hard_error, soft_error)
+                                 AMQPError, hard_error, soft_error)
 
 from shoal.router.amqp import fastpath
 from shoal.router.amqp.events import ChannelClosed, ChannelOpened, MessagePublished, MethodReceived
 from shoal.router.amqp.framing import decode_method, method_frame
 from shoal.router.amqp.methods import (BASIC_CANCEL_OK, CHANNEL_CLOSE, CHANNEL_CLOSE_OK,
                                        CHANNEL_FLOW, CHANNEL_FLOW_OK, CHANNEL_OPEN,
-                                       CLIENT_CHANNEL_METHODS, name, with_ids)
+                                       CLIENT_CHANNEL_METHODS, close_frame, name, with_ids)
 from shoal.router.amqp.properties import check_properties
 from shoal.router.amqp.states import CHANNEL_NEXT, ChannelInput, ChannelState, channel_next
 
@@ -193,3 +193,16 @@ class ChannelTable:
             pass  # answers to our channel.flow / basic.cancel: nothing to do
         else:
             raise hard_error(COMMAND_INVALID, f"{name(mid)} is not sent by clients")
+
+    def server_close(self, ch: int, error: AMQPError) -> None:
+        """Close channel ``ch`` for the soft ``error`` (spec 1.5.2.5 ``channel.close`` with
+        its reply code and text and the failing method's ids): it goes CLOSING, forgets a
+        partly received message and discards input until the client's ``close-ok``. Nothing
+        happens when the channel is not open or already closing."""
+        chan = self.channels.get(ch)
+        if chan is None or chan.state == CLOSING:
+            return
+        chan.state = channel_next(ch, chan.state, _CI.SERVER_CLOSE)
+        chan.abandon_content()
+        self._write(close_frame(ch, CHANNEL_CLOSE, error.reply_code, error.reply_text,
+                                error.class_id, error.method_id))

@@ -12,7 +12,9 @@ error. Errors become ``channel.close`` / ``connection.close`` in exactly one pla
 :meth:`AMQPConnection.fail`. The connection holds the input side with its inline hot path
 (basic.publish, basic.ack, content), the dispatch of every other frame, errors and close, time
 and output; it hands the login's decisions to :class:`~.login.Login` (start-ok, tune-ok, open,
-update-secret) and the channels' lifecycle to :class:`~.channel.ChannelTable`.
+update-secret), the channels' lifecycle to :class:`~.channel.ChannelTable` and the placement
+rules of the frames it does not take inline (which frame may arrive where) to
+:mod:`.frame_rules`.
 """
 from __future__ import annotations
 
@@ -20,33 +22,33 @@ from typing import Callable, Container, Iterable
 
 from pamqp import commands
 
-from shoal.shared.errors import (CHANNEL_ERROR, COMMAND_INVALID, CONNECTION_FORCED,
-                                 FRAME_ERROR, UNEXPECTED_FRAME, AMQPError, hard_error)
+from shoal.shared.errors import (COMMAND_INVALID, CONNECTION_FORCED, FRAME_ERROR, AMQPError,
+                                 hard_error)
 
 from shoal.router.amqp import fastpath
 from shoal.router.amqp.channel import (AFTER_PUBLISH, AWAIT_BODY as _AWAIT_BODY,
                                        AWAIT_HEADER as _AWAIT_HEADER, CLOSING as _CLOSING,
                                        OPEN as _OPEN, Channel, ChannelTable)
 from shoal.router.amqp.events import AcksReceived, ConnectionClosed, ConnectionOpened
-from shoal.router.amqp.framing import (FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT,
-                                       FRAME_METHOD, FRAME_OVERHEAD, FRAME_TYPES,
+from shoal.router.amqp.frame_rules import (CHANNEL as TO_CHANNEL, CONNECTION as TO_CONNECTION,
+                                           check_other_frame, frame_end_error, frame_error,
+                                           method_id, route_method)
+from shoal.router.amqp.framing import (FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD,
+                                       FRAME_OVERHEAD, FRAME_TYPES,
                                        HEARTBEAT_FRAME, PROTOCOL_HEADER, decode_method,
                                        method_frame, unpack_frame_header)
 from shoal.router.amqp.handshake import LOCALES, server_properties as default_server_properties
 from shoal.router.amqp.liveness import HEARTBEAT, Liveness
 from shoal.router.amqp.login import Login
-from shoal.router.amqp.methods import (CHANNEL_CLOSE, CHANNEL_OPEN, CONNECTION_CLASS,
-                                       CONNECTION_CLOSE, CONNECTION_CLOSE_OK, CONNECTION_OPEN,
+from shoal.router.amqp.methods import (CONNECTION_CLOSE, CONNECTION_CLOSE_OK, CONNECTION_OPEN,
                                        CONNECTION_START_OK, CONNECTION_TUNE_OK,
                                        CONNECTION_UPDATE_SECRET, close_frame, name,
                                        require_known, with_ids)
-from shoal.router.amqp.states import (ChannelInput, ConnectionInput, ConnectionState,
-                                      channel_next, connection_next)
+from shoal.router.amqp.states import ConnectionInput, ConnectionState, connection_next
 
 _PUBLISH, _ACK = fastpath.BASIC_PUBLISH, fastpath.BASIC_ACK
 _unpack_mid = fastpath.unpack_method_id
 _parse_publish, _parse_ack = fastpath.parse_publish, fastpath.parse_ack
-_CI = ChannelInput
 _CONN_OPEN, _CONN_CLOSING, _CONN_CLOSED = (ConnectionState.OPEN, ConnectionState.CLOSING,
                                            ConnectionState.CLOSED)
 _CONNECTION_INPUTS = {CONNECTION_START_OK: ConnectionInput.START_OK,
@@ -245,15 +247,14 @@ class AMQPConnection:
                 break
             frame_type, ch, size = unpack_frame_header(buf, pos)
             if size > max_payload or frame_type not in FRAME_TYPES:
-                self._frame_error(frame_type, ch, size, events)
+                self._fatal(frame_error(frame_type, ch, size, max_payload), events)
                 return
             fend = pos + 7 + size
             if fend >= end:
                 need = fend + 1 - pos
                 break
             if buf[fend] != FRAME_END:
-                self._fatal(hard_error(FRAME_ERROR, f"frame end octet is {buf[fend]:#04x}, "
-                                                    f"expected 0xce"), events)
+                self._fatal(frame_end_error(buf[fend]), events)
                 return
             start = pos + 7
             pos = fend + 1
@@ -307,56 +308,24 @@ class AMQPConnection:
     # ------------------------------------------------------------------ other frames
     def _frame(self, frame_type: int, ch: int, chan: Channel | None, buf: bytes, start: int,
                fend: int, events: list) -> None:
-        """Every frame the inline path in :meth:`_frames` does not take: methods (the
-        connection class here, channels in :class:`~.channel.ChannelTable`), heartbeats (spec
-        4.2.7) and misplaced content frames (spec 4.2.3-4.2.6). Raises AMQPError for
-        :meth:`fail`."""
-        if frame_type == FRAME_METHOD:
-            if fend - start < 4:
-                raise hard_error(FRAME_ERROR, "method frame shorter than 4 octets")
-            mid = _unpack_mid(buf, start)[0]
-            try:
-                self._method(ch, chan, mid, buf, start, fend, events)
-            except AMQPError as err:
-                if not err.class_id:
-                    with_ids(err, mid)
-                raise
-        elif frame_type == FRAME_HEARTBEAT:
-            if ch != 0:  # spec 4.2.7: heartbeats belong to channel 0 (505, as RabbitMQ)
-                raise hard_error(UNEXPECTED_FRAME, f"heartbeat frame on channel {ch}")
-        elif self._state == _CONN_CLOSING:
-            return  # spec 2.2.4: discard all but close / close-ok
-        elif self._state != _CONN_OPEN:
-            raise hard_error(UNEXPECTED_FRAME, "content frame before connection.open")
-        elif ch == 0:
-            raise hard_error(UNEXPECTED_FRAME, "content frame on channel 0")
-        elif chan is None:
-            raise hard_error(CHANNEL_ERROR, f"channel {ch} is not open")
-        else:  # on a CLOSING channel: discarded (spec 2.2.3); otherwise 505
-            channel_next(ch, chan.state, _CI.HEADER if frame_type == FRAME_HEADER
-                         else _CI.BODY)
-
-    def _method(self, ch: int, chan: Channel | None, mid: int, buf: bytes, start: int,
-                fend: int, events: list) -> None:
-        state = self._state
-        if state == _CONN_CLOSING:  # spec 2.2.4: discard all but close / close-ok
-            if ch == 0 and mid in (CONNECTION_CLOSE, CONNECTION_CLOSE_OK):
+        """Every frame the inline path in :meth:`_frames` does not take, placed by
+        :mod:`.frame_rules`: methods of the connection class here, channel methods in
+        :class:`~.channel.ChannelTable`; heartbeats and misplaced content frames are only
+        checked. Raises AMQPError for :meth:`fail`."""
+        if frame_type != FRAME_METHOD:
+            check_other_frame(frame_type, ch, chan, self._state)
+            return
+        mid = method_id(buf, start, fend)
+        try:
+            to = route_method(ch, mid, self._state)
+            if to == TO_CONNECTION:
                 self._connection_method(mid, buf, start, fend, events)
-            return
-        if ch == 0:
-            if mid == CHANNEL_OPEN:
-                raise hard_error(CHANNEL_ERROR, "channel.open on channel 0")
-            if mid >> 16 != CONNECTION_CLASS:
-                require_known(mid)   # RabbitMQ: a channel method on channel 0 is 504
-                raise hard_error(CHANNEL_ERROR, f"{name(mid)} on channel 0")
-            self._connection_method(mid, buf, start, fend, events)
-            return
-        require_known(mid)
-        if mid >> 16 == CONNECTION_CLASS:
-            raise hard_error(COMMAND_INVALID, f"{name(mid)} on channel {ch}, expected 0")
-        if state != _CONN_OPEN:
-            raise hard_error(COMMAND_INVALID, f"{name(mid)} before connection.open")
-        self._table.method(ch, chan, mid, buf, start, fend, events)
+            elif to == TO_CHANNEL:
+                self._table.method(ch, chan, mid, buf, start, fend, events)
+        except AMQPError as err:
+            if not err.class_id:
+                with_ids(err, mid)
+            raise
 
     def _connection_method(self, mid: int, buf: bytes, start: int, fend: int,
                            events: list) -> None:
@@ -413,13 +382,7 @@ class AMQPConnection:
         if self._state in (_CONN_CLOSING, _CONN_CLOSED):
             return
         if error.soft and channel:
-            chan = self._channels.get(channel)
-            if chan is None or chan.state == _CLOSING:
-                return
-            chan.state = channel_next(channel, chan.state, _CI.SERVER_CLOSE)
-            chan.abandon_content()
-            self._write(close_frame(channel, CHANNEL_CLOSE, error.reply_code,
-                                     error.reply_text, error.class_id, error.method_id))
+            self._table.server_close(channel, error)
             return
         self._server_close(error.reply_code, error.reply_text, error.class_id,
                            error.method_id, events)
@@ -455,14 +418,6 @@ class AMQPConnection:
                                      error.class_id, error.method_id))
             self._close_reason = (error.reply_code, error.reply_text)
         events.extend(self._drop(*self._close_reason))
-
-    def _frame_error(self, frame_type: int, ch: int, size: int, events: list) -> None:
-        if frame_type not in FRAME_TYPES:
-            text = f"unknown frame type {frame_type} on channel {ch}"
-        else:
-            text = (f"frame size {size + FRAME_OVERHEAD} on channel {ch} is larger than "
-                    f"frame_max {self._max_payload + FRAME_OVERHEAD}")
-        self._fatal(hard_error(FRAME_ERROR, text), events)
 
     def _drop(self, reply_code: int, reply_text: str) -> list:
         """Go CLOSED now; the one ConnectionClosed event."""
@@ -532,17 +487,13 @@ class AMQPConnection:
         self.pending_output = 0
         return data
 
-    def _writable(self, channel: int) -> bool:
-        chan = self._channels.get(channel)
-        return chan is not None and chan.state != _CLOSING and self._state == _CONN_OPEN
-
     def send_method(self, channel: int, method) -> None:
         """Send a pamqp method object on ``channel`` (0 for connection.blocked/unblocked).
         Dropped silently when the channel (or the connection) is closing or closed."""
         if channel == 0:
             if self._state != _CONN_OPEN:
                 return
-        elif not self._writable(channel):
+        elif not self.channel_is_open(channel):
             return
         self._write(method_frame(channel, method))
 
@@ -563,7 +514,7 @@ class AMQPConnection:
     def send_get_ok(self, channel: int, delivery_tag: int, redelivered: bool, exchange: str,
                     routing_key: str, message_count: int, header: bytes, body: bytes) -> None:
         """``basic.get-ok`` + content frames. Dropped on a closing/closed channel."""
-        if self._writable(channel):
+        if self.channel_is_open(channel):
             self._write(fastpath.get_ok(channel, delivery_tag, redelivered, exchange,
                                         routing_key, message_count, header, body,
                                         self.frame_max))
@@ -571,12 +522,12 @@ class AMQPConnection:
     def send_return(self, channel: int, reply_code: int, reply_text: str, exchange: str,
                     routing_key: str, header: bytes, body: bytes) -> None:
         """``basic.return`` (e.g. 312 NO_ROUTE) + content frames."""
-        if self._writable(channel):
+        if self.channel_is_open(channel):
             self._write(fastpath.basic_return(channel, reply_code, reply_text, exchange,
                                               routing_key, header, body, self.frame_max))
 
     def send_confirm(self, channel: int, delivery_tag: int, multiple: bool,
                      ack: bool) -> None:
         """Publisher confirm: ``basic.ack`` (``ack``) or ``basic.nack``."""
-        if self._writable(channel):
+        if self.channel_is_open(channel):
             self._write(fastpath.confirm(channel, delivery_tag, multiple, ack))
