@@ -9,8 +9,9 @@ Durability (docs/durability.md): :func:`~shoal.node.process.run_node` opens the 
 ``<data_dir>/journal`` and rebuilds the shard from it before binding. Each turn ends with ONE
 group commit (``Journal.commit_async``, on the journal's thread, so the loop keeps serving);
 the answers that promised durability (PUBLISH_RESULT of persistent messages, REPLYs of durable
-declares) leave when it is on disk. A failing disk (``JournalUnavailable``) withholds them,
-tells the routers (NODE_BLOCKED) and retries every :data:`COMMIT_RETRY_S`.
+declares) leave when it is on disk. The server holds that as an object,
+:class:`~shoal.node.durability.group_commit.GroupCommit` (also a failing disk, the resource
+alarms' NODE_BLOCKED and the clean-stop marker).
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from shoal.shared.wire import encode_batch
 
 from shoal.node.alarms import ResourceAlarms
 from shoal.node.intake import feed_frames
-from shoal.node.durability.journal import Journal, JournalUnavailable, fsync_dir
+from shoal.node.durability.group_commit import GroupCommit
+from shoal.node.durability.journal import Journal
 from shoal.node.queues.paging import PageStore
 from shoal.node.shard import Shard
 from shoal.node.stats import write_stats_file
@@ -40,12 +42,6 @@ log = logging.getLogger("shoal.node")
 
 #: Messages read per loop turn before flushing (bounds latency under a flood).
 MAX_READ_PER_TURN = 64  # batches; then tick and flush, so heartbeats flow under load
-#: File in the journal directory written by a clean stop (after the last commit) and removed
-#: at start: without it, the last turn's delivery states may be lost, so every recovered
-#: message is marked redelivered.
-CLEAN_MARKER = "CLEAN"
-#: Seconds between commit retries while the journal cannot write.
-COMMIT_RETRY_S = 1.0
 
 
 _EVENTS = int(zmq.EVENTS)
@@ -83,8 +79,6 @@ class NodeServer:
         # publishers instead of growing this queue without limit.
         self.sock.setsockopt(zmq.RCVHWM, 16)
         self._auth = serve_curve(self.sock, self.ctx, settings)   # CURVE when keys are set
-        self._alarm: str | None = None               #: resource alarms' reason (alarms.py)
-        self._journal_blocked: str | None = None     #: why the journal cannot write
         self._stopping = False
         self._done: asyncio.Future | None = None    # serve() returns when it is set
         self._turn_scheduled = False
@@ -93,11 +87,9 @@ class NodeServer:
         self._tick_ms = settings.link_heartbeat_ms / 2
         self._loop: asyncio.AbstractEventLoop | None = None
         self.endpoint = settings.node_bind
-        self.journal: Journal | None = None
-        self._committing = False        # a commit_async of this server is in flight
-        self._retry: asyncio.TimerHandle | None = None
-        self._last_commit: asyncio.Future | None = None
-        self._clean = False             # the last commit at stop succeeded
+        #: the journal from open_journal to close and its one commit per turn
+        self.group_commit = GroupCommit(self.shard, self._flush, self._poke, self._call_later)
+        self._commit = self.group_commit.commit     # the turn's (hot: bound once)
         #: Routers in this process (attach_local): identity -> where their batches go, and
         #: the batches they sent that wait for the next turn.
         self._local: dict[bytes, Callable[[list], None]] = {}
@@ -114,79 +106,28 @@ class NodeServer:
         offset named) or JournalUnavailable (directory unwritable or locked)."""
         path = Path(directory) if directory is not None else \
             Path(self.settings.data_dir).expanduser() / "journal"
-        self.journal = Journal.open(path)
+        journal = self.group_commit.open(path)
         self.shard.pages = PageStore(path.parent / "pages",
                                      self.settings.queue_max_in_memory_bytes)
         self.shard.access.load(path.parent)
-        marker = path / CLEAN_MARKER
-        clean = marker.exists()
         try:
-            if clean:
-                marker.unlink()
-                fsync_dir(path)
-            return self.shard.attach_journal(self.journal, clean)
+            return self.shard.attach_journal(journal, self.group_commit.take_clean_marker())
         except BaseException:
-            self.journal.close()
-            self.journal = None
+            self.group_commit.close()
             raise
 
-    # ---- group commit ------------------------------------------------------------------------
-    def _commit(self) -> None:
-        """End of a turn: append the turn's settlements and start one group commit if records
-        are pending (none in flight from this server: the journal groups what comes
-        meanwhile into the next one)."""
-        if self.journal is None or not self.shard.journal_flush():
-            return
-        if self._committing or self._retry is not None:
-            return
-        self._committing = True
-        fut = self._last_commit = self.journal.commit_async()
-        fut.add_done_callback(self._committed)
+    @property
+    def journal(self) -> Journal | None:
+        """The node's journal (None before :meth:`open_journal` and after :meth:`close`)."""
+        return self.group_commit.journal
 
-    def _committed(self, fut: asyncio.Future) -> None:
-        self._committing = False
-        shard = self.shard
-        exc = None if fut.cancelled() else fut.exception()
-        if isinstance(exc, JournalUnavailable):
-            if self._journal_blocked is None:
-                log.error("journal cannot write: %s; persistent publishes are not confirmed "
-                          "until it can (retrying every %.0f s)", exc, COMMIT_RETRY_S)
-            self._journal_blocked = f"shoal node {shard.node_id}: journal cannot write " \
-                                    f"({_reason(exc)})"
-            self._update_blocked()
-            self._flush()
-            if self._loop is not None and not self._stopping:
-                self._retry = self._loop.call_later(COMMIT_RETRY_S, self._retry_commit)
-            return
-        if exc is not None:
-            log.error("journal commit failed: %r", exc)
-        if self._journal_blocked is not None and self.journal is not None \
-                and self.journal.available:
-            log.warning("journal writes again: resuming confirms")
-            self._journal_blocked = None
-            self._update_blocked()
-        shard.release_durable()
-        self._flush()
-        self._poke()                   # the send may have eaten the FD's edge: look again
-
-    def _set_alarm(self, reason: str | None) -> None:
-        self._alarm = reason
-        self._update_blocked()
-        self._flush()
-
-    def _update_blocked(self) -> None:
-        """Tell the routers (NODE_BLOCKED) why publishers must wait: a resource alarm
-        (node/alarms.py) and/or a journal that cannot write; None when neither holds."""
-        reasons = [r for r in (self._alarm, self._journal_blocked) if r]
-        self.shard.set_blocked("; ".join(reasons) if reasons else None)
-
-    def _retry_commit(self) -> None:
-        self._retry = None
-        self._commit()
-        if not self._committing and self.journal is not None and not self.journal.available:
-            self._committing = True    # nothing new buffered: retry the old records
-            fut = self._last_commit = self.journal.commit_async()
-            fut.add_done_callback(self._committed)
+    def _call_later(self, seconds: float, fn: Callable[[], None]
+                    ) -> asyncio.TimerHandle | None:
+        """``fn`` in ``seconds`` on the serving loop; None (not scheduled) when it is not
+        serving or stopping (the group commit's retries)."""
+        if self._loop is None or self._stopping:
+            return None
+        return self._loop.call_later(seconds, fn)
 
     def stats(self) -> dict:
         """Counters for the stats file: journal commits and fsyncs, segments, bytes."""
@@ -419,7 +360,7 @@ class NodeServer:
         on_disconnect()  # reading ZMQ_EVENTS once arms the edge-triggered FD
         alarms = asyncio.ensure_future(ResourceAlarms(
             self.settings, str(self.journal.directory) if self.journal is not None
-            else self.settings.data_dir, self._set_alarm).run())
+            else self.settings.data_dir, self.group_commit.set_alarm).run())
         self.shard.loop_lag.start()
         if self._unix is not None:
             await self._unix.start()
@@ -432,7 +373,7 @@ class NodeServer:
             else:
                 self._turn()            # also arms the FD (reads ZMQ_EVENTS) and the timer
             await self._done
-            await self._finish_journal()
+            await self.group_commit.finish()
             self.shard.goodbye_all()
             self._flush()
         finally:
@@ -449,25 +390,7 @@ class NodeServer:
                 self._unix.close()
             if stats is not None:
                 stats.cancel()
-            if self._retry is not None:
-                self._retry.cancel()
-
-    async def _finish_journal(self) -> None:
-        """Stopping: commit what is pending and send the answers it releases."""
-        if self.journal is None:
-            return
-        self.shard.journal_flush()
-        try:
-            if self._last_commit is not None and not self._last_commit.done():
-                await asyncio.wait([self._last_commit], timeout=10)
-            self._committing = False
-            if self.journal.available or self._retry is None:
-                await asyncio.wait_for(self.journal.commit_async(), 10)
-        except (JournalUnavailable, asyncio.TimeoutError) as exc:
-            log.error("journal: last commit failed at stop: %s", exc)
-            return
-        self.shard.release_durable()
-        self._clean = True
+            self.group_commit.cancel_retry()
 
     def close(self) -> None:
         if self._unix is not None:
@@ -477,22 +400,7 @@ class NodeServer:
             self._auth.stop()
         if self._own_ctx:
             self.ctx.term()
-        if self.journal is not None:
-            if self._clean and self.journal.available and \
-                    self.journal.stats().buffered_records == 0:
-                try:
-                    (self.journal.directory / CLEAN_MARKER).touch()
-                    fsync_dir(self.journal.directory)
-                except OSError as exc:
-                    log.warning("journal: cannot mark a clean stop: %s", exc)
-            self.journal.close()
-            self.journal = None
+        self.group_commit.close()
         if self.shard.pages is not None:
             self.shard.pages.close()
 
-
-def _reason(exc: JournalUnavailable) -> str:
-    err = getattr(exc, "os_error", None)
-    if isinstance(err, OSError) and err.strerror:
-        return err.strerror
-    return str(exc)

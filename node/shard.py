@@ -12,9 +12,11 @@ SYNTAX_ERROR so the router does not wait forever.
 
 Ordering rule: TOPOLOGY_EVENTs a request causes are queued to every router BEFORE the REPLY.
 
-Rooms: this module holds the dispatch, the queue and exchange requests, the journal glue and
-the queues' DeliverySink; the message handlers (PUBLISH, CONSUME, CREDIT, SETTLE, GET...) are
-node/messages.py's, the routers and their outboxes node/peers.py's.
+Rooms: this module holds the dispatch, the queues' life (made, looked up with the exclusive
+check, deleted, auto-deleted, expired), the exchange requests, the journal glue and the queues'
+DeliverySink; the message handlers (PUBLISH, CONSUME, CREDIT, SETTLE, GET...) are
+node/messages.py's, the queue requests (declare, delete, purge, a closed connection's exclusive
+queues) node/queue_requests.py's, the routers and their outboxes node/peers.py's.
 """
 from __future__ import annotations
 
@@ -24,15 +26,15 @@ import time
 import uuid
 from typing import Any, Callable
 
-from shoal.shared.errors import (INTERNAL_ERROR, NOT_FOUND, PRECONDITION_FAILED,
-                                 RESOURCE_LOCKED, SYNTAX_ERROR, AMQPError, InjectedFault,
-                                 injected_faults, soft_error)
+from shoal.shared.errors import (INTERNAL_ERROR, NOT_FOUND, SYNTAX_ERROR, AMQPError,
+                                 InjectedFault, injected_faults, soft_error)
 from shoal.shared.settings import Settings
 from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_REMOVED, TAG_DELIVER, TAG_GOODBYE, TAG_HELLO,
                                TAG_NODE_BLOCKED, TAG_REPLY, TAG_TOPOLOGY_EVENT,
                                TAG_WORK, T)
 
 from shoal.node import messages as M
+from shoal.node import queue_requests as Q
 from shoal.node.access_store import AccessStore, on_access_get, on_access_set
 from shoal.node.queues.consumer import QueueConsumer
 from shoal.node.queues.deadletter import send_dead_letter
@@ -44,11 +46,12 @@ from shoal.node.messages import delivered_header
 from shoal.node.queues.paging import PageStore, body_bytes
 from shoal.node.peers import Peers, RouterPeer
 from shoal.node.queues.queue import Queue
-from shoal.node.queues.args import parse_queue_arguments
+from shoal.node.queues.args import QueueConfig, parse_queue_arguments
+from shoal.node.queue_requests import check_owner
 from shoal.node.stats import (LoopLag, on_force_close, on_node_stats, on_queue_list, on_router_report,
                     on_router_reports)
 from shoal.node.timers import Timers
-from shoal.node.topology import Topology, check_equivalent
+from shoal.node.topology import Topology
 
 log = logging.getLogger("shoal.node")
 
@@ -99,7 +102,8 @@ class Shard:
             wall_offset_ms = time.time() * 1000.0 - time.monotonic() * 1000.0
         self.timers = Timers(0.0, wall_offset_ms)
         # tag -> (field count incl. tag, field types or None, handler(shard, peer, msg),
-        # is_request); the message handlers are node/messages.py's
+        # is_request); the message handlers are node/messages.py's, the queue requests
+        # node/queue_requests.py's
         cls = type(self)
         H = Callable[[Any, RouterPeer, list], Any]
         spec: dict[int, tuple[int, tuple | None, H | None, bool]] = {
@@ -107,9 +111,9 @@ class Shard:
             T.HEARTBEAT: (1, (), cls._on_heartbeat, False),
             T.GOODBYE: (1, (), cls._on_goodbye, False),
             T.QUEUE_DECLARE: (10, (int, str, str, int, int, int, int, _D, _S),
-                              cls._on_queue_declare, True),
-            T.QUEUE_DELETE: (7, (int, str, str, int, int, _S), cls._on_queue_delete, True),
-            T.QUEUE_PURGE: (5, (int, str, str, _S), cls._on_queue_purge, True),
+                              Q.on_queue_declare, True),
+            T.QUEUE_DELETE: (7, (int, str, str, int, int, _S), Q.on_queue_delete, True),
+            T.QUEUE_PURGE: (5, (int, str, str, _S), Q.on_queue_purge, True),
             T.EXCHANGE_DECLARE: (10, (int, str, str, str, int, int, int, int, _D),
                                  cls._on_exchange_declare, True),
             T.EXCHANGE_DELETE: (5, (int, str, str, int), cls._on_exchange_delete, True),
@@ -118,7 +122,7 @@ class Shard:
             T.UNBIND_DESTINATION: (4, (str, str, str), cls._on_unbind_destination, False),
             T.TOPOLOGY_SNAPSHOT: (2, (int,), cls._on_snapshot, True),
             T.TOPOLOGY_SYNCED: (2, (int,), cls._on_synced, False),
-            T.CONNECTION_CLOSED: (2, (str,), cls._on_connection_closed, False),
+            T.CONNECTION_CLOSED: (2, (str,), Q.on_connection_closed, False),
             T.QUEUE_LIST: (3, (int, _S), on_queue_list, True),
             T.NODE_STATS: (2, (int,), on_node_stats, True),
             T.ROUTER_REPORT: (3, (str, dict), on_router_report, False),
@@ -176,9 +180,8 @@ class Shard:
 
     def restore_queue(self, vhost: str, name: str, auto_delete: bool, args: dict) -> Queue:
         """Re-create a durable queue from the journal (no records written)."""
-        q = Queue(vhost, name, durable=True, auto_delete=auto_delete, arguments=args,
-                  sink=self, next_id=self._next_id, timers=self.timers,
-                  config=parse_queue_arguments(vhost, name, args, restored=True))
+        q = self.new_queue(vhost, name, True, auto_delete, None, args,
+                           parse_queue_arguments(vhost, name, args, restored=True))
         self.queues[(vhost, name)] = q
         if self.durable is not None:
             self.durable.attach(q)
@@ -249,7 +252,7 @@ class Shard:
         """x-expires: the queue was unused long enough; it is deleted."""
         if not q.deleted and self.queues.get((q.vhost, q.name)) is q:
             log.info("queue '%s' in vhost '%s' expired", q.name, q.vhost)
-            self._delete_queue(q)
+            self.delete_queue(q)
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, peer: bytes, msg: list, now_ms: float) -> None:
@@ -364,7 +367,7 @@ class Shard:
         prefix = state.router_id + "/"
         for q in [q for q in self.queues.values()
                   if q.exclusive_owner is not None and q.exclusive_owner.startswith(prefix)]:
-            self._delete_queue(q)
+            self.delete_queue(q)
         for q in touched:
             if not q.deleted:
                 q.notify_work()
@@ -375,72 +378,18 @@ class Shard:
         q = self.queues.get((vhost, name))
         if q is None:
             raise soft_error(NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
-        self._check_owner(q, owner)
+        check_owner(q, owner)
         return q
 
-    @staticmethod
-    def _check_owner(q: Queue, owner: str | None) -> None:
-        if q.exclusive_owner is not None and owner != q.exclusive_owner:
-            raise soft_error(RESOURCE_LOCKED, f"cannot obtain exclusive access to locked queue "
-                                              f"'{q.name}' in vhost '{q.vhost}'")
+    def new_queue(self, vhost: str, name: str, durable: bool, auto_delete: bool,
+                  exclusive_owner: str | None, arguments: dict | None,
+                  config: QueueConfig) -> Queue:
+        """A queue of this shard (not yet in ``queues``), its deliveries sent by this shard."""
+        return Queue(vhost, name, durable=durable, auto_delete=auto_delete,
+                     exclusive_owner=exclusive_owner, arguments=arguments, sink=self,
+                     next_id=self._next_id, timers=self.timers, config=config)
 
-    def _on_queue_declare(self, state: RouterPeer, msg: list) -> list:
-        """QUEUE_DECLARE (spec 1.7.2.1) -> [name, message_count, consumer_count]. Raises 404
-        (passive, missing), 405 (exclusive to another owner; redeclared with another
-        exclusivity, as RabbitMQ 3.10), 406 (inequivalent durable, auto_delete, x- args)."""
-        _, _, vhost, name, passive, durable, exclusive, auto_delete, args, owner = msg
-        q = self.queues.get((vhost, name))
-        if q is None:
-            if passive:
-                raise soft_error(NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
-            cfg = parse_queue_arguments(vhost, name, args)
-            q = Queue(vhost, name, durable=bool(durable), auto_delete=bool(auto_delete),
-                      exclusive_owner=owner if exclusive else None, arguments=args,
-                      sink=self, next_id=self._next_id, timers=self.timers, config=cfg)
-            self.queues[(vhost, name)] = q
-            if durable and not exclusive and self.durable is not None:
-                self.durable.declare_queue(q)
-            return [name, 0, 0]
-        if passive:
-            self._check_owner(q, owner)
-        else:
-            # RabbitMQ's strict check_exclusive_access: the redeclare's exclusivity must match
-            # (same owner, or non-exclusive on both sides), else 405, before the 406 checks.
-            if q.exclusive_owner != (owner if exclusive else None):
-                raise soft_error(RESOURCE_LOCKED, f"cannot obtain exclusive access to locked "
-                                 f"queue '{name}' in vhost '{vhost}'. It could be originally "
-                                 f"declared on another connection or the exclusive property "
-                                 f"value does not match that of the original declaration.")
-            q.touch()       # a redeclare is a use (x-expires); a passive one is not
-            self._check_equivalent(q, bool(durable), bool(auto_delete), args or {})
-        return [name, q.message_count, q.consumer_count]
-
-    @staticmethod
-    def _check_equivalent(q: Queue, durable: bool, auto_delete: bool, args: dict) -> None:
-        """406 "inequivalent arg" as RabbitMQ: durable, auto_delete, x- arguments (exclusive
-        is checked before, 405)."""
-        checks = [("durable", durable, q.durable), ("auto_delete", auto_delete, q.auto_delete)]
-        keys = sorted(k for k in set(args) | set(q.arguments) if str(k).startswith("x-"))
-        checks += [(k, args.get(k), q.arguments.get(k)) for k in keys]
-        check_equivalent("queue", q.vhost, q.name, checks)
-
-    def _on_queue_delete(self, state: RouterPeer, msg: list) -> list:
-        """QUEUE_DELETE (spec 1.7.2.9) -> [message_count]. Missing: [0]. Raises 405, 406."""
-        _, _, vhost, name, if_unused, if_empty, owner = msg
-        q = self.queues.get((vhost, name))
-        if q is None:
-            return [0]
-        self._check_owner(q, owner)
-        if if_unused and q.consumer_count:
-            raise soft_error(PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
-        if if_empty and q.message_count:
-            raise soft_error(PRECONDITION_FAILED,
-                             f"queue '{name}' in vhost '{vhost}' is not empty")
-        count = q.message_count
-        self._delete_queue(q)
-        return [count]
-
-    def _delete_queue(self, q: Queue) -> None:
+    def delete_queue(self, q: Queue) -> None:
         """Delete ``q``: cancel its consumers (CONSUMER_CANCELLED), drop its messages and this
         node's bindings to it, emit EV_QUEUE_REMOVED."""
         for c in q.delete():
@@ -455,17 +404,7 @@ class Shard:
 
     def maybe_auto_delete(self, q: Queue) -> None:
         if q.auto_delete and q.had_consumers and not q.consumer_count and not q.deleted:
-            self._delete_queue(q)
-
-    def _on_queue_purge(self, state: RouterPeer, msg: list) -> list:
-        """QUEUE_PURGE (spec 1.7.2.7) -> [purged count]. Raises 404, 405."""
-        _, _, vhost, name, owner = msg
-        return [self.queue_for(vhost, name, owner).purge()]
-
-    def _on_connection_closed(self, state: RouterPeer, msg: list) -> None:
-        owner = msg[1]
-        for q in [q for q in self.queues.values() if q.exclusive_owner == owner]:
-            self._delete_queue(q)
+            self.delete_queue(q)
 
     # ------------------------------------------------------------------ exchanges
     def _on_exchange_declare(self, state: RouterPeer, msg: list) -> None:

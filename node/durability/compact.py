@@ -99,7 +99,8 @@ class Pending:
 
 
 class Job:
-    """One commit's disk work, prepared on the loop thread, run by :meth:`Journal._run`."""
+    """One commit's disk work, prepared on the loop thread, run by
+    :meth:`CommitWriter.run <shoal.node.durability.writer.CommitWriter.run>`."""
 
     __slots__ = ("segment", "new", "offset", "data", "placed", "delete", "truncate", "upto",
                  "fd", "dir_fd", "fsync_s")

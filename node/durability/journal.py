@@ -10,7 +10,10 @@ Commit rule: :meth:`Journal.append` only buffers and returns the record's sequen
 (LSN); :meth:`Journal.commit` writes everything buffered with one ``pwrite`` and one
 ``os.fdatasync`` and returns the highest durable LSN. A publisher confirm for a record may be
 sent once ``commit() >= its LSN``. :meth:`Journal.commit_async` does the same on a worker
-thread (one commit in flight at a time, in order) and returns a future.
+thread (one commit in flight at a time, in order) and returns a future. The journal prepares
+each commit and applies its outcome; the disk work and the worker thread are
+:mod:`shoal.node.durability.writer`'s (:class:`~shoal.node.durability.writer.CommitWriter`,
+an object the journal holds).
 
 Compaction runs inside commits: the oldest segments whose entries are all settled are deleted;
 the oldest segment is copied forward (its live ENQUEUEs rewritten into the head, same entry
@@ -22,13 +25,10 @@ Errors: :class:`JournalUnavailable` (disk full, unwritable or locked directory; 
 """
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import logging
 import os
 import random
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -42,6 +42,7 @@ from shoal.node.durability.compact import (Job, JournalConfig, JournalStats, Kin
                               plan_compaction)
 from shoal.node.durability.recover import recover_segments
 from shoal.node.durability.state import JournalState, LiveEntry, Recovered
+from shoal.node.durability.writer import CommitWriter
 from shoal.node.stats import COMMIT_BUCKETS, FSYNC_BUCKETS, Histogram
 
 __all__ = ["Journal", "JournalConfig", "JournalStats", "JournalError", "JournalCorrupt",
@@ -72,9 +73,13 @@ class Journal:
         self._tail_dirty = False
         self._force_roll = False
         self._available = True
-        self._inflight: asyncio.Future | None = None
-        self._waiters: list[tuple[int, asyncio.Future]] = []
-        self._executor: ThreadPoolExecutor | None = None
+        #: the disk work of commits and the worker thread of :meth:`commit_async`
+        self.writer = CommitWriter(self, directory)
+        #: ``commit_async() -> Future``: :meth:`CommitWriter.commit_async
+        #: <shoal.node.durability.writer.CommitWriter.commit_async>` (bound once: a commit per
+        #: turn); the future resolves to the durable LSN once every record appended before the
+        #: call is on disk, or raises JournalUnavailable. Call from the running event loop.
+        self.commit_async = self.writer.commit_async
         self._lock_fd = -1
         self.commits = 0
         self.fsyncs = 0
@@ -160,6 +165,11 @@ class Journal:
     @property
     def durable_lsn(self) -> int:
         return self._durable_lsn
+
+    @property
+    def appended_lsn(self) -> int:
+        """The LSN of the last record appended (durable or not)."""
+        return self._appended_lsn
 
     def is_live(self, entry_id: int) -> bool:
         """Whether ``entry_id`` is a journaled, unsettled entry."""
@@ -254,73 +264,22 @@ class Journal:
         Raises JournalUnavailable (disk full, I/O error): nothing committed before is lost, the
         records stay buffered and the next commit retries them. RuntimeError if a
         :meth:`commit_async` is in flight."""
-        if self._inflight is not None:
+        if self.writer.inflight is not None:
             raise RuntimeError("Journal.commit() while a commit_async() is in flight")
-        job = self._prepare()
+        job = self.prepare_commit()
         if job is None:
             return self._durable_lsn
         try:
-            self._run(job)
+            self.writer.run(job)
         except OSError as exc:
-            self._failed(job)
+            self.commit_failed(job)
             raise unavailable(f"cannot write {job.segment.path}", exc) from exc
-        self._finish(job)
+        self.finish_commit(job)
         return self._durable_lsn
 
-    def commit_async(self) -> asyncio.Future:
-        """Commit on the journal's worker thread; the future resolves to the durable LSN once
-        every record appended before this call is on disk (or raises JournalUnavailable).
-        Records appended meanwhile go into the next commit (group commit); commits stay in
-        order. Call from the running event loop."""
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        target = self._appended_lsn
-        if target <= self._durable_lsn and self._inflight is None:
-            fut.set_result(self._durable_lsn)
-            return fut
-        self._waiters.append((target, fut))
-        self._kick(loop)
-        return fut
-
-    def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._inflight is not None:
-            return
-        job = self._prepare()
-        if job is None:
-            self._resolve_waiters(None)
-            return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="shoal-journal")
-        self._inflight = inflight = loop.run_in_executor(self._executor, self._run, job)
-        inflight.add_done_callback(lambda f: self._job_done(job, f, loop))
-
-    def _job_done(self, job: Job, f: asyncio.Future, loop: asyncio.AbstractEventLoop) -> None:
-        self._inflight = None
-        exc = f.exception() if not f.cancelled() else asyncio.CancelledError()
-        if exc is not None:
-            self._failed(job)
-            self._resolve_waiters(unavailable(f"cannot write {job.segment.path}", exc))
-            return
-        self._finish(job)
-        self._resolve_waiters(None)
-        if self._waiters:
-            self._kick(loop)
-
-    def _resolve_waiters(self, error: BaseException | None) -> None:
-        keep = []
-        for target, fut in self._waiters:
-            if fut.done():
-                continue
-            if target <= self._durable_lsn:
-                fut.set_result(self._durable_lsn)
-            elif error is not None:
-                fut.set_exception(error)
-            else:
-                keep.append((target, fut))
-        self._waiters = keep
-
-    def _prepare(self) -> Job | None:
-        """Take the buffer (plus compaction work) and frame it into one write."""
+    def prepare_commit(self) -> Job | None:
+        """A commit's first step (the writer's hook): take the buffer (plus compaction work)
+        and frame it into one write; None when there is nothing to do."""
         delete, compaction = plan_compaction(self.segments, self.head, self.config, self.state,
                                              self._snapshot_seg)
         self._buffer.extend(compaction)
@@ -355,33 +314,9 @@ class Journal:
         return Job(seg, new, offset, b"".join(parts), placed, delete, self._tail_dirty,
                     self._appended_lsn)
 
-    def _run(self, job: Job) -> None:
-        """The disk work of one commit (any thread): one pwrite, one fdatasync, then unlink
-        compacted segments. Raises OSError."""
-        if job.new:
-            job.fd = fd = os.open(job.segment.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        else:
-            fd = job.segment.fd
-            if job.truncate:
-                os.ftruncate(fd, job.offset)
-        view = memoryview(job.data)
-        pos = job.offset
-        while view:
-            n = os.pwrite(fd, view, pos)
-            view = view[n:]
-            pos += n
-        t0 = time.perf_counter()
-        os.fdatasync(fd)
-        job.fsync_s = time.perf_counter() - t0
-        if job.new:
-            fsync_dir(self.directory)
-        for seg in job.delete:
-            try:
-                seg.path.unlink()
-            except OSError as exc:      # dead data stays; retried by a later compaction
-                log.warning("journal: cannot delete compacted %s: %s", seg.path, exc)
-
-    def _finish(self, job: Job) -> None:
+    def finish_commit(self, job: Job) -> None:
+        """A commit's last step once its disk work succeeded (the writer's hook): place its
+        records in the index and the segments, move the durable LSN."""
         seg = job.segment
         if job.new:
             seg.fd = job.fd
@@ -424,8 +359,9 @@ class Journal:
         self.fsync_seconds.observe(job.fsync_s)
         self.commit_records.observe(len(job.placed))
 
-    def _failed(self, job: Job) -> None:
-        """A commit's disk work failed: keep its node records buffered (same LSNs, in front)."""
+    def commit_failed(self, job: Job) -> None:
+        """A commit's disk work failed (the writer's hook): keep its node records buffered
+        (same LSNs, in front)."""
         self._available = False
         kept = [p for p, _, _ in job.placed if p.kind is Kind.USER]
         self._buffer = kept + self._buffer
@@ -467,15 +403,13 @@ class Journal:
     def close(self) -> None:
         """Commit what is buffered (best effort: a failure is logged), close files, release
         the directory lock. Await the last :meth:`commit_async` first."""
-        if self._inflight is None and self._buffer:
+        if self.writer.inflight is None and self._buffer:
             try:
                 self.commit()
             except JournalUnavailable as exc:
                 log.error("journal: %d records not committed at close: %s",
                           len(self._buffer), exc)
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        self.writer.close()
         self._close_files()
 
     def _close_files(self) -> None:

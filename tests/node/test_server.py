@@ -79,6 +79,26 @@ def test_node_in_thread_batches_and_stops(tmp_path):
         ctx.term()
 
 
+def test_a_clean_stop_marks_the_journal_and_the_next_start_takes_the_mark(tmp_path):
+    """node/durability/group_commit.py: a stop whose last commit succeeded leaves
+    journal/CLEAN; the next start removes it (so a crash from then on counts as unclean); a
+    server closed without serving leaves none."""
+    settings = Settings(node_id="node-0", node_bind=f"ipc://{tmp_path}/node.sock",
+                        data_dir=str(tmp_path / "data"))
+    marker = tmp_path / "data" / "journal" / "CLEAN"
+    server = NodeServer(settings)
+    t = threading.Thread(target=run_node, args=(settings, server))
+    t.start()
+    server.stop()
+    t.join(10)
+    assert not t.is_alive() and server.journal is None and marker.exists()
+    again = NodeServer(settings)
+    again.open_journal()
+    assert not marker.exists() and again.journal is not None
+    again.close()
+    assert again.journal is None and not marker.exists()
+
+
 def test_node_process_hello_garbage_sigterm(tmp_path):
     endpoint = f"ipc://{tmp_path}/node.sock"
     proc = subprocess.Popen([sys.executable, "-m", "shoal.node", "--node-id", "node-3",

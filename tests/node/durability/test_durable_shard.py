@@ -319,13 +319,13 @@ def test_node_server_blocks_on_enospc_and_resumes(tmp_path):
     server.open_journal()
     full = threading.Event()
     full.set()
-    real_run = server.journal._run
+    real_run = server.journal.writer.run
 
     def disk(job):
         if full.is_set():
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_run(job)
-    server.journal._run = disk
+    server.journal.writer.run = disk
     t = threading.Thread(target=run_node, args=(settings, server))
     t.start()
     ctx = zmq.Context()

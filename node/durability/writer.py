@@ -1,0 +1,149 @@
+"""The journal's writes: :class:`CommitWriter` (design.md section 5, docs/durability.md "Commit
+rule", "Disk errors").
+
+The :class:`~shoal.node.durability.journal.Journal` prepares a commit on the event loop's thread
+(its buffered records and compaction copies framed into one :class:`~.compact.Job`) and applies
+the outcome there (``finish_commit`` / ``commit_failed``); this module does what lies between:
+
+- :meth:`CommitWriter.run`, the disk work of one job (any thread): one ``pwrite`` loop at the
+  job's offset (first truncating what a failed write left past it), ONE ``os.fdatasync``, an fsync of the
+  directory when the job starts a new segment, then the unlink of compacted segments (a failed
+  unlink is logged; compaction retries it). Raises OSError;
+- :meth:`CommitWriter.commit_async`, the worker thread (one, named ``shoal-journal``, made on
+  the first use) that runs the jobs: one in flight at a time, in order; records appended
+  meanwhile form the next job (group commit). Each future resolves to the durable LSN once every
+  record appended before its call is on disk, or raises JournalUnavailable (the OSError kept as
+  ``os_error``: ENOSPC, EIO) when its job failed; a record is confirmed only once its LSN is
+  durable, never before.
+
+Only :meth:`run` leaves the loop's thread; the futures, the waiters and the in-flight job are
+the loop's. What the writer uses of the journal is :class:`CommitSteps`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol
+
+from shoal.node.durability.compact import Job, fsync_dir
+from shoal.node.durability.format import unavailable
+
+log = logging.getLogger("shoal.node.durability.journal")
+
+
+class CommitSteps(Protocol):
+    """What the writer uses of the journal (node/durability/journal.py's ``Journal``)."""
+
+    @property
+    def appended_lsn(self) -> int: ...
+
+    @property
+    def durable_lsn(self) -> int: ...
+
+    def prepare_commit(self) -> Job | None: ...
+
+    def finish_commit(self, job: Job) -> None: ...
+
+    def commit_failed(self, job: Job) -> None: ...
+
+
+class CommitWriter:
+    """The writes of one journal in ``directory``. ``inflight``: the running job's future
+    (None when no :meth:`commit_async` job runs)."""
+
+    def __init__(self, journal: CommitSteps, directory: Path) -> None:
+        self.journal = journal
+        self.directory = directory
+        self.inflight: asyncio.Future | None = None
+        self._waiters: list[tuple[int, asyncio.Future]] = []
+        self._executor: ThreadPoolExecutor | None = None
+
+    def run(self, job: Job) -> None:
+        """The disk work of one commit (any thread): one pwrite, one fdatasync, then unlink
+        compacted segments. Raises OSError."""
+        if job.new:
+            job.fd = fd = os.open(job.segment.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        else:
+            fd = job.segment.fd
+            if job.truncate:
+                os.ftruncate(fd, job.offset)
+        view = memoryview(job.data)
+        pos = job.offset
+        while view:
+            n = os.pwrite(fd, view, pos)
+            view = view[n:]
+            pos += n
+        t0 = time.perf_counter()
+        os.fdatasync(fd)
+        job.fsync_s = time.perf_counter() - t0
+        if job.new:
+            fsync_dir(self.directory)
+        for seg in job.delete:
+            try:
+                seg.path.unlink()
+            except OSError as exc:      # dead data stays; retried by a later compaction
+                log.warning("journal: cannot delete compacted %s: %s", seg.path, exc)
+
+    def commit_async(self) -> asyncio.Future:
+        """Commit on the worker thread; the future resolves to the durable LSN once every
+        record appended before this call is on disk (or raises JournalUnavailable). Records
+        appended meanwhile go into the next commit (group commit); commits stay in order.
+        Call from the running event loop."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        j = self.journal
+        target = j.appended_lsn
+        if target <= j.durable_lsn and self.inflight is None:
+            fut.set_result(j.durable_lsn)
+            return fut
+        self._waiters.append((target, fut))
+        self._kick(loop)
+        return fut
+
+    def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.inflight is not None:
+            return
+        job = self.journal.prepare_commit()
+        if job is None:
+            self._resolve_waiters(None)
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="shoal-journal")
+        self.inflight = inflight = loop.run_in_executor(self._executor, self.run, job)
+        inflight.add_done_callback(lambda f: self._job_done(job, f, loop))
+
+    def _job_done(self, job: Job, f: asyncio.Future, loop: asyncio.AbstractEventLoop) -> None:
+        self.inflight = None
+        exc = f.exception() if not f.cancelled() else asyncio.CancelledError()
+        if exc is not None:
+            self.journal.commit_failed(job)
+            self._resolve_waiters(unavailable(f"cannot write {job.segment.path}", exc))
+            return
+        self.journal.finish_commit(job)
+        self._resolve_waiters(None)
+        if self._waiters:
+            self._kick(loop)
+
+    def _resolve_waiters(self, error: BaseException | None) -> None:
+        durable = self.journal.durable_lsn
+        keep = []
+        for target, fut in self._waiters:
+            if fut.done():
+                continue
+            if target <= durable:
+                fut.set_result(durable)
+            elif error is not None:
+                fut.set_exception(error)
+            else:
+                keep.append((target, fut))
+        self._waiters = keep
+
+    def close(self) -> None:
+        """Stop the worker thread (after its job, if one runs)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None

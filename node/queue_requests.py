@@ -1,0 +1,127 @@
+"""The queue requests of a shard (AMQP 0-9-1 spec 1.7.2, with RabbitMQ 3.10's checks and texts):
+QUEUE_DECLARE, QUEUE_DELETE, QUEUE_PURGE and CONNECTION_CLOSED, each a function
+``on_x(shard, peer, msg)`` that :meth:`Shard.handle <shoal.node.shard.Shard.handle>` calls from
+its dispatch table with the message checked for shape, as node/messages.py's handlers are.
+
+Shape: a request's handler returns the REPLY payload (``[name, message_count,
+consumer_count]``, ``[message_count]``, ``[purged]``); CONNECTION_CLOSED returns nothing.
+Errors raise :class:`~shoal.shared.errors.AMQPError` (the shard turns it into a REPLY), soft
+(channel) errors with RabbitMQ's wording (``rabbit_amqqueue``'s ``check_exclusive_access``,
+``rabbit_misc:assert_args_equivalence``):
+
+- 404 NOT_FOUND: a passive declare or a purge of a missing queue ("no queue 'q' in vhost '/'");
+- 405 RESOURCE_LOCKED: another connection's exclusive queue, or a redeclare whose exclusivity
+  differs from the original declaration's (RabbitMQ's strict check, made before the 406s);
+- 406 PRECONDITION_FAILED: a redeclare with another ``durable``, ``auto_delete`` or ``x-``
+  argument (node/topology.py's ``check_equivalent``), a delete with ``if_unused`` of a queue
+  with consumers or ``if_empty`` of one with messages.
+
+Exclusive queues belong to one connection (``owner``, prefixed "router_id/"); they go when it
+closes (CONNECTION_CLOSED) or when its router does (the shard's ``_forget``). Making, keeping
+and deleting queues (and journaling them) is the shard's: these functions use what
+:class:`QueueHost` names of it.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from shoal.shared.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, soft_error
+
+from shoal.node.durability.durable import DurableLog
+from shoal.node.peers import RouterPeer
+from shoal.node.queues.args import QueueConfig, parse_queue_arguments
+from shoal.node.queues.queue import Queue
+from shoal.node.topology import check_equivalent
+
+
+class QueueHost(Protocol):
+    """What the queue requests use of the shard (node/shard.py's ``Shard``)."""
+
+    queues: dict[tuple[str, str], Queue]
+    durable: DurableLog | None
+
+    def new_queue(self, vhost: str, name: str, durable: bool, auto_delete: bool,
+                  exclusive_owner: str | None, arguments: dict | None,
+                  config: QueueConfig) -> Queue: ...
+
+    def queue_for(self, vhost: str, name: str, owner: str | None) -> Queue: ...
+
+    def delete_queue(self, q: Queue) -> None: ...
+
+
+def check_owner(q: Queue, owner: str | None) -> None:
+    """405 unless ``q`` is not exclusive or is ``owner``'s."""
+    if q.exclusive_owner is not None and owner != q.exclusive_owner:
+        raise soft_error(RESOURCE_LOCKED, f"cannot obtain exclusive access to locked queue "
+                                          f"'{q.name}' in vhost '{q.vhost}'")
+
+
+def check_equivalent_queue(q: Queue, durable: bool, auto_delete: bool, args: dict) -> None:
+    """406 "inequivalent arg" as RabbitMQ: durable, auto_delete, x- arguments (exclusive
+    is checked before, 405)."""
+    checks = [("durable", durable, q.durable), ("auto_delete", auto_delete, q.auto_delete)]
+    keys = sorted(k for k in set(args) | set(q.arguments) if str(k).startswith("x-"))
+    checks += [(k, args.get(k), q.arguments.get(k)) for k in keys]
+    check_equivalent("queue", q.vhost, q.name, checks)
+
+
+def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
+    """QUEUE_DECLARE (spec 1.7.2.1) -> [name, message_count, consumer_count]. Raises 404
+    (passive, missing), 405 (exclusive to another owner; redeclared with another
+    exclusivity, as RabbitMQ 3.10), 406 (inequivalent durable, auto_delete, x- args; bad
+    arguments: node/queues/args.py)."""
+    _, _, vhost, name, passive, durable, exclusive, auto_delete, args, owner = msg
+    q = shard.queues.get((vhost, name))
+    if q is None:
+        if passive:
+            raise soft_error(NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
+        cfg = parse_queue_arguments(vhost, name, args)
+        q = shard.new_queue(vhost, name, bool(durable), bool(auto_delete),
+                            owner if exclusive else None, args, cfg)
+        shard.queues[(vhost, name)] = q
+        if durable and not exclusive and shard.durable is not None:
+            shard.durable.declare_queue(q)
+        return [name, 0, 0]
+    if passive:
+        check_owner(q, owner)
+    else:
+        # RabbitMQ's strict check_exclusive_access: the redeclare's exclusivity must match
+        # (same owner, or non-exclusive on both sides), else 405, before the 406 checks.
+        if q.exclusive_owner != (owner if exclusive else None):
+            raise soft_error(RESOURCE_LOCKED, f"cannot obtain exclusive access to locked "
+                             f"queue '{name}' in vhost '{vhost}'. It could be originally "
+                             f"declared on another connection or the exclusive property "
+                             f"value does not match that of the original declaration.")
+        q.touch()       # a redeclare is a use (x-expires); a passive one is not
+        check_equivalent_queue(q, bool(durable), bool(auto_delete), args or {})
+    return [name, q.message_count, q.consumer_count]
+
+
+def on_queue_delete(shard: QueueHost, state: RouterPeer, msg: list) -> list:
+    """QUEUE_DELETE (spec 1.7.2.9) -> [message_count]. Missing: [0]. Raises 405, 406."""
+    _, _, vhost, name, if_unused, if_empty, owner = msg
+    q = shard.queues.get((vhost, name))
+    if q is None:
+        return [0]
+    check_owner(q, owner)
+    if if_unused and q.consumer_count:
+        raise soft_error(PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
+    if if_empty and q.message_count:
+        raise soft_error(PRECONDITION_FAILED,
+                         f"queue '{name}' in vhost '{vhost}' is not empty")
+    count = q.message_count
+    shard.delete_queue(q)
+    return [count]
+
+
+def on_queue_purge(shard: QueueHost, state: RouterPeer, msg: list) -> list:
+    """QUEUE_PURGE (spec 1.7.2.7) -> [purged count]. Raises 404, 405."""
+    _, _, vhost, name, owner = msg
+    return [shard.queue_for(vhost, name, owner).purge()]
+
+
+def on_connection_closed(shard: QueueHost, state: RouterPeer, msg: list) -> None:
+    """CONNECTION_CLOSED [owner]: the connection's exclusive queues are deleted."""
+    owner = msg[1]
+    for q in [q for q in shard.queues.values() if q.exclusive_owner == owner]:
+        shard.delete_queue(q)
