@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import logging
 import sys
 
@@ -109,14 +108,6 @@ def _host_node(*args):
     return importlib.import_module("shoal.node.process").hosted_node(*args)
 
 
-def version() -> str:
-    """The installed package's version (pyproject.toml is its one source)."""
-    try:
-        return importlib.metadata.version("shoal")
-    except importlib.metadata.PackageNotFoundError:     # a tree that is not installed
-        return "0+unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -124,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command in ("--version", "-V", "version"):
-        print(f"shoal {version()}")
+        # the version the router announces in connection.start (one source: pyproject.toml)
+        print(f"shoal {importlib.import_module('shoal.router.amqp.handshake').shoal_version()}")
         return 0
     if command == "serve":
         return serve_main(rest)
