@@ -163,6 +163,12 @@ class Cluster:
     def _spawn_node(self, node: dict) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "shoal.node", "--node-id", node["id"], "--bind",
                node["endpoint"], "--data-dir", str(self.data_dir / node["id"]), *self._common()]
+        if node.get("peer_endpoint"):
+            cmd += ["--peer-bind", node["peer_endpoint"]]
+        # every other node process, for quorum queues (a node inside router-0 has no peers)
+        for other in self.nodes:
+            if other is not node and not other.get("embedded"):
+                cmd += ["--peer", f"{other['id']}={other.get('peer_endpoint') or other['endpoint']}"]
         proc = subprocess.Popen(cmd, preexec_fn=_child_setup(node.get("cpu")), env=_child_env())
         self.procs[node["id"]] = proc
         node["pid"] = proc.pid
@@ -248,9 +254,13 @@ class Cluster:
                                                         self.settings.local_link)
                 continue
             node["endpoint"] = _endpoint(self.run_dir, node["id"], self.settings.local_link)
+            if node["endpoint"].startswith("unix://"):      # the other nodes need ZeroMQ
+                node["peer_endpoint"] = _endpoint(self.run_dir, node["id"] + "-peer")
             if self.node_cpus:
                 node["cpu"] = self.node_cpus[i - self.embedded]
-            self._spawn_node(node)
+        for node in self.nodes:
+            if not node.get("embedded"):
+                self._spawn_node(node)
         for i in range(self.settings.serve_routers()):
             router = {"id": f"router-{i}"}
             if self.router_cpus:

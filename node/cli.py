@@ -1,6 +1,7 @@
 """Command line of the node: ``python -m shoal.node`` / ``shoal node`` (thin entry point).
 
-``--node-id ID --bind ENDPOINT [--config FILE] [--data-dir DIR]``; settings come from
+``--node-id ID --bind ENDPOINT [--config FILE] [--data-dir DIR] [--peer ID=ENDPOINT ...]
+[--peer-bind ENDPOINT]``; settings come from
 shared.settings.load_settings (file < SHOAL_* env < flags). Exit codes: 0 clean stop,
 1 cannot bind, 2 bad configuration, 3 journal corrupt or unwritable (one line on stderr).
 """
@@ -30,12 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="YAML settings file")
     p.add_argument("--data-dir", help="directory for the journal and runtime files")
     p.add_argument("--log-level", help="debug, info, warning or error")
+    p.add_argument("--peer", action="append", metavar="ID=ENDPOINT",
+                   help="another node, for quorum queues (repeat for each; setting peers)")
+    p.add_argument("--peer-bind", help="a ZeroMQ endpoint the other nodes reach this one on, "
+                                       "when --bind is unix:// (setting peer_bind)")
     args = p.parse_args(argv)
     warn_unknown_env("shoal node")
     try:
         settings = load_settings(args.config, overrides={
             "node_id": args.node_id, "node_bind": args.bind, "data_dir": args.data_dir,
-            "log_level": args.log_level})
+            "log_level": args.log_level, "peers": args.peer, "peer_bind": args.peer_bind})
     except ConfigError as exc:
         print(f"shoal node: {exc}", file=sys.stderr)
         return 2

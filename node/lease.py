@@ -50,6 +50,7 @@ def maybe_grant(shard: "ShardCore", q: "Queue") -> None:
     TTL, length limit, delivery limit, consumer timeout or single active consumer), nothing
     ready or held, one consumer, which acquires, has no filter and holds credit."""
     if not shard.leases_on or q.lease is not None or q.available or q.held or q.deleted \
+            or q.replica is not None \
             or not q.cfg.plain or q.groups is not None or shard.timers.now < q.lease_hold_until:
         return
     qcm = q.qcm

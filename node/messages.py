@@ -9,11 +9,13 @@ node/shard.py and node/peers.py; what these functions need of the shard is :clas
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from shoal.shared.errors import ACCESS_REFUSED, COMMAND_INVALID, RESOURCE_ERROR, hard_error, \
     soft_error
-from shoal.shared.wire import OUTCOME_ACK, OUTCOME_REJECT, OUTCOME_REQUEUE, TAG_PUBLISH_RESULT, T
+from shoal.shared.errors import AMQPError
+from shoal.shared.wire import (MOVED, OUTCOME_ACK, OUTCOME_REJECT, OUTCOME_REQUEUE,
+                               TAG_PUBLISH_MOVED, TAG_PUBLISH_RESULT, T)
 
 from shoal.node.queues.consumer import QueueConsumer
 from shoal.node.queues.deadletter import delivery_count_header
@@ -25,6 +27,7 @@ from shoal.node.queues.message import body_size, is_persistent
 from shoal.node.queues.paging import PageStore, body_bytes
 from shoal.node.peers import RouterPeer
 from shoal.node.queues.queue import Queue
+from shoal.node.replication.group import LOST
 from shoal.node.queues.args import parse_consume_arguments
 from shoal.node.timers import Timers
 
@@ -39,6 +42,8 @@ class ShardCore(Protocol):
     timers: Timers
     pages: PageStore | None
     leases_on: bool
+    #: the quorum queues (node/replication/manager.py's Replication), or None
+    replication: Any
 
     def send(self, identity: bytes, msg: list) -> None: ...
 
@@ -68,9 +73,15 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     refused = 0
     lsn = 0
     paged = None        # one page-file copy of the body, shared by this node's queues
+    quorum = None
     for name in names:
         q = queues.get((vhost, name))
         if q is not None:
+            if q.replica is not None:       # a quorum queue: its log decides (below)
+                if quorum is None:
+                    quorum = []
+                quorum.append(q)
+                continue
             e = q.enqueue(exchange, routing_key, header, body, publisher)
             if e is None:
                 refused += 1
@@ -90,7 +101,9 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
                 if paged is None:
                     paged = pages.page_out(body)
                 e.body = paged
-    if seq:
+    if quorum is not None:
+        publish_quorum(shard, state, seq, quorum, msg, routed, refused, lsn)
+    elif seq:
         res = [TAG_PUBLISH_RESULT, seq, RESOURCE_ERROR if refused else 0, routed]
         if lsn:
             shard.durable.defer(lsn, state.identity, res)   # answered once on disk
@@ -105,6 +118,56 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
                     lease.maybe_grant(shard, q)
 
 
+def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Queue],
+                   msg: list, routed: int, refused: int, lsn: int) -> None:
+    """The quorum queues of a PUBLISH: each leader appends the message to its log; the
+    answer (PUBLISH_RESULT, with the classic queues' part) waits until every one has it
+    committed, i.e. on a majority of members' disks, and applied. Queues this node does not
+    lead are named in PUBLISH_MOVED: the router sends them the message again at their
+    leader (it is told who that is first, EV_QUEUE_LEADER)."""
+    _, _, vhost, _, exchange, routing_key, header, body, publisher = msg
+    cmd = ["enq", exchange, routing_key, header, body, publisher]
+    moved: list[str] = []
+    tally = [routed, refused, 0]        # routed, refused, proposals outstanding
+    done = [False]
+
+    def finish() -> None:
+        if done[0] or tally[2]:
+            return
+        done[0] = True
+        if not seq:
+            return
+        code = RESOURCE_ERROR if tally[1] else 0
+        res = [TAG_PUBLISH_RESULT, seq, code, tally[0]] if not moved else \
+            [TAG_PUBLISH_MOVED, seq, code, tally[0], moved]
+        if lsn:
+            shard.durable.defer(lsn, state.identity, res)
+        else:
+            shard.send(state.identity, res)
+
+    for q in quorum:
+        g = q.replica
+
+        def applied(result: Any, name: str = q.name) -> None:
+            tally[2] -= 1
+            if result is LOST:
+                moved.append(name)
+            elif result:
+                tally[0] += 1
+            else:
+                tally[1] += 1
+            finish()
+        if g.leading:
+            tally[2] += 1
+            if not g.propose(cmd, applied if seq else None):
+                tally[2] -= 1
+                moved.append(q.name)
+        else:
+            moved.append(q.name)
+            shard.replication.announce(g, state.identity)
+    finish()
+
+
 def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> int:
     """CONSUME (spec 1.8.3.3): a consumer with credit 0; returns the queue's AVAILABLE entries,
     so that a multi-queue consumer can pull at once from every queue with work (seed 002 DG5)
@@ -112,6 +175,8 @@ def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> int:
     arguments: node/queues/args.py), 503 (consumer_id already used by this router)."""
     _, _, cid, vhost, name, tag, no_ack, exclusive, args, owner = msg
     q = shard.queue_for(vhost, name, owner)
+    if q.replica is not None and not q.replica.leading:
+        raise moved(shard, state, q)
     if q.exclusive_consumer is not None or (exclusive and q.consumer_count):
         raise soft_error(ACCESS_REFUSED, f"queue '{name}' in vhost '{vhost}' in exclusive use")
     if cid in state.consumers:
@@ -161,6 +226,8 @@ def on_settle(shard: ShardCore, state: RouterPeer, msg: list) -> None:
         log.warning("dropping SETTLE whose delivery ids are not a list")
         return
     unsettled = state.unsettled
+    if shard.replication is not None and shard.replication.groups:
+        ids = settle_quorum(state, outcome, ids)
     if outcome == OUTCOME_ACK:
         for i in ids:
             e = unsettled.pop(i, None)
@@ -184,11 +251,46 @@ def on_settle(shard: ShardCore, state: RouterPeer, msg: list) -> None:
         log.warning("dropping SETTLE with unknown outcome %r", outcome)
 
 
+_OPS = {OUTCOME_ACK: "ack", OUTCOME_REQUEUE: "requeue", OUTCOME_REJECT: "reject"}
+
+
+def settle_quorum(state: RouterPeer, outcome: int, ids: list) -> list:
+    """The settlements of quorum queue deliveries go to their group's log (applied there);
+    returns the other delivery ids."""
+    op = _OPS.get(outcome)
+    if op is None:
+        return ids
+    rest = []
+    by_group: dict[Any, list] = {}
+    unsettled = state.unsettled
+    for i in ids:
+        e = unsettled.get(i)
+        if e is not None and e.queue.replica is not None:
+            del unsettled[i]
+            by_group.setdefault(e.queue.replica, []).append(e)
+        else:
+            rest.append(i)
+    for g, entries in by_group.items():
+        g.settle(op, entries)
+    return rest
+
+
+def moved(shard: ShardCore, state: RouterPeer, q: Queue) -> AMQPError:
+    """The MOVED answer (shared/wire.py) to a request about a quorum queue this node does
+    not lead, after telling the router who does."""
+    g = q.replica
+    shard.replication.announce(g, state.identity)
+    return AMQPError(MOVED, f"quorum queue '{q.name}' is led by "
+                            f"{g.known_leader or 'no member yet'}")
+
+
 def on_get(shard: ShardCore, state: RouterPeer, msg: list) -> list | None:
     """GET (spec 1.8.3.10) -> None or [delivery_id, redelivered, exchange, routing_key,
     header, body, message_count]. Raises 404, 405."""
     _, _, vhost, name, no_ack, owner = msg
     q = shard.queue_for(vhost, name, owner)
+    if q.replica is not None and not q.replica.leading:
+        raise moved(shard, state, q)
     e = q.get()
     if e is None:
         return None
@@ -196,6 +298,8 @@ def on_get(shard: ShardCore, state: RouterPeer, msg: list) -> list | None:
     reply = [e.entry_id, e.redelivered, e.exchange, e.routing_key, delivered_header(e),
              body_bytes(e.body), 0]
     if no_ack:
+        if q.replica is not None:
+            q.replica.settle("ack", [e])
         q.dequeue(e)        # drops the entry's bytes: the reply holds them
     else:
         state.unsettled[e.entry_id] = e

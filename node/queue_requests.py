@@ -23,7 +23,7 @@ and deleting queues (and journaling them) is the shard's: these functions use wh
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from shoal.shared.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, soft_error
 
@@ -34,11 +34,19 @@ from shoal.node.queues.queue import Queue
 from shoal.node.topology import check_equivalent
 
 
+#: What a handler returns when the REPLY is sent later (a quorum queue answers once its log
+#: has the change: node/replication/manager.py).
+DEFERRED = object()
+
+
 class QueueHost(Protocol):
     """What the queue requests use of the shard (node/shard.py's ``Shard``)."""
 
     queues: dict[tuple[str, str], Queue]
     durable: DurableLog | None
+    settings: Any
+    #: the quorum queues (node/replication/manager.py's Replication), or None
+    replication: Any
 
     def new_queue(self, vhost: str, name: str, durable: bool, auto_delete: bool,
                   exclusive_owner: str | None, arguments: dict | None,
@@ -70,11 +78,18 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
     (passive, missing), 405 (exclusive to another owner; redeclared with another
     exclusivity, as RabbitMQ 3.10), 406 (inequivalent durable, auto_delete, x- args; bad
     arguments: node/queues/args.py)."""
-    _, _, vhost, name, passive, durable, exclusive, auto_delete, args, owner = msg
+    _, req_id, vhost, name, passive, durable, exclusive, auto_delete, args, owner = msg
     q = shard.queues.get((vhost, name))
     if q is None:
         if passive:
             raise soft_error(NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
+        args = args or {}
+        if is_quorum(shard, args, bool(durable and not exclusive and not auto_delete)):
+            if "x-queue-type" not in args:
+                args = {**args, "x-queue-type": "quorum"}
+            shard.replication.declare(state.identity, req_id, vhost, name, bool(durable),
+                                      bool(exclusive), bool(auto_delete), args)
+            return DEFERRED
         cfg = parse_queue_arguments(vhost, name, args)
         q = shard.new_queue(vhost, name, bool(durable), bool(auto_delete),
                             owner if exclusive else None, args, cfg)
@@ -82,6 +97,11 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
         if durable and not exclusive and shard.durable is not None:
             shard.durable.declare_queue(q)
         return [name, 0, 0]
+    if q.replica is not None:
+        shard.replication.announce(q.replica, state.identity)
+        if not passive and "x-queue-type" not in (args or {}) and \
+                shard.settings.default_queue_type == "quorum":
+            args = {**(args or {}), "x-queue-type": "quorum"}
     if passive:
         check_owner(q, owner)
     else:
@@ -99,16 +119,23 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
 
 def on_queue_delete(shard: QueueHost, state: RouterPeer, msg: list) -> list:
     """QUEUE_DELETE (spec 1.7.2.9) -> [message_count]. Missing: [0]. Raises 405, 406."""
-    _, _, vhost, name, if_unused, if_empty, owner = msg
+    _, req_id, vhost, name, if_unused, if_empty, owner = msg
     q = shard.queues.get((vhost, name))
     if q is None:
         return [0]
     check_owner(q, owner)
+    g = q.replica
+    if g is not None and not g.leading:
+        shard.replication.moved(state.identity, req_id, g)
+        return DEFERRED
     if if_unused and q.consumer_count:
         raise soft_error(PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
     if if_empty and q.message_count:
         raise soft_error(PRECONDITION_FAILED,
                          f"queue '{name}' in vhost '{vhost}' is not empty")
+    if g is not None:
+        shard.replication.delete(state.identity, req_id, g)
+        return DEFERRED
     count = q.message_count
     shard.delete_queue(q)
     return [count]
@@ -116,8 +143,29 @@ def on_queue_delete(shard: QueueHost, state: RouterPeer, msg: list) -> list:
 
 def on_queue_purge(shard: QueueHost, state: RouterPeer, msg: list) -> list:
     """QUEUE_PURGE (spec 1.7.2.7) -> [purged count]. Raises 404, 405."""
-    _, _, vhost, name, owner = msg
-    return [shard.queue_for(vhost, name, owner).purge()]
+    _, req_id, vhost, name, owner = msg
+    q = shard.queue_for(vhost, name, owner)
+    if q.replica is not None:
+        if q.replica.leading:
+            shard.replication.purge(state.identity, req_id, q.replica)
+        else:
+            shard.replication.moved(state.identity, req_id, q.replica)
+        return DEFERRED
+    return [q.purge()]
+
+
+def is_quorum(shard: QueueHost, args: dict, plain_durable: bool) -> bool:
+    """Whether a new queue with declare ``args`` is a quorum queue: ``x-queue-type: quorum``
+    (a non-durable, exclusive or auto-delete one is then refused, 406), or no
+    ``x-queue-type``, the ``default_queue_type`` setting says quorum (RabbitMQ's setting) and
+    the queue is durable, not exclusive and not auto-delete (``plain_durable``; others stay
+    classic). Without replication (a node that has none) it is classic."""
+    if shard.replication is None:
+        return False
+    qtype = args.get("x-queue-type")
+    if qtype is None:
+        return plain_durable and shard.settings.default_queue_type == "quorum"
+    return qtype == "quorum"
 
 
 def on_connection_closed(shard: QueueHost, state: RouterPeer, msg: list) -> None:

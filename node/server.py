@@ -16,6 +16,7 @@ alarms' NODE_BLOCKED and the clean-stop marker).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -34,6 +35,9 @@ from shoal.node.intake import feed_frames
 from shoal.node.durability.group_commit import GroupCommit
 from shoal.node.durability.journal import Journal
 from shoal.node.queues.paging import PageStore
+from shoal.node.replication.links import PeerLinks
+from shoal.node.replication.manager import Replication
+from shoal.node.replication.store import RaftStore
 from shoal.node.shard import Shard
 from shoal.node.stats import write_stats_file
 from shoal.node.unix_listener import UnixListener
@@ -78,7 +82,11 @@ class NodeServer:
         # Bounded (batches): a router that outruns this node gets EAGAIN and pauses its
         # publishers instead of growing this queue without limit.
         self.sock.setsockopt(zmq.RCVHWM, 16)
-        self._auth = serve_curve(self.sock, self.ctx, settings)   # CURVE when keys are set
+        # CURVE when keys are set; the other nodes connect with the nodes' own key pair
+        self._auth = serve_curve(self.sock, self.ctx, dataclasses.replace(
+            settings, link_curve_clients=[*settings.link_curve_clients,
+                                          settings.link_curve_public_key])
+            if settings.link_curve_public_key and settings.peers else settings)
         self._stopping = False
         self._done: asyncio.Future | None = None    # serve() returns when it is set
         self._turn_scheduled = False
@@ -111,10 +119,23 @@ class NodeServer:
                                      self.settings.queue_max_in_memory_bytes)
         self.shard.access.load(path.parent)
         try:
-            return self.shard.attach_journal(journal, self.group_commit.take_clean_marker())
+            n = self.shard.attach_journal(journal, self.group_commit.take_clean_marker())
+            self.open_replication(path.parent / "raft")
+            return n
         except BaseException:
             self.group_commit.close()
             raise
+
+    def open_replication(self, directory: Path | None) -> int:
+        """Serve quorum queues: their Raft log in ``directory`` (None: in memory only) and
+        the groups it holds rebuilt (node/replication/). Returns how many. Raises OSError
+        when the directory cannot be used."""
+        if self.shard.replication is not None:
+            return len(self.shard.replication.groups)
+        rep = Replication(self.shard, RaftStore(directory), None)
+        n = rep.restore()
+        self.shard.attach_replication(rep)
+        return n
 
     @property
     def journal(self) -> Journal | None:
@@ -169,7 +190,8 @@ class NodeServer:
         router-0, where the other routers reach it): a ``unix://PATH`` endpoint on
         :class:`UnixListener` (one at most), any other on the ZeroMQ socket. Returns the first
         endpoint. Raises zmq.ZMQError or OSError (the node CLI exits 1)."""
-        for i, endpoint in enumerate(e for e in (self.settings.node_bind, also) if e):
+        for i, endpoint in enumerate(e for e in (self.settings.node_bind, also,
+                                                 self.settings.peer_bind) if e):
             path = stream.scheme_path(endpoint)
             if path is not None:
                 if self._unix is not None:
@@ -305,6 +327,9 @@ class NodeServer:
             self._drain(socket)
             now = _now_ms()
             self.shard.tick(now)
+            rep = self.shard.replication
+            if rep is not None:
+                rep.process()           # quorum queues: one fsync, then send and apply
             self._commit()
             sent = self._flush()
             # More than a turn's worth waits, or a send ate the FD's edge: look again.
@@ -358,6 +383,20 @@ class NodeServer:
                 self._poke()
         loop.add_reader(mon_fd, on_disconnect)
         on_disconnect()  # reading ZMQ_EVENTS once arms the edge-triggered FD
+        rep = self.shard.replication
+        if rep is None:
+            self.open_replication(None)
+            rep = self.shard.replication
+        peer_fds: list[int] = []
+        if self.settings.peers and rep.links is None:
+            rep.links = PeerLinks(self.ctx, self.shard.node_id, self.settings.peer_map(),
+                                  self.settings)
+
+            def lost(node: str) -> None:
+                rep.peer_lost(node)
+                self._poke()
+            rep.links.watch(loop.add_reader, lost)
+            peer_fds = rep.links.fds()
         alarms = asyncio.ensure_future(ResourceAlarms(
             self.settings, str(self.journal.directory) if self.journal is not None
             else self.settings.data_dir, self.group_commit.set_alarm).run())
@@ -381,6 +420,8 @@ class NodeServer:
             self.shard.loop_lag.stop()
             loop.remove_reader(fd)
             loop.remove_reader(mon_fd)
+            for pfd in peer_fds:
+                loop.remove_reader(pfd)
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
@@ -395,6 +436,8 @@ class NodeServer:
     def close(self) -> None:
         if self._unix is not None:
             self._unix.close()      # serve() closed it, unless it never ran
+        if self.shard.replication is not None:
+            self.shard.replication.close()      # its sockets before the context ends
         self.sock.close(linger=1000)
         if self._auth is not None:
             self._auth.stop()

@@ -31,7 +31,7 @@ from shoal.shared.errors import (INTERNAL_ERROR, NOT_FOUND, SYNTAX_ERROR, AMQPEr
 from shoal.shared.settings import Settings
 from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_REMOVED, TAG_DELIVER, TAG_GOODBYE, TAG_HELLO,
                                TAG_NODE_BLOCKED, TAG_REPLY, TAG_TOPOLOGY_EVENT,
-                               TAG_WORK, T)
+                               TAG_WORK, PEER_TAGS, T)
 
 from shoal.node import messages as M
 from shoal.node import queue_requests as Q
@@ -46,6 +46,7 @@ from shoal.node.messages import delivered_header
 from shoal.node.queues.paging import PageStore, body_bytes
 from shoal.node.peers import Peers, RouterPeer
 from shoal.node.queues.queue import Queue
+from shoal.node.replication.group import TICK_MS
 from shoal.node.queues.args import QueueConfig, parse_queue_arguments
 from shoal.node.queue_requests import check_owner
 from shoal.node.stats import (LoopLag, on_force_close, on_node_stats, on_queue_list, on_router_report,
@@ -98,6 +99,8 @@ class Shard:
         self.send = self.links.send
         self._next_id = itertools.count(1).__next__
         self._events = 0        #: TOPOLOGY_EVENTs emitted (a request that emits syncs routers)
+        #: the quorum queues (node/replication/manager.py's Replication), once attached
+        self.replication: Any = None
         if wall_offset_ms is None:
             wall_offset_ms = time.time() * 1000.0 - time.monotonic() * 1000.0
         self.timers = Timers(0.0, wall_offset_ms)
@@ -174,6 +177,16 @@ class Shard:
             journal.recovered = None
         return n
 
+    def attach_replication(self, replication: Any) -> None:
+        """Serve quorum queues with ``replication`` (node/replication/manager.py): its
+        clock runs on this shard's timers, every TICK_MS."""
+        self.replication = replication
+
+        def tick() -> None:
+            replication.tick(self.timers.now)
+            self.timers.add(self.timers.now + TICK_MS, tick)
+        self.timers.add(self.timers.now + TICK_MS, tick)
+
     def reset_entry_ids(self, start: int) -> None:
         """Continue entry ids at ``start`` (above every id in the journal)."""
         self._next_id = itertools.count(start).__next__
@@ -227,6 +240,8 @@ class Shard:
             peer.unsettled[entry.entry_id] = entry
             if entry.queue.journaled:
                 self.durable.delivered.append((entry.entry_id, True, entry.delivery_count))
+        elif consumer.acquires and entry.queue.replica is not None:
+            entry.queue.replica.settle("ack", [entry])      # no_ack: settled as sent
 
     def work(self, consumer: QueueConsumer) -> None:
         self.send(consumer.peer.identity, [TAG_WORK, consumer.consumer_id])
@@ -264,6 +279,10 @@ class Shard:
         tag = msg[0] if msg else None
         spec = self._spec.get(tag) if isinstance(tag, int) else None
         if spec is None:
+            if tag in PEER_TAGS and self.replication is not None:
+                self.timers.now = now_ms
+                self.replication.on_peer(peer, msg, now_ms)
+                return
             log.warning("dropping wire message with unknown tag %r from %r", tag, peer)
             return
         arity, types, handler, is_request = spec
@@ -297,6 +316,8 @@ class Shard:
                                  f"{self.node_id}; see the node's log", None])
             return
         if is_request:
+            if payload is Q.DEFERRED:       # a quorum queue answers once its log says so
+                return
             reply = [TAG_REPLY, msg[1], 0, "", payload]
             dl = self.durable
             lsn = dl.last_lsn if dl is not None and tag in _TOPOLOGY_REQUESTS and \

@@ -92,9 +92,12 @@ def on_queue_list(shard: Any, state: Any, msg: list) -> list:
     vhost, unacked = msg[2], collections.Counter()
     for peer in shard.peers.values():
         unacked.update(id(e.queue) for e in peer.unsettled.values())
+    rep = getattr(shard, "replication", None)
     return [[q.vhost, q.name, q.durable, q.exclusive_owner is not None, q.auto_delete,
-             q.arguments, q.message_count, q.consumer_count, unacked[id(q)], q.stats]
-            for q in shard.queues.values() if vhost is None or q.vhost == vhost]
+             q.arguments, q.message_count, q.consumer_count, unacked[id(q)], q.stats,
+             rep.describe(q.replica) if q.replica is not None else None]
+            for q in shard.queues.values() if (vhost is None or q.vhost == vhost) and
+            (q.replica is None or q.replica.lists_here())]
 
 
 def on_node_stats(shard: Any, state: Any, msg: list) -> dict[str, Any]:

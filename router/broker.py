@@ -21,9 +21,9 @@ from shoal.shared.definitions import Definitions, definitions_for
 from shoal.shared.errors import CONNECTION_FORCED, INTERNAL_ERROR, NO_ROUTE
 from shoal.shared.linkauth import connect_curve
 from shoal.shared.settings import Settings
-from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH, TAG_SETTLE
+from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH, TAG_PUBLISH_MOVED, TAG_SETTLE
 
-from shoal.router import consumers as credit, pushback
+from shoal.router import consumers as credit, pushback, quorum
 from shoal.router.access.users import UserStore
 from shoal.router.access.limits import Limits
 from shoal.router.consumers import Consumer, ConsumerTarget
@@ -84,6 +84,7 @@ class Broker:
         self._dirty: set[BrokerClient] = set()
         self._flush_scheduled = False
         self.leases = Leases(self)       #: delivery leases held (router/lease.py)
+        self.quorum = quorum.QuorumLeaders()  #: quorum queues' leaders (router/quorum.py)
         self.congested_links = 0         #: node links whose queue is full (router/pushback.py)
         self._snapshots: dict[str, asyncio.Future] = {}  # TOPOLOGY_SNAPSHOT per node (start)
         #: nodes whose journal cannot write (NODE_BLOCKED): node_id -> reason
@@ -134,7 +135,9 @@ class Broker:
         key = (kind, vhost, name)
         node = self._placement.get(key)
         if node is None:
-            node = placement.owner(vhost, name, self.node_ids, kind)
+            led = self.quorum.leaders.get((vhost, name)) if kind == "q" else None
+            node = led[0] if led is not None else placement.owner(vhost, name, self.node_ids,
+                                                                  kind)
             if len(self._placement) > 100_000:
                 self._placement.clear()
             self._placement[key] = node
@@ -142,6 +145,28 @@ class Broker:
 
     def queue_link(self, vhost: str, name: str) -> NodeLink:
         return self.links[self._owner(vhost, name, "q")]
+
+    def set_queue_node(self, vhost: str, name: str, node: str) -> None:
+        """Route queue ``name`` to ``node`` (a quorum queue's new leader)."""
+        self._placement[("q", vhost, name)] = node
+
+    async def queue_request(self, vhost: str, name: str, msg: list) -> Any:
+        """A request about a queue, to the node that serves it (a quorum queue's leader,
+        asked again when a member answers MOVED: router/quorum.py). Returns the payload;
+        raises AMQPError, NodeDown."""
+        return (await quorum.queue_request(self, vhost, name, msg))[1]
+
+    async def get_request(self, vhost: str, name: str, msg: list) -> tuple[str, Any]:
+        """As :meth:`queue_request`, and the node that answered (basic.get settles there)."""
+        return await quorum.queue_request(self, vhost, name, msg)
+
+    async def consume_request(self, c: Consumer, vhost: str, msg: list) -> Any:
+        """Register queue consumer ``c`` with ``msg`` (CONSUME without req_id) at the node
+        that serves its queue; ``c.node_id`` becomes that node."""
+        c.request = msg
+        node, payload = await quorum.queue_request(self, vhost, c.queue, msg)
+        c.node_id = node
+        return payload
 
     def exchange_link(self, vhost: str, name: str) -> NodeLink:
         return self.links[self._owner(vhost, name, "e")]
@@ -192,7 +217,8 @@ class Broker:
             return
         pending = PendingPublish(ch, seq, ev, set(), future)
         self._next_publish += 1
-        pid = self._next_publish
+        pid = pending.pid = self._next_publish
+        pending.sent = by_node
         for node_id, qs in by_node.items():
             link = self.links[node_id]
             if not link.up:
@@ -215,6 +241,17 @@ class Broker:
         for q in queues:
             by_node.setdefault(self._owner(vhost, q, "q"), []).append(q)
         return by_node
+
+    def next_publish_id(self) -> int:
+        self._next_publish += 1
+        return self._next_publish
+
+    def finish_pending(self, p: PendingPublish) -> None:
+        """Every node answered ``p`` (or was lost): forget its ids, confirm or nack it."""
+        self.publishes.pop(p.pid, None)
+        for pid in p.extra:
+            self.publishes.pop(pid, None)
+        self._finish_publish(p)
 
     def _finish_publish(self, p: PendingPublish) -> None:
         ch = p.channel
@@ -322,13 +359,21 @@ class Broker:
             p = self.publishes.get(pid)
             if p is None:
                 return
+            key = link.node_id if pid == p.pid else pid
+            if key not in p.waiting:        # an old leader's late answer
+                return
             p.routed += routed
             if code != wire.OK:
                 p.failed = True
-            p.waiting.discard(link.node_id)
+            p.waiting.discard(key)
             if not p.waiting:
-                del self.publishes[pid]
-                self._finish_publish(p)
+                if p.extra:
+                    self.finish_pending(p)
+                else:
+                    del self.publishes[pid]
+                    self._finish_publish(p)
+        elif tag == TAG_PUBLISH_MOVED:
+            quorum.on_publish_moved(self, link, msg)
         elif tag == T.WORK:
             self.stats["work"] += 1
             entry = self.consumers.get(msg[1])
@@ -363,6 +408,11 @@ class Broker:
             if msg[1] == wire.EV_ACCESS:
                 self.on_access(*msg[2])
                 return
+            if msg[1] == wire.EV_QUEUE_LEADER:
+                quorum.on_leader(self, msg[2])
+                return
+            if msg[1] == wire.EV_QUEUE_REMOVED:
+                self.quorum.forget(msg[2][0], msg[2][1])
             for vhost, name in self.topology.apply(msg[1], msg[2]):
                 self._queue_removed(vhost, name)
             if msg[1] == wire.EV_EXCHANGE_REMOVED:
@@ -459,15 +509,15 @@ class Broker:
             pushback.set_node_blocked(self, node_id, None)
         self.leases.forget_node(node_id)
         for ch, c in list(self.consumers.values()):
-            if c.node_id == node_id:
-                self._server_cancel(ch, c.target)
+            if c.node_id == node_id and not quorum.is_quorum(self, ch.vhost, c.queue):
+                self._server_cancel(ch, c.target)   # a quorum queue's move to a new leader
+        quorum.node_down(self, node_id)
         for pid, p in list(self.publishes.items()):
             if node_id in p.waiting:
                 p.failed = True
                 p.waiting.discard(node_id)
                 if not p.waiting:
-                    del self.publishes[pid]
-                    self._finish_publish(p)
+                    self.finish_pending(p)
         for client in self.connections:
             for ch in client.channels.values():
                 for d in ch.unacked.values():

@@ -57,6 +57,9 @@ class Consumer:
     interest_sent: bool = False  #: CREDIT(0) "tell me when you have work" is registered
     last_grant: int = 0       #: size of the last drain grant (to count empty pulls)
     unacked: int = 0          #: this queue's deliveries not yet acknowledged by the client
+    #: the CONSUME message (without req_id) that registered it: sent again to a quorum
+    #: queue's new leader (router/quorum.py)
+    request: list | None = None
 
 
 @dataclass(slots=True, eq=False)

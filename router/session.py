@@ -32,12 +32,19 @@ class Delivery:
 class PendingPublish:
     """A publish waiting for PUBLISH_RESULT from ``waiting`` nodes (confirms, mandatory,
     transactions: ``future`` is resolved with this object when every node answered)."""
-    __slots__ = ("channel", "seq", "ev", "waiting", "routed", "failed", "future")
+    __slots__ = ("channel", "seq", "ev", "waiting", "routed", "failed", "future", "pid",
+                 "sent", "extra")
 
-    def __init__(self, channel: BrokerChannel, seq: int, ev: Any, waiting: set[str],
+    def __init__(self, channel: BrokerChannel, seq: int, ev: Any, waiting: set,
                  future: asyncio.Future | None = None) -> None:
         self.channel, self.seq, self.ev = channel, seq, ev
+        #: node ids (and, for a quorum queue's publish sent again, its publish ids or
+        #: ("parked", queue) while it waits for a leader: router/quorum.py) still to answer
         self.waiting = waiting
+        self.pid = 0                    #: its publish id (the first one)
+        #: what was sent: node id -> queue names; publish id -> (node id, queue names)
+        self.sent: dict = {}
+        self.extra: list[int] = []      #: publish ids of sends again (router/quorum.py)
         self.routed = 0
         self.failed = False
         self.future = future

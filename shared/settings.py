@@ -95,6 +95,14 @@ class Settings:
     node_id: str = "node-0"                  #: node: its id (placement hashes over ids)
     node_bind: str = "tcp://127.0.0.1:5680"  #: node: endpoint to bind (ZeroMQ, or
     #: ``unix://PATH``: the same-host link, node/unix_listener.py)
+    peers: list[str] = field(default_factory=list)  #: node: the other nodes, ``ID=ENDPOINT``
+    #: (the ZeroMQ endpoint each binds for nodes: its ``peer_bind``, else its ``node_bind``),
+    #: linked for quorum queues (design.md section 8); none: this node's quorum queues have
+    #: one member
+    peer_bind: str = ""                      #: node: a ZeroMQ endpoint the other nodes reach
+    #: it on, when ``node_bind`` is ``unix://`` ("" = ``node_bind``)
+    default_queue_type: str = "classic"      #: the type of a durable queue declared without
+    #: ``x-queue-type``: ``classic`` or ``quorum`` (RabbitMQ's ``default_queue_type``)
     delivery_leases: bool = True             #: node: lend an empty plain queue's only
     #: consumer to its router, which then delivers matching publishes itself and records
     #: them here a few ms later (docs/consumers.md, "Delivery leases"; node/lease.py)
@@ -225,6 +233,11 @@ class Settings:
                                             "tcp://host:port, ipc:///path or unix:///path")
         if self.embed_bind and "://" not in self.embed_bind:
             raise bad("embed_bind", "must be an endpoint like ipc:///path or unix:///path")
+        if self.default_queue_type not in ("classic", "quorum"):
+            raise bad("default_queue_type", "must be classic or quorum")
+        for p in self.peers:
+            if "=" not in p.split("://", 1)[0] or "://" not in p:
+                raise bad("peers", f"'{p}' is not ID=ENDPOINT (e.g. node-1=tcp://host:5680)")
         if "://" not in self.node_bind:
             raise bad("node_bind", "must be an endpoint like tcp://host:port or unix:///path")
         if self.local_link not in ("zmq", "unix"):
@@ -248,6 +261,10 @@ class Settings:
         if self.routers:
             return self.routers
         return 1 if self.embed_node else default_layout(os.cpu_count() or 1)[0]
+
+    def peer_map(self) -> list[tuple[str, str]]:
+        """``peers`` as ``[(node_id, endpoint), ...]``."""
+        return [tuple(p.split("=", 1)) for p in self.peers]  # type: ignore[misc]
 
     def node_map(self) -> list[tuple[str, str]]:
         """``node_endpoints`` as ``[(node_id, endpoint), ...]`` in order."""

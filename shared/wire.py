@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 #: Bumped whenever a message's fields change. Checked at connect time (HELLO).
-WIRE_VERSION = 5
+WIRE_VERSION = 6
 
 
 class T(IntEnum):
@@ -96,6 +96,10 @@ class T(IntEnum):
     PUBLISH_RESULT = 31   # N->R [T, seq, code, routed]; routed = queues that accepted it;
                           #   code != 0: a queue refused it (x-overflow reject-publish):
                           #   the router answers basic.nack.
+    PUBLISH_MOVED = 32    # N->R [T, seq, code, routed, moved]: as PUBLISH_RESULT for the
+                          #   queues it names, but ``moved`` (queue names) are quorum queues
+                          #   this node does not lead (any more): the router sends the publish
+                          #   again to their leader, once it knows it (EV_QUEUE_LEADER).
 
     # --- consumers ---
     CONSUME = 40          # R->N [T, req_id, consumer_id, vhost, queue, tag, no_ack, exclusive,
@@ -173,12 +177,21 @@ class T(IntEnum):
     LEASE_END = 63        # R->N [T, consumer_id]: the router holds the lease no longer
                           #   (returned, declined or revoked); sent behind its LEASEDs.
 
+    # --- replication (N->N, over each node's links to the other nodes: design.md section 8) ---
+    PEER_HELLO = 70       # N->N [T, wire_version, node_id, member_id], every peer tick: who
+                          #   this node is now (member_id changes when its disk was wiped)
+    RAFT = 71             # N->N [T, vhost, name, uid, message]: one Raft message of the group
+                          #   of quorum queue ``name`` (node/replication/raft.py Message.to_wire)
+    GROUP_CREATE = 72     # N->N [T, vhost, name, uid, snapshot]: be a first member of a new
+                          #   quorum queue, from its bootstrap snapshot (Snapshot.to_wire)
+
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the
 #: router and the node: an IntEnum member costs a class attribute lookup at each use (about
 #: 5x a plain int comparison).
 TAG_HELLO, TAG_HELLO_OK, TAG_HEARTBEAT, TAG_GOODBYE, TAG_REPLY = (
     int(T.HELLO), int(T.HELLO_OK), int(T.HEARTBEAT), int(T.GOODBYE), int(T.REPLY))
+TAG_PUBLISH_MOVED = int(T.PUBLISH_MOVED)
 TAG_TOPOLOGY_EVENT, TAG_PUBLISH, TAG_PUBLISH_RESULT, TAG_REPUBLISH, TAG_NODE_BLOCKED = (
     int(T.TOPOLOGY_EVENT), int(T.PUBLISH), int(T.PUBLISH_RESULT), int(T.REPUBLISH),
     int(T.NODE_BLOCKED))
@@ -206,6 +219,14 @@ def leasable(header: bytes) -> bool:
     return not (flags & 0x20 and scheduled(header))
 
 
+#: REPLY code (never an AMQP reply code) of a request about a quorum queue sent to a node that
+#: does not lead it: payload = the leader's node id, or None while there is none; the router
+#: asks again where the leader is (EV_QUEUE_LEADER).
+MOVED = 1
+
+#: N->N tags: the shard hands them to node/replication, not to a router's state.
+PEER_TAGS = frozenset({70, 71, 72})
+
 # Topology events.
 EV_EXCHANGE_ADDED = 1
 EV_EXCHANGE_REMOVED = 2
@@ -213,6 +234,10 @@ EV_BINDING_ADDED = 3
 EV_BINDING_REMOVED = 4
 EV_QUEUE_REMOVED = 5
 EV_ACCESS = 6           # data = [version, definitions]: users, vhosts and permissions changed
+EV_QUEUE_LEADER = 7     # data = [vhost, name, leader node id, term, members (node ids),
+                        #   online (node ids)]: a quorum queue's leader (sent by the leader
+                        #   when elected and to a router that says HELLO; by a member that
+                        #   is asked for it and is not its leader)
 
 # Settlement outcomes (SETTLE).
 OUTCOME_ACK = 1       # basic.ack: dequeue

@@ -55,7 +55,7 @@ class Queue:
                  "entries", "qcm", "available", "sink", "next_id", "deleted", "had_consumers",
                  "exclusive_consumer", "work_wanted", "cfg", "timers", "held", "ready_bytes",
                  "groups", "active", "last_used", "journaled", "stats", "lease",
-                 "lease_revoked", "lease_hold_until", "features")
+                 "lease_revoked", "lease_hold_until", "features", "replica")
 
     def __init__(self, vhost: str, name: str, *, durable: bool = False,
                  exclusive_owner: str | None = None, auto_delete: bool = False,
@@ -102,6 +102,8 @@ class Queue:
         self.lease: QueueConsumer | None = None
         self.lease_revoked = False
         self.lease_hold_until = 0.0
+        #: a quorum queue's group (node/replication/group.py), None for a classic queue
+        self.replica: Any = None
         if self.cfg.expires:
             self.timers.add(self.last_used + self.cfg.expires, self.features.check_expires)
 

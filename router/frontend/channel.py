@@ -262,8 +262,9 @@ class Channel:
         for c in t.consumers:
             b.consumers[c.consumer_id] = (self, c)
         results = await asyncio.gather(*(
-            b.links[c.node_id].request([T.CONSUME, c.consumer_id, self.vhost, c.queue, tag,
-                                        m.no_ack, m.exclusive, args, self.client.owner])
+            b.consume_request(c, self.vhost, [T.CONSUME, c.consumer_id, self.vhost, c.queue,
+                                              tag, m.no_ack, m.exclusive, args,
+                                              self.client.owner])
             for c in t.consumers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
@@ -293,8 +294,9 @@ class Channel:
     async def on_basic_get(self, m: C.Basic.Get) -> None:
         queue = queue_name(self, m.queue)
         self.check_access(READ, "queue", queue)
-        link = self.broker.queue_link(self.vhost, queue)
-        payload = await link.request([T.GET, self.vhost, queue, m.no_ack, self.client.owner])
+        node, payload = await self.broker.get_request(
+            self.vhost, queue, [T.GET, self.vhost, queue, m.no_ack, self.client.owner])
+        link = self.broker.links[node]
         if payload is None:
             self.send(C.Basic.GetEmpty())
             return

@@ -129,7 +129,7 @@ async def _bind(ch: TopologyChannel, tag: int, exchange: str, kind: str, dest: s
     if kind == wire.DEST_QUEUE:
         # The queue must exist and be ours to use (404 / 405), asked of its node.
         try:
-            await b.queue_link(ch.vhost, dest).request(
+            await b.queue_request(ch.vhost, dest,
                 [T.QUEUE_DECLARE, ch.vhost, dest, True, False, False, False, {},
                  ch.client.owner])
         except AMQPError as err:
@@ -183,7 +183,7 @@ async def on_queue_declare(ch: TopologyChannel, m: C.Queue.Declare) -> None:
         cap = ch.broker.limits.max_queues(ch.vhost)
         if cap is not None:
             await _check_queue_limit(ch, name, cap)
-    payload = await ch.broker.queue_link(ch.vhost, name).request(
+    payload = await ch.broker.queue_request(ch.vhost, name,
         [T.QUEUE_DECLARE, ch.vhost, name, m.passive, m.durable, m.exclusive,
          m.auto_delete, m.arguments or {}, ch.client.owner])
     ch.last_queue = name
@@ -199,7 +199,7 @@ async def _check_queue_limit(ch: TopologyChannel, name: str, cap: int) -> None:
     two routers declaring at once may both pass, as two RabbitMQ nodes may)."""
     b = ch.broker
     try:
-        await b.queue_link(ch.vhost, name).request(
+        await b.queue_request(ch.vhost, name,
             [T.QUEUE_DECLARE, ch.vhost, name, True, False, False, False, {}, ch.client.owner])
         return                      # it exists: a redeclare is not a new queue
     except AMQPError as err:
@@ -228,7 +228,7 @@ async def on_queue_unbind(ch: TopologyChannel, m: C.Queue.Unbind) -> None:
 async def on_queue_purge(ch: TopologyChannel, m: C.Queue.Purge) -> None:
     name = queue_name(ch, m.queue)
     ch.check_access(READ, "queue", name)
-    payload = await ch.broker.queue_link(ch.vhost, name).request(
+    payload = await ch.broker.queue_request(ch.vhost, name,
         [T.QUEUE_PURGE, ch.vhost, name, ch.client.owner])
     if not m.nowait:
         ch.send(C.Queue.PurgeOk(payload[0]))
@@ -237,7 +237,7 @@ async def on_queue_purge(ch: TopologyChannel, m: C.Queue.Purge) -> None:
 async def on_queue_delete(ch: TopologyChannel, m: C.Queue.Delete) -> None:
     name = queue_name(ch, m.queue)
     ch.check_access(CONFIGURE, "queue", name)
-    payload = await ch.broker.queue_link(ch.vhost, name).request(
+    payload = await ch.broker.queue_request(ch.vhost, name,
         [T.QUEUE_DELETE, ch.vhost, name, m.if_unused, m.if_empty, ch.client.owner])
     if not m.nowait:
         ch.send(C.Queue.DeleteOk(payload[0]))

@@ -123,7 +123,7 @@ async def delete_vhost(request: web.Request):
     if missing:
         raise ApiError(503, "service_unavailable", f"nodes not answering: {', '.join(missing)}")
     for row in rows:                     # RabbitMQ deletes the vhost's queues and exchanges
-        await b.queue_link(name, row["name"]).request(
+        await b.queue_request(name, row["name"], 
             [T.QUEUE_DELETE, name, row["name"], False, False, None])
     for (vh, ex) in list(b.topology.exchanges):
         if vh == name and ex not in BUILTIN_EXCHANGES:

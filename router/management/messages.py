@@ -73,11 +73,11 @@ async def get_messages(request: web.Request):
     if truncate is not None and (isinstance(truncate, bool) or not isinstance(truncate, int)
                                  or truncate < 0):
         raise ApiError(400, "bad_request", f"invalid truncate {truncate!r}: bytes, 0 or more")
-    link = b.queue_link(vhost, name)
+    node: str | None = None
     out, ids = [], []
     try:
         for _ in range(count):
-            got = await link.request([T.GET, vhost, name, False, None])
+            node, got = await b.get_request(vhost, name, [T.GET, vhost, name, False, None])
             if got is None:
                 break
             delivery_id, redelivered, exchange, key, header, data, left = got
@@ -88,8 +88,8 @@ async def get_messages(request: web.Request):
                         "properties": properties_json(header), "payload": payload,
                         "payload_encoding": kind})
     finally:
-        if ids:
-            link.send([TAG_SETTLE, ACKMODES[ackmode], ids])    # a hot message: plain ints
+        if ids and node is not None and node in b.links:
+            b.links[node].send([TAG_SETTLE, ACKMODES[ackmode], ids])   # hot: plain ints
     return out
 
 

@@ -136,7 +136,7 @@ async def queue(request: web.Request):
 async def declare_queue(request: web.Request):
     b, vhost, name = _broker(request), _vhost(request), _arg(request, "name")
     body = await _body(request)
-    await b.queue_link(vhost, name).request(
+    await b.queue_request(vhost, name, 
         [T.QUEUE_DECLARE, vhost, name, False, bool(body.get("durable", True)), False,
          bool(body.get("auto_delete", False)), body.get("arguments") or {}, None])
     return web.Response(status=201)
@@ -146,14 +146,14 @@ async def delete_queue(request: web.Request):
     b, vhost, name = _broker(request), _vhost(request), _arg(request, "name")
     if_unused = request.query.get("if-unused") == "true"
     if_empty = request.query.get("if-empty") == "true"
-    await b.queue_link(vhost, name).request(
+    await b.queue_request(vhost, name, 
         [T.QUEUE_DELETE, vhost, name, if_unused, if_empty, None])
     return None
 
 
 async def purge_queue(request: web.Request):
     b, vhost, name = _broker(request), _vhost(request), _arg(request, "name")
-    await b.queue_link(vhost, name).request([T.QUEUE_PURGE, vhost, name, None])
+    await b.queue_request(vhost, name, [T.QUEUE_PURGE, vhost, name, None])
     return None
 
 
@@ -285,7 +285,7 @@ async def publish(request: web.Request):
     key = str(body.get("routing_key", ""))
     if name == "":      # the default exchange routes to a queue that may not exist
         try:
-            await b.queue_link(vhost, key).request(
+            await b.queue_request(vhost, key, 
                 [T.QUEUE_DECLARE, vhost, key, True, False, False, False, {}, None])
         except AMQPError:
             return {"routed": False}

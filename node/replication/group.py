@@ -1,0 +1,202 @@
+"""One quorum queue on one member node: its Raft member, its state machine and the answers
+waiting for its log (design.md section 8, docs/replication.md).
+
+:class:`QuorumGroup` is sans-IO like the Raft core it holds: the node's
+:class:`~shoal.node.replication.manager.Replication` persists its Ready, sends its messages and
+hands the committed entries back to :meth:`QuorumGroup.apply`. What the group does for the
+routers (confirms, replies, consumers dropped when it stops leading) goes through ``host``,
+what it needs of the node: :class:`GroupHost`.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from typing import Any, Callable, Protocol
+
+from shoal.node.queues.entry import QueueEntry
+from shoal.node.queues.queue import Queue
+from shoal.node.replication.log import Entry, NORMAL, Snapshot
+from shoal.node.replication.machine import QueueMachine
+from shoal.node.replication.membership import node_of
+from shoal.node.replication.raft import Raft
+
+log = logging.getLogger("shoal.node.replication")
+
+#: The Raft clock: one tick every TICK_MS; an election timeout of ELECTION_TICKS (randomized
+#: up to twice that), a heartbeat every HEARTBEAT_TICKS.
+TICK_MS = 100
+ELECTION_TICKS = 10
+HEARTBEAT_TICKS = 1
+#: Take a snapshot (and drop the log before it) once this many entries were applied since
+#: the last one and the log holds more entries than the queue holds messages.
+COMPACT_ENTRIES = 4096
+
+#: The result a waiter gets when its entry will not be applied by this member as leader.
+LOST = object()
+
+
+class GroupHost(Protocol):
+    """What a group uses of its node (node/replication/manager.py's ``Replication``)."""
+
+    node_id: str
+    sink: Any                   #: the shard: a leader's queue delivers through it
+
+    def leader_changed(self, group: "QuorumGroup") -> None: ...
+
+    def stopped_leading(self, group: "QuorumGroup") -> None: ...
+
+    def deleted(self, group: "QuorumGroup") -> None: ...
+
+
+class QuorumGroup:
+    """The member ``member_id`` of quorum queue ``queue``.
+
+    ``header``: ``[vhost, name, arguments, uid]``, the declaration every member agrees on.
+    ``raft``: its Raft member (restored from disk or new). ``wanted``: the node ids that should
+    hold a member (``x-quorum-initial-group-size`` nodes, chosen at declare time).
+    """
+
+    def __init__(self, host: GroupHost, queue: Queue, header: list, raft: Raft,
+                 wanted: list[str]) -> None:
+        self.host = host
+        self.queue = queue
+        self.header = header
+        self.key = (header[0], header[1])
+        self.uid = header[3]
+        self.raft = raft
+        self.wanted = wanted
+        self.machine = QueueMachine(queue)
+        raft.snapshot_source = self.state
+        self.waiters: dict[int, list[Callable[[Any], None]]] = {}
+        self.leading = False
+        self.leader_term = 0            # the term of the last leader announced
+        self.known_leader: str | None = None
+        self.snapshot: Snapshot | None = None     # the last one, for a log rewrite
+        self.pending_declares: list[Callable[[], None]] = []
+        self.deleted = False
+        queue.sink = None               # a follower never delivers or dead-letters
+
+    def state(self) -> dict:
+        """The snapshot data: the machine's, and the nodes that should hold members."""
+        data = self.machine.snapshot(self.header)
+        data["wanted"] = list(self.wanted)
+        return data
+
+    # ---- proposals (leader) ----------------------------------------------------------------
+    def propose(self, cmd: list, then: Callable[[Any], None] | None = None) -> bool:
+        """Append ``cmd`` to the log as leader; ``then(result)`` runs when it is applied here
+        (``LOST`` if this member stops leading first). False when not leader."""
+        index = self.raft.propose(cmd)
+        if index is None:
+            return False
+        if then is not None:
+            self.waiters.setdefault(index, []).append(then)
+        return True
+
+    def settle(self, op: str, entries: list[QueueEntry]) -> None:
+        """A router settled these deliveries (``op``: ack, requeue or reject): replicate it.
+        The entries stay acquired until the command is applied."""
+        idx = [i for i in map(self.machine.index, entries) if i is not None]
+        if idx and not self.propose([op, idx]):
+            pass    # not leader any more: the new leader redelivers them
+
+    # ---- applying the log ------------------------------------------------------------------
+    def install(self, snap: Snapshot) -> None:
+        """A snapshot from the leader replaces the whole state."""
+        m = self.machine
+        for i, e in list(m.by_index.items()):
+            m._untrack(i, e)
+            if not e.is_dead:
+                self.queue.features.remove_ready(e, None)
+        if isinstance(snap.data, dict):
+            m.restore(snap.data)
+        self.snapshot = snap
+
+    def apply(self, entry: Entry) -> None:
+        result: Any = None
+        if entry.kind == NORMAL and entry.data is not None:
+            try:
+                result = self.machine.apply(entry.index, entry.data)
+            except Exception:  # noqa: BLE001 - a bad command must not stop the group
+                log.exception("quorum queue '%s': cannot apply entry %d", self.key[1],
+                              entry.index)
+            if entry.data[0] == "delete":
+                self._answer(entry.index, result)
+                self.deleted = True
+                self.host.deleted(self)
+                return
+        self._answer(entry.index, result)
+
+    def _answer(self, index: int, result: Any) -> None:
+        waiting = self.waiters.pop(index, None)
+        if waiting:
+            for fn in waiting:
+                fn(result)
+
+    def maybe_compact(self) -> Snapshot | None:
+        """A snapshot to persist when the log grew long (COMPACT_ENTRIES), else None."""
+        rl = self.raft.log
+        if rl.applied - rl.snap_index < COMPACT_ENTRIES or \
+                len(rl.entries) < 2 * len(self.machine.by_index):
+            return None
+        self.machine.forget_dead()
+        self.snapshot = self.raft.compact(rl.applied, self.state())
+        return self.snapshot
+
+    # ---- roles -----------------------------------------------------------------------------
+    def check_role(self) -> None:
+        """After a step or a tick: react to becoming or ceasing to be leader, and to a new
+        leader elsewhere."""
+        r = self.raft
+        if r.is_leader and not self.leading:
+            self.leading = True
+            self.machine.lead()
+            self.queue.sink = self.host.sink
+            log.info("quorum queue '%s' in vhost '%s': %s leads (term %d)", self.key[1],
+                     self.key[0], self.host.node_id, r.term)
+        elif self.leading and not r.is_leader:
+            self.leading = False
+            self.host.stopped_leading(self)
+            self.machine.follow()
+            self.queue.sink = None
+            lost, self.waiters = self.waiters, {}
+            for fns in lost.values():
+                for fn in fns:
+                    fn(LOST)
+        leader = node_of(r.leader) if r.leader else None
+        if (leader, r.term) != (self.known_leader, self.leader_term) and leader is not None:
+            self.known_leader, self.leader_term = leader, r.term
+            if self.pending_declares:
+                waiting, self.pending_declares = self.pending_declares, []
+                for fn in waiting:
+                    fn()
+            self.host.leader_changed(self)
+        elif leader is None:
+            self.known_leader = None
+
+    def election_delay(self, lost_member: str) -> int:
+        """Ticks this member waits before campaigning when the leader's link closed: its rank
+        among the other voters (by a hash of the queue and member, so that new leaders spread
+        over nodes), two ticks apart, so one wins at once."""
+        others = sorted((m for m in self.raft.voters if m != lost_member),
+                        key=lambda m: hashlib.blake2b(f"{self.uid}/{m}".encode(),
+                                                      digest_size=8).digest())
+        rank = others.index(self.raft.id) if self.raft.id in others else len(others)
+        return 1 + 2 * rank
+
+    def lists_here(self) -> bool:
+        """Whether this member reports the queue (QUEUE_LIST): the leader, or while there is
+        none the member on the first node in id order."""
+        return self.leading or (self.known_leader is None and
+                                self.host.node_id == min(self.members() or [self.host.node_id]))
+
+    def members(self) -> list[str]:
+        """The node ids of the voters, sorted."""
+        return sorted(node_of(m) for m in self.raft.voters)
+
+
+def new_raft(member_id: str, rng_seed: Any = None, **kw: Any) -> Raft:
+    """A Raft member with the node's clock settings."""
+    return Raft(member_id, election_ticks=ELECTION_TICKS, heartbeat_ticks=HEARTBEAT_TICKS,
+                rng=random.Random(rng_seed), **kw)

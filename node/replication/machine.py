@@ -1,0 +1,147 @@
+"""A quorum queue's replicated state machine (design.md section 8, docs/replication.md).
+
+Every member holds the same :class:`~shoal.node.queues.queue.Queue` (the Qpid queue model of
+node/queues/) and applies the group's committed log to it in order, so that all members hold
+the same messages in the same order. What is not in the log stays with the leader: consumers,
+credit and which entry is acquired by whom. A follower's queue has no consumers and no sink
+(it never delivers or dead-letters); when it becomes leader its entries are all AVAILABLE, and
+every one is marked redelivered (it may have been delivered by the old leader: AMQP 0-9-1 spec
+1.8.3.9 allows the flag on a message that may have been delivered before).
+
+Commands (lists, msgpack values), each applied by :meth:`QueueMachine.apply`:
+
+- ``["enq", exchange, routing_key, header, body, publisher]`` -> whether it was accepted;
+- ``["ack", [index, ...]]``: the messages enqueued at those log indexes are settled;
+- ``["requeue", [index, ...]]``: returned to the queue (redelivered, counted toward
+  ``x-delivery-limit``: past it the leader dead-letters them, followers drop them);
+- ``["reject", [index, ...]]``: dead-lettered (``x-dead-letter-exchange``) or dropped;
+- ``["purge", [index, ...]]``: the leader's AVAILABLE messages when it was asked -> count;
+- ``["delete"]`` -> the message count (the group then removes the queue on every member).
+
+Snapshot data: ``{"queue": [vhost, name, arguments, uid], "messages": [[index, exchange,
+routing_key, header, body, redelivered, delivery_count, publisher], ...]}`` in queue order.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from shoal.node.queues.entry import ACQUIRED, QueueEntry
+from shoal.node.queues.paging import body_bytes
+from shoal.node.queues.queue import Queue
+
+
+class QueueMachine:
+    """The state machine of one quorum queue over ``queue``; ``leader()`` says whether this
+    member leads now (decides what a requeue or reject does beyond the shared state)."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.by_index: dict[int, QueueEntry] = {}
+        self.index_of: dict[int, int] = {}          # entry_id -> log index
+        self.leading = False
+
+    def index(self, entry: QueueEntry) -> int | None:
+        return self.index_of.get(entry.entry_id)
+
+    def apply(self, index: int, cmd: Any) -> Any:
+        """Apply one committed command; returns its result (see the module docstring).
+        Raises nothing for a malformed command (it is logged by the caller and skipped)."""
+        op = cmd[0]
+        q = self.queue
+        if op == "enq":
+            e = q.enqueue(cmd[1], cmd[2], cmd[3], cmd[4], cmd[5])
+            if e is None:
+                return False
+            self._track(index, e)
+            q.stats[0] += 1
+            if self.leading:
+                q.notify_work()
+            return True
+        if op in ("ack", "reject", "purge"):
+            n = 0
+            for i in cmd[1]:
+                e = self.by_index.get(i)
+                if e is None:
+                    continue
+                self._untrack(i, e)
+                n += 1
+                if op == "ack" and e.state is ACQUIRED:
+                    q.stats[2] += 1
+                    q.dequeue(e)
+                elif op == "reject" and e.state is ACQUIRED and self.leading:
+                    q.reject(e)
+                else:
+                    q.features.remove_ready(e, None)
+            return n
+        if op == "requeue":
+            touched = False
+            for i in cmd[1]:
+                e = self.by_index.get(i)
+                if e is None:
+                    continue
+                if e.state is ACQUIRED and self.leading:
+                    if q.release(e):
+                        touched = True
+                    if e.is_dead:
+                        self._untrack(i, e)
+                    continue
+                e.redelivered = True
+                e.delivery_count += 1
+                limit = q.cfg.max_returns
+                if limit is not None and e.delivery_count > limit:
+                    self._untrack(i, e)             # the leader dead-lettered it
+                    q.features.remove_ready(e, None)
+            if touched:
+                q.notify_work()
+            return None
+        if op == "delete":
+            return q.message_count
+        raise ValueError(f"unknown quorum queue command {op!r}")
+
+    def _track(self, index: int, e: QueueEntry) -> None:
+        self.by_index[index] = e
+        self.index_of[e.entry_id] = index
+
+    def _untrack(self, index: int, e: QueueEntry) -> None:
+        self.by_index.pop(index, None)
+        self.index_of.pop(e.entry_id, None)
+
+    def forget_dead(self) -> None:
+        """Drop the entries the queue removed by itself (TTL expiry, delivery limit)."""
+        dead = [(i, e) for i, e in self.by_index.items() if e.is_dead]
+        for i, e in dead:
+            self._untrack(i, e)
+
+    def lead(self) -> None:
+        """This member became leader: every entry may have been delivered by the old one."""
+        self.leading = True
+        self.forget_dead()
+        for e in self.by_index.values():
+            e.redelivered = True
+
+    def follow(self) -> None:
+        self.leading = False
+
+    def snapshot(self, header: list) -> dict:
+        """The snapshot data: ``header`` ([vhost, name, arguments, uid]) and every live
+        message in queue order, with its log index."""
+        msgs = []
+        for e in self.queue.entries:
+            i = self.index_of.get(e.entry_id)
+            if i is None or e.is_dead:
+                continue
+            msgs.append([i, e.exchange, e.routing_key, e.header, body_bytes(e.body),
+                         e.redelivered, e.delivery_count, e.publisher])
+        return {"queue": header, "messages": msgs}
+
+    def restore(self, data: dict) -> None:
+        """Load a snapshot's messages into the (empty) queue."""
+        q = self.queue
+        for i, exchange, rk, header, body, redelivered, count, publisher in \
+                data.get("messages") or ():
+            e = q.enqueue(exchange, rk, header, body, publisher)
+            if e is None:
+                continue
+            e.redelivered = bool(redelivered)
+            e.delivery_count = count
+            self._track(i, e)

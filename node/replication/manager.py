@@ -1,0 +1,437 @@
+"""A node's quorum queues: their groups, their disk, their links and their answers to routers
+(design.md section 8, docs/replication.md).
+
+:class:`Replication` is driven by the node's event loop (node/server.py) as the shard is:
+:meth:`Replication.on_peer` with each message from another node, :meth:`Replication.tick`
+from the shard's timers every TICK_MS, and :meth:`Replication.process` at the end of each turn,
+which is where Raft's Ready is handled for every group at once: one write and one fsync of the
+node's Raft log (the group commit), then the Raft messages, then the committed entries applied
+to each queue (confirms and replies to routers are sent from there).
+
+Requests from routers arrive through the shard's handlers (node/messages.py,
+node/queue_requests.py), which call :meth:`declare`, :meth:`group_for` and the group.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from typing import Any
+
+from shoal.shared.errors import PRECONDITION_FAILED, AMQPError, soft_error
+from shoal.shared.wire import (EV_QUEUE_LEADER, MOVED, TAG_REPLY, TAG_TOPOLOGY_EVENT,
+                               WIRE_VERSION, T)
+
+from shoal.node.queues.args import parse_queue_arguments
+from shoal.node.queues.queue import Queue
+from shoal.node.replication import membership
+from shoal.node.replication.group import LOST, TICK_MS, QuorumGroup, new_raft
+from shoal.node.replication.links import PeerLinks
+from shoal.node.replication.log import Snapshot
+from shoal.node.replication.machine import QueueMachine
+from shoal.node.replication.raft import APP, SNAP, Message, bootstrap
+from shoal.node.replication.store import RaftStore
+
+log = logging.getLogger("shoal.node.replication")
+
+_RAFT, _PEER_HELLO, _GROUP_CREATE = int(T.RAFT), int(T.PEER_HELLO), int(T.GROUP_CREATE)
+#: A peer not heard from (PEER_HELLO, Raft) for this long is offline (management API).
+OFFLINE_MS = 2000
+#: Arguments a quorum queue refuses (406 naming them): they need state only the leader has
+#: (how many messages are acquired) or a queue-wide clock, and are not replicated yet.
+UNSUPPORTED = ("x-max-length", "x-max-length-bytes", "x-overflow", "qpid.max_count",
+               "qpid.max_size", "qpid.policy_type", "x-expires", "qpid.last_value_queue",
+               "qpid.last_value_queue_key", "x-dead-letter-strategy")
+DEFAULT_GROUP_SIZE = 3
+
+
+class Replication:
+    """The quorum queues of the node ``shard`` (node/shard.py), their Raft log ``store`` and
+    the ``links`` to the other nodes (None: a node alone, whose groups have one member)."""
+
+    def __init__(self, shard: Any, store: RaftStore, links: PeerLinks | None) -> None:
+        self.shard = shard
+        self.sink = shard
+        self.node_id = shard.node_id
+        self.store = store
+        self.links = links
+        self.member_id = membership.member_id(self.node_id, store.disk_id)
+        self.groups: dict[tuple[str, str], QuorumGroup] = {}
+        #: node id -> [member id, last heard (ms)]
+        self.peers: dict[str, list] = {}
+        self._outgoing: list[tuple[str, list]] = []     # sent after the turn's fsync
+        self._ticks = 0
+        self._announced: set[bytes] = set()
+        self.now_ms = 0.0
+        #: counters for the metrics: leader changes seen, Raft log fsyncs
+        self.stats = {"leader_changes": 0}
+
+    @property
+    def node_ids(self) -> list[str]:
+        """Every node this one knows of (itself and its peers), sorted."""
+        return sorted({self.node_id, *(self.links.nodes if self.links else ())})
+
+    # ---- start -----------------------------------------------------------------------------
+    def restore(self) -> int:
+        """Rebuild the groups from the Raft log on disk; returns how many."""
+        for key, disk in self.store.load().items():
+            snap = disk.snapshot
+            if snap is None or not isinstance(snap.data, dict):
+                continue
+            header = snap.data["queue"]
+            raft = new_raft(self.member_id_in(snap.voters + snap.learners),
+                            hard_state=disk.hard_state, snapshot=snap, entries=disk.entries)
+            g = self._make_group(header, raft, list(snap.data.get("wanted") or []))
+            if g is None:
+                continue
+            g.install(snap)
+        return len(self.groups)
+
+    def member_id_in(self, members: tuple) -> str:
+        """This node's member id (the one in ``members`` when its disk made it)."""
+        return self.member_id
+
+    def _make_group(self, header: list, raft: Any, wanted: list[str]) -> QuorumGroup | None:
+        vhost, name, args, uid = header
+        try:
+            cfg = parse_queue_arguments(vhost, name, args, restored=True)
+        except AMQPError as err:
+            log.error("cannot restore quorum queue '%s': %s", name, err.text)
+            return None
+        old = self.shard.queues.get((vhost, name))
+        if old is not None:
+            self.shard.delete_queue(old)
+        q = self.shard.new_queue(vhost, name, True, False, None, args, cfg)
+        g = QuorumGroup(self, q, header, raft, wanted)
+        q.replica = g
+        self.shard.queues[(vhost, name)] = q
+        self.groups[(vhost, name)] = g
+        return g
+
+    # ---- declares --------------------------------------------------------------------------
+    def declare(self, peer: bytes, req_id: int, vhost: str, name: str, durable: bool,
+                exclusive: bool, auto_delete: bool, args: dict) -> None:
+        """Create quorum queue ``name``: refuse what a quorum queue cannot be (406, RabbitMQ
+        3.10's texts: ``rabbit_quorum_queue``'s checks), choose its members, make the group
+        and answer the router (REPLY) once it has a leader. Raises AMQPError."""
+        for prop, bad in (("non-durable", not durable), ("exclusive-declare", exclusive),
+                          ("auto-delete", auto_delete)):
+            if bad:
+                raise soft_error(PRECONDITION_FAILED, f"invalid property '{prop}' for queue "
+                                                      f"'{name}' in vhost '{vhost}'")
+        for arg in UNSUPPORTED:
+            if arg in args:
+                raise soft_error(PRECONDITION_FAILED,
+                                 f"invalid arg '{arg}' for queue '{name}' in vhost '{vhost}':"
+                                 f" not supported by quorum queues in Shoal yet")
+        size = args.get("x-quorum-initial-group-size", DEFAULT_GROUP_SIZE)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise soft_error(PRECONDITION_FAILED, f"invalid arg 'x-quorum-initial-group-size'"
+                                                  f" for queue '{name}' in vhost '{vhost}'")
+        parse_queue_arguments(vhost, name, args)       # 406 for bad values
+        wanted = self.choose_nodes(vhost, name, size)
+        members = [self.member_id] + [self.peers[n][0] for n in wanted[1:]
+                                      if n in self.peers and self.online(n)]
+        uid = uuid.uuid4().hex[:12]
+        header = [vhost, name, args, uid]
+        snap = bootstrap(members, {"queue": header, "messages": [], "wanted": wanted})
+        raft = new_raft(self.member_id, snapshot=snap)
+        g = self._make_group(header, raft, wanted)
+        assert g is not None
+        g.snapshot = snap
+        self.store.append(g.key, uid, "snap", snap.to_wire())
+        for m in members[1:]:
+            self._outgoing.append((membership.node_of(m), [_GROUP_CREATE, vhost, name, uid,
+                                                            snap.to_wire()]))
+        g.pending_declares.append(lambda: self._reply(peer, req_id, [name, 0, 0]))
+        raft.campaign()
+        g.check_role()
+
+    def choose_nodes(self, vhost: str, name: str, size: int) -> list[str]:
+        """This node and the ``size - 1`` others that rank highest for the queue
+        (rendezvous hashing, as placement). Those not heard from yet join later
+        (:meth:`_repair` adds them as learners, then voters)."""
+        key = f"qq\x00{vhost}\x00{name}".encode()
+        others = [n for n in self.node_ids if n != self.node_id]
+        others.sort(key=lambda n: hashlib.blake2b(key, digest_size=8,
+                                                   key=n.encode()[:64]).digest(), reverse=True)
+        return [self.node_id] + others[:max(0, size - 1)]
+
+    def online(self, node: str) -> bool:
+        if node == self.node_id:
+            return True
+        p = self.peers.get(node)
+        return p is not None and self.now_ms - p[1] < OFFLINE_MS
+
+    def _reply(self, peer: bytes, req_id: int, payload: Any, code: int = 0,
+               text: str = "") -> None:
+        if peer in self.shard.peers:
+            self.shard.send(peer, [TAG_REPLY, req_id, code, text, payload])
+
+    def moved(self, peer: bytes, req_id: int, g: QuorumGroup) -> None:
+        """REPLY MOVED to a request this member cannot answer as a follower, after telling
+        the router who leads (when it is known)."""
+        self.announce(g, peer)
+        self._reply(peer, req_id, g.known_leader, MOVED,
+                    f"quorum queue '{g.key[1]}' is led by {g.known_leader or 'no member yet'}")
+
+    def group_for(self, q: Queue) -> QuorumGroup | None:
+        return getattr(q, "replica", None)
+
+    # ---- router requests on a group --------------------------------------------------------
+    def delete(self, peer: bytes, req_id: int, g: QuorumGroup) -> None:
+        """QUEUE_DELETE as leader: replicate it; the REPLY [message_count] when applied."""
+        def done(result: Any) -> None:
+            if result is LOST:
+                self.moved(peer, req_id, g)
+            else:
+                self._reply(peer, req_id, [result or 0])
+        if not g.propose(["delete"], done):
+            self.moved(peer, req_id, g)
+
+    def purge(self, peer: bytes, req_id: int, g: QuorumGroup) -> None:
+        """QUEUE_PURGE as leader: the messages AVAILABLE now are dropped on every member."""
+        idx = [g.machine.index_of[e.entry_id] for e in g.queue.entries
+               if e.is_available and e.entry_id in g.machine.index_of]
+
+        def done(result: Any) -> None:
+            if result is LOST:
+                self.moved(peer, req_id, g)
+            else:
+                self._reply(peer, req_id, [result or 0])
+        if not g.propose(["purge", idx], done):
+            self.moved(peer, req_id, g)
+
+    # ---- node links ------------------------------------------------------------------------
+    def on_peer(self, identity: bytes, msg: list, now_ms: float) -> None:
+        """A message from another node (PEER_HELLO, RAFT, GROUP_CREATE)."""
+        self.now_ms = now_ms
+        tag = msg[0]
+        if tag == _RAFT:
+            _, vhost, name, uid, wm = msg
+            m = Message.from_wire(wm)
+            self._heard(membership.node_of(m.frm), m.frm, now_ms)
+            g = self.groups.get((vhost, name))
+            if g is None or g.uid != uid:
+                if m.to != self.member_id or m.type not in (APP, SNAP):
+                    return
+                # a leader replicates to this member, which has nothing of the group (a
+                # new member, or this node's disk was wiped): join, empty; a snapshot follows
+                g = self._join(vhost, name, uid)
+                if g is None:
+                    return
+            if m.to != g.raft.id:
+                return
+            g.raft.step(m)
+            g.check_role()
+        elif tag == _PEER_HELLO:
+            _, version, node, member = msg
+            if version == WIRE_VERSION:
+                self._heard(node, member, now_ms)
+        elif tag == _GROUP_CREATE:
+            _, vhost, name, uid, snap_w = msg
+            snap = Snapshot.from_wire(snap_w)
+            g = self.groups.get((vhost, name))
+            if g is not None and g.uid == uid:
+                return
+            if self.member_id not in snap.voters:
+                return
+            raft = new_raft(self.member_id, snapshot=snap)
+            g = self._make_group(snap.data["queue"], raft, list(snap.data.get("wanted") or []))
+            if g is not None:
+                g.snapshot = snap
+                self.store.append(g.key, uid, "snap", snap_w)
+
+    def _join(self, vhost: str, name: str, uid: str) -> QuorumGroup | None:
+        """An empty member of a group this node does not have: its queue is made when the
+        leader's snapshot arrives (it carries the declaration)."""
+        header = [vhost, name, {"x-queue-type": "quorum"}, uid]
+        raft = new_raft(self.member_id)
+        return self._make_group(header, raft, [])
+
+    def _heard(self, node: str, member: str, now_ms: float) -> None:
+        p = self.peers.get(node)
+        if p is None:
+            self.peers[node] = [member, now_ms]
+        else:
+            p[0], p[1] = member, now_ms
+
+    def peer_lost(self, node: str) -> None:
+        """The link to ``node`` closed: the groups it led elect a leader now."""
+        p = self.peers.get(node)
+        if p is not None:
+            p[1] = -OFFLINE_MS
+        for g in self.groups.values():
+            leader = g.raft.leader
+            if leader is not None and membership.node_of(leader) == node:
+                g.raft.peer_lost(leader, g.election_delay(leader))
+            elif g.raft.is_leader:
+                for m in list(g.raft.progress):
+                    if membership.node_of(m) == node:
+                        g.raft.peer_lost(m)
+
+    # ---- the clock -------------------------------------------------------------------------
+    def tick(self, now_ms: float) -> None:
+        """Every TICK_MS: each group's Raft clock; PEER_HELLO every 5 ticks (the first at
+        once); membership repair for the groups this node leads every 10."""
+        self._ticks += 1
+        self.now_ms = now_ms
+        for g in list(self.groups.values()):
+            g.raft.tick()
+            g.check_role()
+        if self.links is not None and self._ticks % 5 == 1:
+            self.links.broadcast([_PEER_HELLO, WIRE_VERSION, self.node_id, self.member_id])
+        if self._ticks % 10 == 0:
+            self._repair()
+
+    def _repair(self) -> None:
+        current = {n: p[0] for n, p in self.peers.items() if self.online(n)}
+        current[self.node_id] = self.member_id
+        for g in self.groups.values():
+            if not g.raft.is_leader:
+                continue
+            change = membership.repair(g.raft, current, set(g.wanted) or None)
+            if change is not None:
+                op, member = change
+                log.info("quorum queue '%s': %s %s", g.key[1], op, member)
+                g.raft.propose_conf(op, member)
+
+    # ---- the turn's Ready ------------------------------------------------------------------
+    def process(self) -> None:
+        """Handle every group's Ready: persist (one fsync), send, apply, advance."""
+        self._announce_new_routers()
+        for _ in range(4):
+            readies = [(g, g.raft.ready()) for g in list(self.groups.values())
+                       if not g.deleted and g.raft.has_ready()]
+            if not readies and not self._outgoing:
+                if self.links is not None and self.links.out:
+                    self.links.flush()          # PEER_HELLOs
+                return
+            store = self.store
+            for g, rd in readies:
+                if rd.snapshot is not None:
+                    store.append(g.key, g.uid, "snap", rd.snapshot.to_wire())
+                if rd.entries:
+                    store.append(g.key, g.uid, "ents", [e.to_wire() for e in rd.entries])
+                if rd.hard_state is not None:
+                    hs = rd.hard_state
+                    store.append(g.key, g.uid, "hs", [hs.term, hs.vote, hs.commit])
+            try:
+                store.sync()
+            except OSError as exc:      # the disk failed: send and apply nothing
+                log.error("cannot write the Raft log: %s", exc)
+                return
+            links = self.links
+            for node, msg in self._outgoing:
+                if links is not None:
+                    links.queue(node, msg)
+            self._outgoing.clear()
+            for g, rd in readies:
+                if links is not None:
+                    for m in rd.messages:
+                        links.queue(membership.node_of(m.to),
+                                    [_RAFT, g.key[0], g.key[1], g.uid, m.to_wire()])
+            if links is not None:
+                links.flush()
+            for g, rd in readies:
+                if rd.snapshot is not None:
+                    self._install(g, rd.snapshot)
+                for e in rd.committed:
+                    if g.deleted:
+                        break
+                    g.apply(e)
+                g.raft.advance(rd)
+                g.check_role()
+                snap = g.maybe_compact() if not g.deleted else None
+                if snap is not None:
+                    store.append(g.key, g.uid, "compact", snap.to_wire())
+            if store.wants_rewrite():
+                self._rewrite()
+
+    def _install(self, g: QuorumGroup, snap: Snapshot) -> None:
+        """A snapshot from the leader; a member that joined empty learns the queue's
+        declaration from it and makes the queue as declared."""
+        data = snap.data if isinstance(snap.data, dict) else {}
+        header = data.get("queue")
+        if header is not None and header != g.header:
+            vhost, name, args, _ = header
+            try:
+                cfg = parse_queue_arguments(vhost, name, args, restored=True)
+            except AMQPError as err:
+                log.error("quorum queue '%s': bad declaration in snapshot: %s", name, err.text)
+                return
+            old = g.queue
+            q = self.shard.new_queue(vhost, name, True, False, None, args, cfg)
+            q.replica = g
+            q.sink = None
+            if self.shard.queues.get(g.key) is old:
+                self.shard.queues[g.key] = q
+            g.queue, g.header = q, header
+            g.machine = QueueMachine(q)
+            g.wanted = list(data.get("wanted") or g.wanted)
+        g.install(snap)
+
+    def _rewrite(self) -> None:
+        try:
+            self.store.rewrite((g.key, g.uid, g.raft.hard_state(), g.snapshot,
+                                g.raft.log.entries) for g in self.groups.values())
+        except OSError as exc:
+            log.error("cannot rewrite the Raft log: %s", exc)
+
+    # ---- what the routers are told ---------------------------------------------------------
+    def leader_changed(self, g: QuorumGroup) -> None:
+        self.stats["leader_changes"] += 1
+        if g.raft.is_leader:
+            for identity in list(self.shard.peers):
+                self.announce(g, identity)
+
+    def announce(self, g: QuorumGroup, identity: bytes) -> None:
+        """EV_QUEUE_LEADER to one router, when the group has a leader."""
+        if g.known_leader is None or identity not in self.shard.peers:
+            return
+        self.shard.send(identity, [TAG_TOPOLOGY_EVENT, EV_QUEUE_LEADER, self.describe(g)])
+
+    def describe(self, g: QuorumGroup) -> list:
+        """[vhost, name, leader, term, members, online]."""
+        members = g.members()
+        return [g.key[0], g.key[1], g.known_leader, g.leader_term, members,
+                [n for n in members if self.online(n)]]
+
+    def _announce_new_routers(self) -> None:
+        peers = self.shard.peers
+        if len(self._announced) == len(peers) and all(i in self._announced for i in peers):
+            return
+        new = [i for i in peers if i not in self._announced]
+        self._announced = set(peers)
+        for g in self.groups.values():
+            if g.raft.is_leader:
+                for identity in new:
+                    self.announce(g, identity)
+
+    def stopped_leading(self, g: QuorumGroup) -> None:
+        """This member lost the lead: its consumers go (the routers register them with the
+        new leader) and what they held acquired is released (redelivered)."""
+        q = g.queue
+        for c in list(q.qcm.all):
+            c.peer.consumers.pop(c.consumer_id, None)
+            q.remove_consumer(c)
+        for state in self.shard.peers.values():
+            for did, e in list(state.unsettled.items()):
+                if e.queue is q:
+                    del state.unsettled[did]
+                    q.release(e)
+
+    def deleted(self, g: QuorumGroup) -> None:
+        """The delete was applied: the queue goes on this member."""
+        self.groups.pop(g.key, None)
+        self.store.append(g.key, g.uid, "del", None)
+        q = self.shard.queues.get(g.key)
+        if q is g.queue:
+            q.sink = self.shard
+            self.shard.delete_queue(q)
+
+    def close(self) -> None:
+        if self.links is not None:
+            self.links.close()
+        self.store.close()
+

@@ -1,0 +1,261 @@
+"""Quorum queues as a router sees them (design.md section 8, docs/replication.md): where each
+one's leader is, and what moves when the leader does.
+
+A quorum queue is served by its leader, on one of its member nodes. The nodes tell every router
+who leads (TOPOLOGY_EVENT ``EV_QUEUE_LEADER``, from the leader when it is elected and when a
+router says HELLO, and from a member asked by a router that had it wrong). The broker routes a
+quorum queue's publishes and requests to that node (``Broker._owner``), and when the leader
+changes:
+
+- publishes waiting for the old leader's answer are sent again to the new one (they may then
+  be enqueued twice, never lost: at-least-once, as RabbitMQ's quorum queue client does);
+  a node that answers PUBLISH_MOVED had no leader there, and the same happens;
+- consumers stay subscribed (as in RabbitMQ): each is registered again with the new leader
+  under the same consumer id and consumer tag; deliveries it had unacknowledged from the old
+  leader are settled as no-ops, because the new leader delivers them again, redelivered;
+- requests (declare, delete, purge, get, consume) answered MOVED are asked again at the leader
+  once it is known (:func:`queue_request`).
+
+While a queue has no leader (a majority of its members is unreachable), its publishes wait, to
+be confirmed when a leader is elected; they are never confirmed before.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from shoal.shared import wire
+from shoal.shared.errors import NOT_FOUND, AMQPError, soft_error
+from shoal.shared.wire import TAG_PUBLISH, T
+
+from shoal.router.session import PendingPublish
+
+log = logging.getLogger("shoal.router")
+
+#: How long a request waits for a quorum queue's leader to be known, in all (seconds).
+LEADER_WAIT_S = 10.0
+
+
+class QuorumLeaders:
+    """The leaders the nodes announced: (vhost, name) -> [node, term, members, online]."""
+
+    def __init__(self) -> None:
+        self.leaders: dict[tuple[str, str], list] = {}
+        #: publishes waiting for a leader: (vhost, name) -> [(pending, names), ...]
+        self.parked: dict[tuple[str, str], list[PendingPublish]] = {}
+        self._changed: dict[tuple[str, str], asyncio.Event] = {}
+        self.leader_changes = 0
+
+    def leader(self, vhost: str, name: str) -> str | None:
+        entry = self.leaders.get((vhost, name))
+        return entry[0] if entry is not None else None
+
+    def forget(self, vhost: str, name: str) -> None:
+        self.leaders.pop((vhost, name), None)
+
+    async def changed(self, vhost: str, name: str, timeout: float) -> None:
+        """Until the leader of the queue changes (or ``timeout`` s)."""
+        ev = self._changed.setdefault((vhost, name), asyncio.Event())
+        try:
+            await asyncio.wait_for(ev.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def _wake(self, key: tuple[str, str]) -> None:
+        ev = self._changed.pop(key, None)
+        if ev is not None:
+            ev.set()
+
+
+def on_leader(broker: Any, data: list) -> None:
+    """EV_QUEUE_LEADER ``[vhost, name, leader, term, members, online]``: route the queue to
+    its leader; move what waited on another node (publishes, consumers)."""
+    vhost, name, node, term = data[0], data[1], data[2], data[3]
+    ql: QuorumLeaders = broker.quorum
+    key = (vhost, name)
+    old = ql.leaders.get(key)
+    if old is not None and (term < old[1] or (term == old[1] and node == old[0])):
+        if len(data) > 5:
+            old[2], old[3] = data[4], data[5]
+        return
+    ql.leaders[key] = [node, term, data[4], data[5]]
+    broker.set_queue_node(vhost, name, node)
+    ql.leader_changes += 1
+    ql._wake(key)
+    if node not in broker.links or not broker.links[node].up:
+        return
+    old_node = old[0] if old is not None else None
+    # publishes that waited for the old leader's answer or for any leader
+    for p in ql.parked.pop(key, []):
+        _resend(broker, p, [name])
+    if old_node is not None:
+        for p in list(broker.publishes.values()):
+            _retarget(broker, p, old_node, vhost)
+    _move_consumers(broker, vhost, name, node)
+
+
+def _retarget(broker: Any, p: PendingPublish, old_node: str, vhost: str) -> None:
+    """``p`` waits on ``old_node`` for names that are all quorum queues now led elsewhere:
+    stop waiting there and send them to their leaders."""
+    if p.channel.vhost != vhost:
+        return
+    for key, node, names in _sends(p):
+        if node != old_node or key not in p.waiting:
+            continue
+        leaders = [broker.quorum.leader(vhost, n) for n in names]
+        if all(ld is not None and ld != old_node for ld in leaders):
+            p.waiting.discard(key)
+            _resend(broker, p, names)
+
+
+def _resend(broker: Any, p: PendingPublish, names: list[str]) -> None:
+    """Send ``p``'s message again for ``names``, each to its queue's leader (a new publish id
+    per node), or park it until the queue has one."""
+    if p.channel.closed:
+        _done_if_idle(broker, p)
+        return
+    vhost = p.channel.vhost
+    by_node: dict[str, list[str]] = {}
+    for n in names:
+        node = broker.quorum.leader(vhost, n)
+        link = broker.links.get(node) if node is not None else None
+        if link is None or not link.up:
+            broker.quorum.parked.setdefault((vhost, n), []).append(p)
+            p.waiting.add(("parked", n))
+            continue
+        by_node.setdefault(node, []).append(n)
+        p.waiting.discard(("parked", n))
+    ev = p.ev
+    for node, qs in by_node.items():
+        pid = broker.next_publish_id()
+        broker.publishes[pid] = p
+        p.extra.append(pid)
+        p.waiting.add(pid)
+        p.sent[pid] = (node, qs)
+        broker.links[node].send([TAG_PUBLISH, pid, vhost, qs, ev.exchange, ev.routing_key,
+                                 ev.header, ev.body, p.channel.client.owner])
+    _done_if_idle(broker, p)
+
+
+def _sends(p: PendingPublish) -> list[tuple[Any, str, list[str]]]:
+    """(waiting key, node, queue names) of each PUBLISH sent for ``p``: the first ones are
+    keyed by node id (``Broker.publish``), the ones sent again by their publish id."""
+    return [(k, k, v) if isinstance(k, str) else (k, v[0], v[1]) for k, v in p.sent.items()]
+
+
+def _done_if_idle(broker: Any, p: PendingPublish) -> None:
+    if not p.waiting:
+        broker.finish_pending(p)
+
+
+def on_publish_moved(broker: Any, link: Any, msg: list) -> None:
+    """PUBLISH_MOVED ``[T, pid, code, routed, moved]``: the rest is as PUBLISH_RESULT; the
+    ``moved`` queues go to their leader."""
+    _, pid, code, routed, moved = msg
+    p = broker.publishes.get(pid)
+    if p is None:
+        return
+    key = link.node_id if pid == p.pid else pid
+    if key not in p.waiting:
+        return
+    p.routed += routed
+    if code != wire.OK:
+        p.failed = True
+    p.waiting.discard(key)
+    vhost = p.channel.vhost
+    ql = broker.quorum
+    for n in moved:
+        if ql.leader(vhost, n) == link.node_id:
+            # it says it does not lead: wait for the leader to be announced
+            ql.parked.setdefault((vhost, n), []).append(p)
+            p.waiting.add(("parked", n))
+        else:
+            _resend(broker, p, [n])
+    _done_if_idle(broker, p)
+
+
+def node_down(broker: Any, node: str) -> set[int]:
+    """A node was lost: the quorum queue parts of publishes waiting on it wait for a new
+    leader (parked) instead of failing. Returns the publish ids now handled."""
+    handled: set[int] = set()
+    ql = broker.quorum
+    for pid, p in list(broker.publishes.items()):
+        if pid != p.pid:
+            continue
+        vhost = p.channel.vhost
+        for key, n_id, names in _sends(p):
+            if n_id != node or key not in p.waiting:
+                continue
+            if all((vhost, n) in ql.leaders for n in names):
+                p.waiting.discard(key)
+                for n in names:
+                    ql.parked.setdefault((vhost, n), []).append(p)
+                    p.waiting.add(("parked", n))
+                handled.add(pid)
+    return handled
+
+
+def is_quorum(broker: Any, vhost: str, name: str) -> bool:
+    return (vhost, name) in broker.quorum.leaders
+
+
+def _move_consumers(broker: Any, vhost: str, name: str, node: str) -> None:
+    """Register the queue's consumers with its new leader ``node``, under the same ids."""
+    for ch, c in list(broker.consumers.values()):
+        if c.queue != name or c.target.vhost != vhost or c.target.cancelled or \
+                c.request is None:
+            continue
+        old = c.node_id
+        old_link = broker.links.get(old)
+        if old != node and old_link is not None and old_link.up:
+            old_link.send([T.CANCEL, 0, c.consumer_id])
+        for d in ch.unacked.values():
+            if d.consumer is c:
+                d.node_id = None        # the new leader delivers it again
+        c.node_id = node
+        c.granted = 0
+        c.draining = c.has_work = c.interest_sent = False
+        asyncio.ensure_future(_register(broker, ch, c, node))
+
+
+async def _register(broker: Any, ch: Any, c: Any, node: str) -> None:
+    link = broker.links.get(node)
+    if link is None:
+        return
+    try:
+        available = await link.request(c.request)
+    except Exception as exc:  # noqa: BLE001 - MOVED, node down: the next leader event retries
+        log.info("consumer %s on quorum queue '%s' waits for its leader: %s",
+                 c.target.tag, c.queue, exc)
+        return
+    if c.target.cancelled or ch.closed or c.node_id != node:
+        return
+    if type(available) is int and available > 0:
+        c.has_work = True
+    broker.replenish(ch, c.target)
+    broker.mark_dirty(ch.client)
+
+
+async def queue_request(broker: Any, vhost: str, name: str, msg: list
+                        ) -> tuple[str, Any]:
+    """Send a request about queue ``name`` to the node that serves it; a quorum queue's
+    member that does not lead it answers MOVED, and the request goes again to the leader
+    once it is known (up to LEADER_WAIT_S). Returns (node id, REPLY payload). Raises
+    AMQPError (the node's; 404 when no leader came), NodeDown."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + LEADER_WAIT_S
+    while True:
+        link = broker.queue_link(vhost, name)
+        try:
+            return link.node_id, await link.request(msg)
+        except AMQPError as err:
+            if err.reply_code != wire.MOVED:
+                raise
+            left = deadline - loop.time()
+            if left <= 0:
+                raise soft_error(NOT_FOUND, f"queue '{name}' in vhost '{vhost}' has no "
+                                            f"leader: a majority of its members is not "
+                                            f"reachable") from None
+            if broker.quorum.leader(vhost, name) in (None, link.node_id):
+                await broker.quorum.changed(vhost, name, min(left, 1.0))
