@@ -138,7 +138,9 @@ class T(IntEnum):
     QUEUE_LIST = 51       # R->N [T, req_id, vhost or None] -> payload [[vhost, name, durable,
                           #   exclusive, auto_delete, arguments, messages_ready, consumers,
                           #   messages_unacknowledged, [published, delivered_or_fetched,
-                          #   acknowledged]], ...]: the node's queues (of one vhost), for
+                          #   acknowledged], quorum], ...]: quorum = None for a classic
+                          #   queue, else EV_QUEUE_LEADER's data (a quorum queue is listed by
+                          #   its leader only); the node's queues (of one vhost), for
                           #   max-queues and the management API (counters since node start)
     NODE_STATS = 52       # R->N [T, req_id] -> payload {rss_bytes, queues, messages_ready,
                           #   loop_lag_seconds, loop_lag_max_seconds, routers, blocked, and

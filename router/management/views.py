@@ -79,8 +79,8 @@ async def queue_rows(broker: Broker, vhost: str | None) -> tuple[list[dict], lis
             missing.append(node_id)
             continue
         for vh, name, durable, exclusive, auto_delete, args, ready, consumers, unacked, \
-                counts in result:
-            rows.append({
+                counts, *replica in result:
+            row = {
                 "name": name, "vhost": vh, "durable": durable, "exclusive": exclusive,
                 "auto_delete": auto_delete, "arguments": args, "node": node_id,
                 "messages": ready + unacked, "messages_ready": ready,
@@ -88,7 +88,12 @@ async def queue_rows(broker: Broker, vhost: str | None) -> tuple[list[dict], lis
                 "state": "running", "type": args.get("x-queue-type", "classic"),
                 "policy": None,
                 "message_stats": with_rates(memo, (node_id, vh, name),
-                                            dict(zip(QUEUE_STATS, counts)), now)})
+                                            dict(zip(QUEUE_STATS, counts)), now)}
+            if replica and replica[0]:      # a quorum queue: RabbitMQ's leader, members, online
+                _, _, leader, _, members, online = replica[0]
+                row.update(type="quorum", leader=leader, members=members, online=online,
+                           node=leader or node_id)
+            rows.append(row)
     rows.sort(key=lambda r: (r["vhost"], r["name"]))
     if vhost is None and not missing:        # forget deleted queues
         listed = {(r["node"], r["vhost"], r["name"]) for r in rows}
