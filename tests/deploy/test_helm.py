@@ -147,6 +147,21 @@ def test_routers_know_every_node_by_its_stable_dns_name(replicas: int) -> None:
     assert args[args.index("--host") + 1] == "0.0.0.0"
 
 
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_nodes_link_to_every_node_for_quorum_queues(replicas: int) -> None:
+    """Each node gets every node as a --peer (it skips its own id), by the same stable DNS
+    names as the routers, and the network policy lets nodes reach each other's link port."""
+    docs = render({"nodes": {"replicaCount": replicas}, "networkPolicy": {"enabled": True}})
+    args = container(docs, "StatefulSet", f"{FULL}-node")["args"]
+    peers = [args[i + 1] for i, a in enumerate(args) if a == "--peer"]
+    assert peers == [f"node-{i}=tcp://{FULL}-node-{i}.{FULL}-node-headless.{NAMESPACE}"
+                     f".svc.cluster.local:5680" for i in range(replicas)]
+    policy = next(d for (kind, _), d in docs.items() if kind == "NetworkPolicy")
+    sources = [f["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+               for rule in policy["spec"]["ingress"] for f in rule["from"]]
+    assert sorted(sources) == ["node", "router"]
+
+
 def test_pods_get_no_service_link_variables() -> None:
     """A release named "shoal" has a Service "shoal", for which Kubernetes would inject
     SHOAL_PORT=tcp://IP:5672 into every pod: a value Shoal's settings would read as its port.

@@ -79,6 +79,17 @@ for every i below nodes.replicaCount, one --node flag each. Node ids are the pod
 {{- end }}
 {{- end -}}
 
+{{/* Every node of the StatefulSet as a peer (quorum queues' Raft links, design.md section 8);
+     a node skips its own id. */}}
+{{- define "shoal.nodePeerArgs" -}}
+{{- $node := include "shoal.nodeName" . -}}
+{{- $svc := include "shoal.headlessName" . -}}
+{{- range $i := until (int .Values.nodes.replicaCount) }}
+- --peer
+- {{ printf "node-%d=tcp://%s-%d.%s.%s.svc.%s:%d" $i $node $i $svc $.Release.Namespace $.Values.clusterDomain (int $.Values.nodes.containerPorts.zmq) }}
+{{- end }}
+{{- end -}}
+
 {{/* Pod anti-affinity preset: include "shoal.antiAffinity" (dict "ctx" . "component" "node" "preset" "soft") */}}
 {{- define "shoal.antiAffinity" -}}
 {{- if eq .preset "hard" }}
