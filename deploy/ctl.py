@@ -152,7 +152,39 @@ def run(api: Api, a: argparse.Namespace) -> str | None:
         api.call("PUT", f"/api/permissions/{vh}/{q(a.user)}",
                  {"configure": a.conf, "write": a.write, "read": a.read})
         return f"set permissions of '{a.user}' in vhost '{a.vhost}'"
+    if a.command in QUORUM_COMMANDS:
+        return run_quorum(api, a)
     raise CtlError(f"unknown command {a.command}")  # pragma: no cover (argparse refuses it)
+
+
+#: rabbitmq-queues' commands, with its argument order (docs/replication.md, "Operating")
+QUORUM_COMMANDS = ("add_member", "delete_member", "grow", "shrink", "rebalance",
+                   "quorum_status")
+
+
+def run_quorum(api: Api, a: argparse.Namespace) -> str:
+    """The quorum queue commands (router/management/quorum_views.py)."""
+    vh = q(a.vhost)
+    if a.command == "quorum_status":
+        rows = api.call("GET", f"/api/queues/{vh}/{q(a.queue)}/quorum-status")
+        return json.dumps(rows, indent=2) if a.json else table(
+            rows, ["node", "raft_state", "membership", "last_index", "commit_index", "term"])
+    if a.command == "add_member":
+        out = api.call("POST", f"/api/queues/{vh}/{q(a.queue)}/members", {"node": a.node})
+        return f"quorum queue '{a.queue}': members {', '.join(out['members'])}"
+    if a.command == "delete_member":
+        out = api.call("DELETE", f"/api/queues/{vh}/{q(a.queue)}/members/{q(a.node)}")
+        return f"quorum queue '{a.queue}': members {', '.join(out['members'])}"
+    if a.command in ("grow", "shrink"):
+        body = {"node": a.node}
+        if a.command == "grow":
+            body["strategy"] = a.strategy
+        rows = api.call("POST", f"/api/quorum/{a.command}", body)
+        return f"{a.command}: {len(rows)} quorum queues changed" + \
+            "".join(f"\n  {r['vhost']} {r['name']}" for r in rows)
+    rows = api.call("POST", "/api/rebalance/quorum")
+    return f"rebalance: {len(rows)} leaders moved" + \
+        "".join(f"\n  {r['vhost']} {r['name']}: {r['from']} -> {r['to']}" for r in rows)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -204,6 +236,23 @@ def parser() -> argparse.ArgumentParser:
                         "(rabbitmqctl's order: USER CONF WRITE READ, regular expressions)")
     for arg in ("user", "conf", "write", "read"):
         sp.add_argument(arg)
+    # rabbitmq-queues' commands, same names and argument order
+    for name, text in (("add_member", "add a member on NODE to a quorum queue"),
+                       ("delete_member", "remove the member on NODE of a quorum queue")):
+        m = sub.add_parser(name, help=text)
+        m.add_argument("queue")
+        m.add_argument("node")
+    g = sub.add_parser("grow", help="add a member on NODE to every quorum queue (all), or to "
+                       "those with an even number of members (even)")
+    g.add_argument("node")
+    g.add_argument("strategy", choices=["all", "even"])
+    sub.add_parser("shrink", help="remove the members on NODE of every quorum queue"
+                   ).add_argument("node")
+    sub.add_parser("rebalance", help="spread quorum queue leaders over the nodes"
+                   ).add_argument("type", choices=["all", "quorum"])
+    qs = sub.add_parser("quorum_status", help="a quorum queue's members and their Raft state")
+    qs.add_argument("queue")
+    qs.add_argument("--json", action="store_true", help="the API's JSON instead of a table")
     return p
 
 

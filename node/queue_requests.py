@@ -154,6 +154,15 @@ def on_queue_purge(shard: QueueHost, state: RouterPeer, msg: list) -> list:
     return [q.purge()]
 
 
+def on_quorum_op(shard: QueueHost, state: RouterPeer, msg: list) -> Any:
+    """QUORUM_OP (shared/wire.py): an operator's quorum queue command, answered by
+    node/replication/manager.py. Raises 404 (no such queue or node, or no replication)."""
+    _, req_id, op, vhost, name, node = msg
+    if shard.replication is None:
+        raise soft_error(NOT_FOUND, "node has no quorum queues")
+    return shard.replication.quorum_op(state.identity, req_id, op, vhost, name, node)
+
+
 def is_quorum(shard: QueueHost, args: dict, plain_durable: bool) -> bool:
     """Whether a new queue with declare ``args`` is a quorum queue: ``x-queue-type: quorum``
     (a non-durable, exclusive or auto-delete one is then refused, 406), or no

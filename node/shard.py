@@ -133,6 +133,7 @@ class Shard:
             T.FORCE_CLOSE: (4, (str, str, str), on_force_close, False),
             T.ACCESS_GET: (2, (int,), on_access_get, True),
             T.ACCESS_SET: (4, (int, int, dict), on_access_set, True),
+            T.QUORUM_OP: (6, (int, str, _S, _S, _S), Q.on_quorum_op, True),
             T.PUBLISH: (9, None, M.on_publish, False),      # hot path: count only
             T.CONSUME: (10, (int, int, str, str, str, int, int, _D, _S), M.on_consume, True),
             T.CANCEL: (3, (int, int), M.on_cancel, True),

@@ -113,6 +113,9 @@ def on_node_stats(shard: Any, state: Any, msg: list) -> dict[str, Any]:
     if pages is not None:
         out.update(paged_bytes=pages.paged_bytes, paged_messages=pages.paged_messages,
                    page_outs=pages.page_outs)
+    rep = getattr(shard, "replication", None)
+    if rep is not None and rep.groups:
+        out["raft"] = rep.stats()
     journal = shard.durable.journal if shard.durable is not None else None
     if journal is not None:
         out.update(fsync_seconds=journal.fsync_seconds.to_wire(),

@@ -164,6 +164,12 @@ class T(IntEnum):
     ACCESS_SET = 57       # R->N [T, req_id, expected_version, definitions] -> [version];
                           #   406 if the version moved on. Every router gets EV_ACCESS before
                           #   the reply (TOPOLOGY_SYNC, as for declares)
+    QUORUM_OP = 58        # R->N [T, req_id, op, vhost, name, node] -> payload: an operator's
+                          #   quorum queue command (rabbitmq-queues'; node/replication/
+                          #   manager.py ``quorum_op``): "status", "add_member",
+                          #   "delete_member", "transfer" (vhost and name: to its leader,
+                          #   MOVED from a follower); "grow" (node, name = "all" or "even")
+                          #   and "shrink" (node): to every node, for the queues it leads
 
     # --- delivery leases (docs/consumers.md, "Delivery leases") ---
     LEASE_GRANT = 60      # N->R [T, consumer_id, publishes]: the queue is empty and this is
@@ -186,6 +192,8 @@ class T(IntEnum):
                           #   of quorum queue ``name`` (node/replication/raft.py Message.to_wire)
     GROUP_CREATE = 72     # N->N [T, vhost, name, uid, snapshot]: be a first member of a new
                           #   quorum queue, from its bootstrap snapshot (Snapshot.to_wire)
+    GROUP_CAMPAIGN = 73   # N->N [T, vhost, name, uid]: the leader stepped down for you
+                          #   (a transfer, ``rebalance``): campaign now
 
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the
@@ -227,7 +235,7 @@ def leasable(header: bytes) -> bool:
 MOVED = 1
 
 #: N->N tags: the shard hands them to node/replication, not to a router's state.
-PEER_TAGS = frozenset({70, 71, 72})
+PEER_TAGS = frozenset({70, 71, 72, 73})
 
 # Topology events.
 EV_EXCHANGE_ADDED = 1

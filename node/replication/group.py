@@ -121,6 +121,8 @@ class QuorumGroup:
             except Exception:  # noqa: BLE001 - a bad command must not stop the group
                 log.exception("quorum queue '%s': cannot apply entry %d", self.key[1],
                               entry.index)
+            if entry.data[0] == "wanted":       # an operator's add/delete_member, grow, shrink
+                self.wanted = [str(n) for n in entry.data[1]]
             if entry.data[0] == "delete":
                 self._answer(entry.index, result)
                 self.deleted = True

@@ -16,7 +16,9 @@ Commands (lists, msgpack values), each applied by :meth:`QueueMachine.apply`:
   ``x-delivery-limit``: past it the leader dead-letters them, followers drop them);
 - ``["reject", [index, ...]]``: dead-lettered (``x-dead-letter-exchange``) or dropped;
 - ``["purge", [index, ...]]``: the leader's AVAILABLE messages when it was asked -> count;
-- ``["delete"]`` -> the message count (the group then removes the queue on every member).
+- ``["delete"]`` -> the message count (the group then removes the queue on every member);
+- ``["wanted", [node, ...]]``: the nodes that should hold a member (an operator's
+  add_member, delete_member, grow or shrink; the leader then changes the membership).
 
 Snapshot data: ``{"queue": [vhost, name, arguments, uid], "messages": [[index, exchange,
 routing_key, header, body, redelivered, delivery_count, publisher], ...]}`` in queue order.
@@ -96,6 +98,8 @@ class QueueMachine:
             return None
         if op == "delete":
             return q.message_count
+        if op == "wanted":
+            return None             # the group's (node/replication/group.py)
         raise ValueError(f"unknown quorum queue command {op!r}")
 
     def _track(self, index: int, e: QueueEntry) -> None:

@@ -18,10 +18,11 @@ import logging
 import uuid
 from typing import Any
 
-from shoal.shared.errors import PRECONDITION_FAILED, AMQPError, soft_error
+from shoal.shared.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError, soft_error
 from shoal.shared.wire import (EV_QUEUE_LEADER, MOVED, TAG_REPLY, TAG_TOPOLOGY_EVENT,
                                WIRE_VERSION, T)
 
+from shoal.node.queue_requests import DEFERRED
 from shoal.node.queues.args import parse_queue_arguments
 from shoal.node.queues.queue import Queue
 from shoal.node.replication import membership
@@ -35,8 +36,9 @@ from shoal.node.replication.store import RaftStore
 log = logging.getLogger("shoal.node.replication")
 
 _RAFT, _PEER_HELLO, _GROUP_CREATE = int(T.RAFT), int(T.PEER_HELLO), int(T.GROUP_CREATE)
+_GROUP_CAMPAIGN = int(T.GROUP_CAMPAIGN)
 #: A peer not heard from (PEER_HELLO, Raft) for this long is offline (management API).
-OFFLINE_MS = 2000
+OFFLINE_MS = 5000
 #: Arguments a quorum queue refuses (406 naming them): they need state only the leader has
 #: (how many messages are acquired) or a queue-wide clock, and are not replicated yet.
 UNSUPPORTED = ("x-max-length", "x-max-length-bytes", "x-overflow", "qpid.max_count",
@@ -63,8 +65,8 @@ class Replication:
         self._ticks = 0
         self._announced: set[bytes] = set()
         self.now_ms = 0.0
-        #: counters for the metrics: leader changes seen, Raft log fsyncs
-        self.stats = {"leader_changes": 0}
+        #: counters for the metrics: leader changes seen here
+        self.stats_counts = {"leader_changes": 0}
 
     @property
     def node_ids(self) -> list[str]:
@@ -202,6 +204,84 @@ class Replication:
         if not g.propose(["purge", idx], done):
             self.moved(peer, req_id, g)
 
+    # ---- operators' commands (rabbitmq-queues) --------------------------------------------
+    def quorum_op(self, peer: bytes, req_id: int, op: str, vhost: str | None,
+                  name: str | None, node: str | None) -> Any:
+        """QUORUM_OP (shared/wire.py). Returns the payload, or DEFERRED when it answers the
+        router itself once the change is applied. Raises AMQPError: 404 no
+        such quorum queue or node, 406 a change that cannot be made."""
+        if op in ("grow", "shrink"):
+            if node not in self.node_ids:
+                raise soft_error(NOT_FOUND, f"no node '{node}' in the cluster")
+            changed = []
+            for g in self.groups.values():
+                if not g.leading:
+                    continue
+                wanted = list(g.wanted)
+                if op == "grow" and node not in wanted and \
+                        (name != "even" or len(wanted) % 2 == 0):
+                    wanted.append(node)
+                elif op == "shrink" and node in wanted and len(wanted) > 1:
+                    wanted.remove(node)
+                else:
+                    continue
+                if g.propose(["wanted", wanted]):
+                    changed.append([g.key[0], g.key[1]])
+            return changed
+        g = self.groups.get((vhost, name))
+        if g is None:
+            raise soft_error(NOT_FOUND, f"no quorum queue '{name}' in vhost '{vhost}'")
+        if not g.leading:
+            self.announce(g, peer)
+            raise AMQPError(MOVED, f"quorum queue '{name}' is led by "
+                                   f"{g.known_leader or 'no member yet'}")
+        if op == "status":
+            return self.status(g)
+        if op in ("add_member", "delete_member"):
+            if node not in self.node_ids:
+                raise soft_error(NOT_FOUND, f"no node '{node}' in the cluster")
+            wanted = [n for n in g.wanted if n != node]
+            if op == "add_member":
+                wanted.append(node)
+            elif not wanted:
+                raise soft_error(PRECONDITION_FAILED, f"cannot delete the last member of "
+                                                      f"quorum queue '{name}'")
+            if g.propose(["wanted", wanted],
+                         lambda result: self._reply(peer, req_id, sorted(wanted))):
+                return DEFERRED
+            raise AMQPError(MOVED, f"quorum queue '{name}' lost its leader")
+        if op == "transfer":
+            return self.transfer(g, node)
+        raise soft_error(PRECONDITION_FAILED, f"unknown quorum queue command '{op}'")
+
+    def status(self, g: QuorumGroup) -> list:
+        """rabbitmq-queues quorum_status as the leader sees it: per member [node, member id,
+        raft state, membership (voter, learner), match index, commit index, term]."""
+        r = g.raft
+        rows = []
+        for m in sorted(r.voters | r.learners):
+            pr = r.progress.get(m)
+            rows.append([membership.node_of(m), m, "leader" if m == r.id else
+                         ("follower" if self.online(membership.node_of(m)) else "noproc"),
+                         "voter" if m in r.voters else "learner",
+                         r.log.last_index if m == r.id else (pr.match if pr else 0),
+                         r.log.committed, r.term])
+        return rows
+
+    def transfer(self, g: QuorumGroup, node: str | None) -> bool:
+        """Hand the lead to the member on ``node`` when its log is complete: this leader
+        steps down and asks it to campaign (a vote it wins with this member's). Returns
+        whether it was handed over."""
+        r = g.raft
+        target = next((m for m in r.voters if membership.node_of(m) == node), None)
+        pr = r.progress.get(target) if target else None
+        if target is None or target == r.id or pr is None or pr.match < r.log.last_index:
+            return False
+        r.step_down()
+        g.check_role()
+        self._outgoing.append((node, [_GROUP_CAMPAIGN, g.key[0], g.key[1], g.uid]))
+        return True
+
     # ---- node links ------------------------------------------------------------------------
     def on_peer(self, identity: bytes, msg: list, now_ms: float) -> None:
         """A message from another node (PEER_HELLO, RAFT, GROUP_CREATE)."""
@@ -228,6 +308,11 @@ class Replication:
             _, version, node, member = msg
             if version == WIRE_VERSION:
                 self._heard(node, member, now_ms)
+        elif tag == _GROUP_CAMPAIGN:
+            g = self.groups.get((msg[1], msg[2]))
+            if g is not None and g.uid == msg[3]:
+                g.raft.campaign()
+                g.check_role()
         elif tag == _GROUP_CREATE:
             _, vhost, name, uid, snap_w = msg
             snap = Snapshot.from_wire(snap_w)
@@ -289,6 +374,12 @@ class Replication:
         current[self.node_id] = self.member_id
         for g in self.groups.values():
             if not g.raft.is_leader:
+                continue
+            if g.wanted and self.node_id not in g.wanted:   # delete_member / shrink of us
+                for m in sorted(g.raft.voters):
+                    if membership.node_of(m) in g.wanted and \
+                            self.transfer(g, membership.node_of(m)):
+                        break
                 continue
             change = membership.repair(g.raft, current, set(g.wanted) or None)
             if change is not None:
@@ -380,7 +471,7 @@ class Replication:
 
     # ---- what the routers are told ---------------------------------------------------------
     def leader_changed(self, g: QuorumGroup) -> None:
-        self.stats["leader_changes"] += 1
+        self.stats_counts["leader_changes"] += 1
         if g.raft.is_leader:
             for identity in list(self.shard.peers):
                 self.announce(g, identity)
@@ -429,6 +520,20 @@ class Replication:
         if q is g.queue:
             q.sink = self.shard
             self.shard.delete_queue(q)
+
+    def stats(self) -> dict:
+        """NODE_STATS' ``raft``: ``{"leader_changes": n, "groups": [[vhost, name, role, term,
+        commit, applied, last_index, snapshot_index, entries, {node: entries behind}], ...]}``
+        (the lag of each member as its leader sees it; empty on followers)."""
+        rows = []
+        for g in self.groups.values():
+            r = g.raft
+            lag = {membership.node_of(m): max(0, r.log.last_index - pr.match)
+                   for m, pr in r.progress.items() if m != r.id} if r.is_leader else {}
+            rows.append([g.key[0], g.key[1], r.state, r.term, r.log.committed, r.log.applied,
+                         r.log.last_index, r.log.snap_index, len(r.log.entries), lag])
+        return {"leader_changes": self.stats_counts["leader_changes"], "groups": rows,
+                "fsyncs": self.store.fsyncs}
 
     def close(self) -> None:
         if self.links is not None:

@@ -160,7 +160,7 @@ async def families(broker: Broker, lag: RouterLag, per_object: bool) -> list:
             hists.append(_histogram("shoal_journal_group_commit_records", "Records written "
                                     "per group commit", st["commit_records"],
                                     {"node": node_id}))
-    out += [up, rtt, depth, rss, lag_n, paged]
+    out += [up, rtt, depth, rss, lag_n, paged, *raft_families(stats)]
     # one family per name: merge the nodes' samples
     merged: dict[str, HistogramMetricFamily] = {}
     for h in hists:
@@ -169,6 +169,44 @@ async def families(broker: Broker, lag: RouterLag, per_object: bool) -> list:
         else:
             merged[h.name] = h
     return out + list(merged.values())
+
+
+#: RabbitMQ's Raft metrics (rabbitmq_prometheus, per quorum queue member) -> the index of the
+#: figure in NODE_STATS' raft rows (node/replication/manager.py ``stats``)
+RAFT_GAUGES = (
+    ("rabbitmq_raft_term_total", "Current Raft term number", 3, CounterMetricFamily),
+    ("rabbitmq_raft_log_commit_index", "Raft log commit index", 4, GaugeMetricFamily),
+    ("rabbitmq_raft_log_last_applied_index", "Raft log last applied index", 5,
+     GaugeMetricFamily),
+    ("rabbitmq_raft_log_last_written_index", "Raft log last written index", 6,
+     GaugeMetricFamily),
+    ("rabbitmq_raft_log_snapshot_index", "Raft log snapshot index", 7, GaugeMetricFamily),
+    ("shoal_raft_log_entries", "Raft log entries kept after the snapshot", 8,
+     GaugeMetricFamily),
+)
+
+
+def raft_families(stats: dict) -> list:
+    """Quorum queues' Raft figures: RabbitMQ's ``rabbitmq_raft_*`` per member (labels vhost,
+    queue, node), each member's replication lag as its leader sees it, and the leader changes
+    each node saw."""
+    labels = ["vhost", "queue", "node"]
+    fams = [(cls(name, doc, labels=labels), i) for name, doc, i, cls in RAFT_GAUGES]
+    lag = GaugeMetricFamily("shoal_raft_member_lag_entries", "Log entries a quorum queue "
+                            "member is behind its leader", labels=["vhost", "queue", "member"])
+    changes = CounterMetricFamily("shoal_raft_leader_changes", "Quorum queue leaders this "
+                                  "node saw elected", labels=["node"])
+    for node_id, (st, _) in stats.items():
+        raft = (st or {}).get("raft")
+        if not raft:
+            continue
+        changes.add_metric([node_id], raft["leader_changes"])
+        for row in raft["groups"]:
+            for fam, i in fams:
+                fam.add_metric([row[0], row[1], node_id], row[i])
+            for member, behind in row[9].items():
+                lag.add_metric([row[0], row[1], member], behind)
+    return [f for f, _ in fams] + [lag, changes]
 
 
 def make_app(broker: Broker) -> web.Application:

@@ -26,7 +26,7 @@ from shoal.shared.errors import AMQPError, ConfigError
 
 from shoal.router.broker import Broker
 from shoal.router.links.node_link import NodeDown
-from shoal.router.management import access_views, live_views, messages, views
+from shoal.router.management import access_views, live_views, messages, quorum_views, views
 
 log = logging.getLogger("shoal.router.management")
 
@@ -194,6 +194,7 @@ def make_app(broker: Broker) -> web.Application:
     messages.add_routes(app)
     live_views.add_routes(app)
     access_views.add_routes(app)
+    quorum_views.add_routes(app)
     return app
 
 
