@@ -75,6 +75,7 @@ class QuorumGroup:
         self.snapshot: Snapshot | None = None     # the last one, for a log rewrite
         self.pending_declares: list[Callable[[], None]] = []
         self.deleted = False
+        self.retire_ticks = 0       #: a deleted leader's ticks left (manager.py RETIRE_TICKS)
         queue.sink = None               # a follower never delivers or dead-letters
 
     def state(self) -> dict:

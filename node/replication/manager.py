@@ -45,6 +45,8 @@ UNSUPPORTED = ("x-max-length", "x-max-length-bytes", "x-overflow", "qpid.max_cou
                "qpid.max_size", "qpid.policy_type", "x-expires", "qpid.last_value_queue",
                "qpid.last_value_queue_key", "x-dead-letter-strategy")
 DEFAULT_GROUP_SIZE = 3
+#: Ticks a deleted group's leader keeps telling its followers the delete is committed.
+RETIRE_TICKS = 20
 
 
 class Replication:
@@ -64,6 +66,8 @@ class Replication:
         self._outgoing: list[tuple[str, list]] = []     # sent after the turn's fsync
         self._ticks = 0
         self._announced: set[bytes] = set()
+        #: deleted groups whose leader still tells the followers (``deleted``)
+        self.retiring: list[QuorumGroup] = []
         self.now_ms = 0.0
         #: counters for the metrics: leader changes seen here
         self.stats_counts = {"leader_changes": 0}
@@ -361,6 +365,12 @@ class Replication:
         once); membership repair for the groups this node leads every 10."""
         self._ticks += 1
         self.now_ms = now_ms
+        for g in list(self.retiring):
+            g.raft.tick()
+            g.retire_ticks -= 1
+            r = g.raft
+            if g.retire_ticks <= 0 or not r.is_leader:
+                self.retiring.remove(g)
         for g in list(self.groups.values()):
             g.raft.tick()
             g.check_role()
@@ -394,6 +404,13 @@ class Replication:
         for _ in range(4):
             readies = [(g, g.raft.ready()) for g in list(self.groups.values())
                        if not g.deleted and g.raft.has_ready()]
+            for g in self.retiring:
+                if g.raft.has_ready():
+                    rd = g.raft.ready()         # only its messages: the queue is gone
+                    for m in rd.messages:
+                        self._outgoing.append((membership.node_of(m.to), [
+                            _RAFT, g.key[0], g.key[1], g.uid, m.to_wire()]))
+                    g.raft.advance(rd)
             if not readies and not self._outgoing:
                 if self.links is not None and self.links.out:
                     self.links.flush()          # PEER_HELLOs
@@ -513,8 +530,14 @@ class Replication:
                     q.release(e)
 
     def deleted(self, g: QuorumGroup) -> None:
-        """The delete was applied: the queue goes on this member."""
-        self.groups.pop(g.key, None)
+        """The delete was applied: the queue goes on this member. A leader keeps its Raft
+        member a while (RETIRE_TICKS: heartbeats carry its commit index), sending only,
+        so that the followers learn the delete is committed."""
+        if self.groups.get(g.key) is g:
+            del self.groups[g.key]
+        if g.leading:
+            g.retire_ticks = RETIRE_TICKS
+            self.retiring.append(g)
         self.store.append(g.key, g.uid, "del", None)
         q = self.shard.queues.get(g.key)
         if q is g.queue:
