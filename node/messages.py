@@ -227,7 +227,8 @@ def on_settle(shard: ShardCore, state: RouterPeer, msg: list) -> None:
         return
     unsettled = state.unsettled
     if shard.replication is not None and shard.replication.groups:
-        ids = settle_quorum(state, outcome, ids)
+        settle_with_quorum(state, outcome, ids)
+        return
     if outcome == OUTCOME_ACK:
         for i in ids:
             e = unsettled.pop(i, None)
@@ -251,28 +252,42 @@ def on_settle(shard: ShardCore, state: RouterPeer, msg: list) -> None:
         log.warning("dropping SETTLE with unknown outcome %r", outcome)
 
 
-_OPS = {OUTCOME_ACK: "ack", OUTCOME_REQUEUE: "requeue", OUTCOME_REJECT: "reject"}
-
-
-def settle_quorum(state: RouterPeer, outcome: int, ids: list) -> list:
-    """The settlements of quorum queue deliveries go to their group's log (applied there);
-    returns the other delivery ids."""
-    op = _OPS.get(outcome)
-    if op is None:
-        return ids
-    rest = []
-    by_group: dict[Any, list] = {}
+def settle_with_quorum(state: RouterPeer, outcome: int, ids: list) -> None:
+    """SETTLE on a node with quorum queues: each delivery is settled here as on a classic
+    queue (the leader's acquisitions are its own), and a quorum queue's settlements then go
+    to its log for the other members: ``ack``, ``requeue`` (returned: redelivered, counted),
+    ``drop`` (rejected, or dead-lettered at its delivery limit)."""
     unsettled = state.unsettled
+    ops: dict[Any, dict[str, list]] = {}
+    touched: dict[Queue, None] = {}
     for i in ids:
-        e = unsettled.get(i)
-        if e is not None and e.queue.replica is not None:
-            del unsettled[i]
-            by_group.setdefault(e.queue.replica, []).append(e)
+        e = unsettled.pop(i, None)
+        if e is None:
+            continue
+        q = e.queue
+        if outcome == OUTCOME_ACK:
+            q.stats[2] += 1
+            q.dequeue(e)
+            op = "ack"
+        elif outcome == OUTCOME_REQUEUE:
+            if q.release(e):
+                touched[q] = None
+                op = "requeue"
+            else:
+                op = "drop"
+        elif outcome == OUTCOME_REJECT:
+            q.reject(e)
+            op = "drop"
         else:
-            rest.append(i)
-    for g, entries in by_group.items():
-        g.settle(op, entries)
-    return rest
+            log.warning("dropping SETTLE with unknown outcome %r", outcome)
+            return
+        if q.replica is not None:
+            ops.setdefault(q.replica, {}).setdefault(op, []).append(e)
+    for g, by_op in ops.items():
+        for op, entries in by_op.items():
+            g.settle(op, entries)
+    for q in touched:
+        q.notify_work()
 
 
 def moved(shard: ShardCore, state: RouterPeer, q: Queue) -> AMQPError:

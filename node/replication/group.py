@@ -96,8 +96,8 @@ class QuorumGroup:
         return True
 
     def settle(self, op: str, entries: list[QueueEntry]) -> None:
-        """A router settled these deliveries (``op``: ack, requeue or reject): replicate it.
-        The entries stay acquired until the command is applied."""
+        """This leader settled these deliveries (``op``: ack, requeue or drop, see
+        node/replication/machine.py): the other members do the same when it is applied."""
         idx = [i for i in map(self.machine.index, entries) if i is not None]
         if idx and not self.propose([op, idx]):
             pass    # not leader any more: the new leader redelivers them

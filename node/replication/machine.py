@@ -12,9 +12,14 @@ Commands (lists, msgpack values), each applied by :meth:`QueueMachine.apply`:
 
 - ``["enq", exchange, routing_key, header, body, publisher]`` -> whether it was accepted;
 - ``["ack", [index, ...]]``: the messages enqueued at those log indexes are settled;
-- ``["requeue", [index, ...]]``: returned to the queue (redelivered, counted toward
-  ``x-delivery-limit``: past it the leader dead-letters them, followers drop them);
-- ``["reject", [index, ...]]``: dead-lettered (``x-dead-letter-exchange``) or dropped;
+- ``["requeue", [index, ...]]``: returned to the queue: redelivered, one more delivery
+  counted (``x-delivery-limit``);
+- ``["drop", [index, ...]]``: gone (rejected, or dead-lettered at the delivery limit);
+
+A leader settles its deliveries at once, as a classic queue does (acquisitions are its own),
+then appends ``ack``, ``requeue`` or ``drop`` for the other members: applied on the leader
+they only forget what was already done. A leader that applies an older leader's settlement
+acts on the message as it finds it.
 - ``["purge", [index, ...]]``: the leader's AVAILABLE messages when it was asked -> count;
 - ``["delete"]`` -> the message count (the group then removes the queue on every member);
 - ``["wanted", [node, ...]]``: the nodes that should hold a member (an operator's
@@ -59,42 +64,29 @@ class QueueMachine:
             if self.leading:
                 q.notify_work()
             return True
-        if op in ("ack", "reject", "purge"):
+        if op in ("ack", "drop", "purge"):
             n = 0
             for i in cmd[1]:
                 e = self.by_index.get(i)
                 if e is None:
                     continue
                 self._untrack(i, e)
+                if e.is_dead:           # the leader settled it already
+                    n += 1
+                    continue
                 n += 1
-                if op == "ack" and e.state is ACQUIRED:
-                    q.stats[2] += 1
+                if e.state is ACQUIRED:
                     q.dequeue(e)
-                elif op == "reject" and e.state is ACQUIRED and self.leading:
-                    q.reject(e)
                 else:
                     q.features.remove_ready(e, None)
             return n
         if op == "requeue":
-            touched = False
             for i in cmd[1]:
                 e = self.by_index.get(i)
-                if e is None:
-                    continue
-                if e.state is ACQUIRED and self.leading:
-                    if q.release(e):
-                        touched = True
-                    if e.is_dead:
-                        self._untrack(i, e)
-                    continue
-                e.redelivered = True
-                e.delivery_count += 1
-                limit = q.cfg.max_returns
-                if limit is not None and e.delivery_count > limit:
-                    self._untrack(i, e)             # the leader dead-lettered it
-                    q.features.remove_ready(e, None)
-            if touched:
-                q.notify_work()
+                if e is not None and not e.is_dead and e.state is not ACQUIRED:
+                    e.redelivered = True
+                    if not self.leading:
+                        e.delivery_count += 1
             return None
         if op == "delete":
             return q.message_count

@@ -23,7 +23,7 @@ from shoal.shared.wire import (EV_QUEUE_LEADER, MOVED, TAG_REPLY, TAG_TOPOLOGY_E
                                WIRE_VERSION, T)
 
 from shoal.node.queue_requests import DEFERRED
-from shoal.node.queues.args import parse_queue_arguments
+from shoal.node.queues.args import as_int, parse_queue_arguments
 from shoal.node.queues.queue import Queue
 from shoal.node.replication import membership
 from shoal.node.replication.group import LOST, TICK_MS, QuorumGroup, new_raft
@@ -120,20 +120,18 @@ class Replication:
         """Create quorum queue ``name``: refuse what a quorum queue cannot be (406, RabbitMQ
         3.10's texts: ``rabbit_quorum_queue``'s checks), choose its members, make the group
         and answer the router (REPLY) once it has a leader. Raises AMQPError."""
-        for prop, bad in (("non-durable", not durable), ("exclusive-declare", exclusive),
+        for prop, bad in (("non-durable", not durable), ("exclusive-owner", exclusive),
                           ("auto-delete", auto_delete)):
             if bad:
                 raise soft_error(PRECONDITION_FAILED, f"invalid property '{prop}' for queue "
                                                       f"'{name}' in vhost '{vhost}'")
         for arg in UNSUPPORTED:
-            if arg in args:
+            if arg in args:             # RabbitMQ 3.10's text for an argument it refuses
                 raise soft_error(PRECONDITION_FAILED,
-                                 f"invalid arg '{arg}' for queue '{name}' in vhost '{vhost}':"
-                                 f" not supported by quorum queues in Shoal yet")
-        size = args.get("x-quorum-initial-group-size", DEFAULT_GROUP_SIZE)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise soft_error(PRECONDITION_FAILED, f"invalid arg 'x-quorum-initial-group-size'"
-                                                  f" for queue '{name}' in vhost '{vhost}'")
+                                 f"invalid arg '{arg}' for queue '{name}' in vhost '{vhost}' "
+                                 f"of queue type rabbit_quorum_queue")
+        size = as_int(args, "x-quorum-initial-group-size", 1, None, (name, vhost)) or \
+            DEFAULT_GROUP_SIZE
         parse_queue_arguments(vhost, name, args)       # 406 for bad values
         wanted = self.choose_nodes(vhost, name, size)
         members = [self.member_id] + [self.peers[n][0] for n in wanted[1:]

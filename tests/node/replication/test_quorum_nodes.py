@@ -279,7 +279,7 @@ def test_delete_removes_the_queue_on_every_member(tmp_path):
 
 
 @pytest.mark.parametrize("args,durable,text", [
-    ({**QQ, "x-max-length": 10}, 1, "invalid arg 'x-max-length'"),
+    ({**QQ, "x-max-length": 10}, 1, "invalid arg 'x-max-length' for queue 'q' in vhost '/' of queue type rabbit_quorum_queue"),
     ({**QQ, "x-expires": 1000}, 1, "invalid arg 'x-expires'"),
     (QQ, 0, "invalid property 'non-durable' for queue 'q' in vhost '/'"),
 ])

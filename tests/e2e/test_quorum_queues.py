@@ -1,0 +1,179 @@
+"""Quorum queues with a real client (issue 35, point 6; docs/queues.md "Quorum queues"): the
+queue model's features a quorum queue supports behave as on a classic queue, and what it does
+not support yet is refused with RabbitMQ 3.10's 406 texts (checked side by side: the texts
+below are the ones RabbitMQ 3.10.8 answered on this machine).
+
+Supported: publish, get, consume, ack, nack and reject, purge, delete, redeclare;
+x-delivery-limit, x-dead-letter-exchange and -routing-key, x-message-ttl and per-message TTL,
+x-single-active-consumer, consumer priority (x-priority), x-max-priority, x-multiqueue
+consumers over quorum and classic queues.
+"""
+from __future__ import annotations
+
+import time
+
+import pika
+import pika.exceptions
+import pytest
+
+from .test_q_consumers import Got, chan  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.e2e
+
+QQ = {"x-queue-type": "quorum"}
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+DEADLINE = 15.0
+
+
+def until(conn, cond, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
+        if cond():
+            return
+    raise AssertionError(f"not within {DEADLINE:.0f} s: {what}")
+
+
+def drain(ch, queue: str) -> list[bytes]:
+    out = []
+    while True:
+        m = ch.basic_get(queue, auto_ack=True)
+        if m[0] is None:
+            return out
+        out.append(m[2])
+
+
+def test_publish_get_ack_purge_and_delete(chan, uid):
+    ch = chan()
+    q = f"qq-basic-{uid}"
+    ok = ch.queue_declare(q, durable=True, arguments=QQ)
+    assert ok.method.queue == q
+    for i in range(5):
+        ch.basic_publish("", q, str(i).encode(), PERSISTENT)
+    assert ch.queue_declare(q, passive=True).method.message_count == 5
+    assert ch.queue_declare(q, durable=True, arguments=QQ).method.message_count == 5
+    m = ch.basic_get(q)
+    assert m[2] == b"0" and not m[0].redelivered
+    ch.basic_nack(m[0].delivery_tag, requeue=True)
+    m = ch.basic_get(q)
+    assert m[2] == b"0" and m[0].redelivered
+    ch.basic_ack(m[0].delivery_tag)
+    assert ch.queue_purge(q).method.message_count == 4
+    ch.basic_publish("", q, b"last", PERSISTENT)
+    assert ch.queue_delete(q).method.message_count == 1
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare(q, passive=True)
+    assert err.value.reply_code == 404
+
+
+@pytest.mark.parametrize("kw,text", [
+    ({"durable": False}, "invalid property 'non-durable' for queue '{q}' in vhost '/'"),
+    ({"durable": True, "exclusive": True},
+     "invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"),
+    ({"durable": True, "auto_delete": True},
+     "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
+    ({"durable": True, "arguments": {**QQ, "x-max-length": 5}},
+     "invalid arg 'x-max-length' for queue '{q}' in vhost '/' of queue type "
+     "rabbit_quorum_queue"),
+])
+def test_what_a_quorum_queue_cannot_be_is_refused_as_rabbitmq_does(chan, uid, kw, text):
+    ch = chan()
+    q = f"qq-bad-{uid}"
+    kw.setdefault("arguments", QQ)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        ch.queue_declare(q, **kw)
+    assert err.value.reply_code == 406
+    assert err.value.reply_text == "PRECONDITION_FAILED - " + text.format(q=q)
+
+
+def test_redeclaring_without_the_type_is_inequivalent(chan, uid):
+    ch = chan()
+    q = f"qq-redeclare-{uid}"
+    ch.queue_declare(q, durable=True, arguments=QQ)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+        chan().queue_declare(q, durable=True)
+    assert err.value.reply_code == 406 and "x-queue-type" in err.value.reply_text
+    ch.queue_delete(q)
+
+
+def test_delivery_limit_then_dead_lettering(chan, uid):
+    ch = chan()
+    q, dlq = f"qq-limit-{uid}", f"qq-limit-dl-{uid}"
+    ch.queue_declare(dlq, durable=True)
+    ch.queue_declare(q, durable=True, arguments={**QQ, "x-delivery-limit": 1,
+                                                  "x-dead-letter-exchange": "",
+                                                  "x-dead-letter-routing-key": dlq})
+    ch.basic_publish("", q, b"poison", PERSISTENT)
+    for _ in range(2):
+        m = ch.basic_get(q)
+        assert m[2] == b"poison"
+        ch.basic_nack(m[0].delivery_tag, requeue=True)
+    conn = ch.connection
+    got: list[bytes] = []
+    until(conn, lambda: got.extend(drain(ch, dlq)) or got, "the dead letter")
+    assert got == [b"poison"] and drain(ch, q) == []
+
+
+def test_reject_and_ttl_dead_letter(chan, uid):
+    ch = chan()
+    q, dlq = f"qq-dlx-{uid}", f"qq-dlx-dl-{uid}"
+    ch.queue_declare(dlq, durable=True)
+    ch.queue_declare(q, durable=True, arguments={**QQ, "x-dead-letter-exchange": "",
+                                                  "x-dead-letter-routing-key": dlq,
+                                                  "x-message-ttl": 200})
+    ch.basic_publish("", q, b"rejected", PERSISTENT)
+    m = ch.basic_get(q)
+    ch.basic_reject(m[0].delivery_tag, requeue=False)
+    ch.basic_publish("", q, b"expired", PERSISTENT)
+    got: list[bytes] = []
+    until(ch.connection, lambda: got.extend(drain(ch, dlq)) or len(got) == 2,
+          "two dead letters")
+    assert got == [b"rejected", b"expired"]
+
+
+def test_single_active_consumer_and_consumer_priority(chan, uid):
+    ch = chan()
+    q = f"qq-sac-{uid}"
+    ch.queue_declare(q, durable=True, arguments={**QQ, "x-single-active-consumer": True})
+    first, second = Got(ack=True), Got(ack=True)
+    ch.basic_consume(q, first)
+    ch.basic_consume(q, second)
+    for i in range(4):
+        ch.basic_publish("", q, str(i).encode(), PERSISTENT)
+    until(ch.connection, lambda: len(first.items) == 4, "four to the active consumer")
+    assert second.items == []
+    p = f"qq-prio-{uid}"
+    ch2 = chan()
+    ch2.queue_declare(p, durable=True, arguments=QQ)
+    low, high = Got(ack=True), Got(ack=True)
+    ch2.basic_consume(p, low, arguments={"x-priority": 1})
+    ch2.basic_consume(p, high, arguments={"x-priority": 10})
+    for i in range(3):
+        ch2.basic_publish("", p, str(i).encode(), PERSISTENT)
+    until(ch2.connection, lambda: len(high.items) == 3, "three to the higher priority")
+    assert low.items == []
+
+
+def test_message_priorities(chan, uid):
+    ch = chan()
+    q = f"qq-maxprio-{uid}"
+    ch.queue_declare(q, durable=True, arguments={**QQ, "x-max-priority": 5})
+    for prio in (1, 5, 3):
+        ch.basic_publish("", q, str(prio).encode(),
+                         pika.BasicProperties(delivery_mode=2, priority=prio))
+    assert drain(ch, q) == [b"5", b"3", b"1"]
+
+
+def test_a_multiqueue_consumer_over_quorum_and_classic_queues(chan, uid):
+    ch = chan()
+    a, b = f"qq-mq-{uid}", f"classic-mq-{uid}"
+    ch.queue_declare(a, durable=True, arguments=QQ)
+    ch.queue_declare(b, durable=True)
+    got = Got(ack=True)
+    ch.basic_qos(prefetch_count=3)
+    ch.basic_consume(a, got, arguments={"x-multiqueue": [a, b]})
+    for i in range(3):
+        ch.basic_publish("", a, f"a{i}".encode(), PERSISTENT)
+        ch.basic_publish("", b, f"b{i}".encode(), PERSISTENT)
+    until(ch.connection, lambda: len(got.items) == 6, "six from both queues")
+    assert sorted(got.bodies) == [b"a0", b"a1", b"a2", b"b0", b"b1", b"b2"]
