@@ -84,7 +84,8 @@ function drawChart(canvas) {
 async function queues() {
   const rows = await api("GET", "/queues");
   $("page").innerHTML = `<h2>Queues</h2>
-    ${table("queues", [["name", "Name"], ["vhost", "Vhost"], ["node", "Node"],
+    ${table("queues", [["name", "Name"], ["vhost", "Vhost"], ["type", "Type"],
+      ["node", "Node"], [(r) => (r.members || []).join(", "), "Members"],
       ["messages_ready", "Ready"], ["messages_unacknowledged", "Unacked"],
       ["consumers", "Consumers"]], rows,
       (r) => `#/queue/${enc(r.vhost)}/${enc(r.name)}`)}
@@ -106,7 +107,11 @@ async function queues() {
 async function queuePage(vhost, name) {
   const q = await api("GET", `/queues/${enc(vhost)}/${enc(name)}`);
   $("page").innerHTML = `<h2>Queue <span id="queue-name">${esc(name)}</span></h2>
-    <p>Vhost ${esc(vhost)}, node ${esc(q.node)}, ${q.durable ? "durable" : "transient"}</p>
+    <p>Vhost ${esc(vhost)}, ${esc(q.type)} queue, ${q.type === "quorum"
+      ? `leader <span id="queue-leader">${esc(q.leader || "none")}</span>, members
+         <span id="queue-members">${esc((q.members || []).join(", "))}</span>, online
+         ${esc((q.online || []).join(", "))}`
+      : `node ${esc(q.node)}`}, ${q.durable ? "durable" : "transient"}</p>
     <div class="totals"><div>Ready <b id="queue-ready">${q.messages_ready}</b></div>
       <div>Unacked <b id="queue-unacked">${q.messages_unacknowledged}</b></div>
       <div>Consumers <b>${q.consumers}</b></div></div>

@@ -96,3 +96,27 @@ def test_log_in_declare_publish_get_and_purge(browser, console, uid):
     wait.until(EC.visibility_of_element_located((By.ID, "connections")))
     d.find_element(By.ID, "nav-exchanges").click()
     wait.until(EC.text_to_be_present_in_element((By.ID, "exchanges"), "amq.topic"))
+
+
+def test_a_quorum_queue_shows_its_type_leader_and_members(browser, console, uid):
+    """Issue 35: the console shows each queue's type, and a quorum queue's leader and
+    members."""
+    q = f"console-qq-{uid}"
+    status, body, _ = call(console, "PUT", f"/queues/%2F/{q}",
+                           {"durable": True, "arguments": {"x-queue-type": "quorum"}})
+    assert status == 201, body
+    info = call(console, "GET", f"/queues/%2F/{q}")[1]
+    d, wait = browser, WebDriverWait(browser, 15)
+    d.get(f"http://127.0.0.1:{console.mgmt_port}/#/queue/%2F/{q}")
+    if d.find_elements(By.ID, "login-user") and \
+            d.find_element(By.ID, "login-user").is_displayed():
+        d.find_element(By.ID, "login-user").send_keys("guest")
+        d.find_element(By.ID, "login-password").send_keys("guest")
+        d.find_element(By.ID, "login-submit").click()
+        wait.until(EC.visibility_of_element_located((By.ID, "chart")))
+        d.get(f"http://127.0.0.1:{console.mgmt_port}/#/queue/%2F/{q}")
+    text_is(d, "queue-name", q)
+    text_is(d, "queue-leader", info["leader"])
+    text_is(d, "queue-members", ", ".join(info["members"]))
+    d.find_element(By.ID, "nav-queues").click()
+    wait.until(EC.text_to_be_present_in_element((By.ID, "queues"), "quorum"))
