@@ -126,7 +126,7 @@ def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Q
     lead are named in PUBLISH_MOVED: the router sends them the message again at their
     leader (it is told who that is first, EV_QUEUE_LEADER)."""
     _, _, vhost, _, exchange, routing_key, header, body, publisher = msg
-    cmd = ["enq", exchange, routing_key, header, body, publisher]
+    cmd = ["enq", exchange, routing_key, header, body, publisher, seq < 0]
     moved: list[str] = []
     tally = [routed, refused, 0]        # routed, refused, proposals outstanding
     done = [False]

@@ -128,7 +128,7 @@ def _resend(broker: Any, p: PendingPublish, names: list[str]) -> None:
         p.waiting.discard(("parked", n))
     ev = p.ev
     for node, qs in by_node.items():
-        pid = broker.next_publish_id()
+        pid = -broker.next_publish_id()     # negative: sent again (shared/wire.py PUBLISH)
         broker.publishes[pid] = p
         p.extra.append(pid)
         p.waiting.add(pid)

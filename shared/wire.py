@@ -87,7 +87,9 @@ class T(IntEnum):
     # --- messages ---
     PUBLISH = 30          # R->N [T, seq, vhost, queues, exchange, routing_key, header, body,
                           #       publisher]
-                          #   seq: 0 = no answer wanted; else answered by PUBLISH_RESULT.
+                          #   seq: 0 = no answer wanted; else answered by PUBLISH_RESULT;
+                          #   < 0: sent again to a quorum queue's new leader (it may be
+                          #   there already: it is enqueued redelivered).
                           #   publisher: the publishing connection's owner string, or None
                           #   (a republished dead letter); consumers with no_local skip it.
                           #   queues: list of queue names on this node.

@@ -10,7 +10,9 @@ every one is marked redelivered (it may have been delivered by the old leader: A
 
 Commands (lists, msgpack values), each applied by :meth:`QueueMachine.apply`:
 
-- ``["enq", exchange, routing_key, header, body, publisher]`` -> whether it was accepted;
+- ``["enq", exchange, routing_key, header, body, publisher, again]`` -> whether it was
+  accepted; ``again``: the router sent it again after a leader change (it may be in the
+  queue already), so it is enqueued ``redelivered``;
 - ``["ack", [index, ...]]``: the messages enqueued at those log indexes are settled;
 - ``["requeue", [index, ...]]``: returned to the queue: redelivered, one more delivery
   counted (``x-delivery-limit``);
@@ -59,6 +61,8 @@ class QueueMachine:
             e = q.enqueue(cmd[1], cmd[2], cmd[3], cmd[4], cmd[5])
             if e is None:
                 return False
+            if len(cmd) > 6 and cmd[6]:
+                e.redelivered = True
             self._track(index, e)
             q.stats[0] += 1
             if self.leading:

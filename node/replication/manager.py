@@ -45,6 +45,8 @@ UNSUPPORTED = ("x-max-length", "x-max-length-bytes", "x-overflow", "qpid.max_cou
                "qpid.max_size", "qpid.policy_type", "x-expires", "qpid.last_value_queue",
                "qpid.last_value_queue_key", "x-dead-letter-strategy")
 DEFAULT_GROUP_SIZE = 3
+#: Ticks after start during which a declare waits for every chosen node's PEER_HELLO.
+STARTUP_TICKS = 30
 #: Ticks a deleted group's leader keeps telling its followers the delete is committed.
 RETIRE_TICKS = 20
 
@@ -66,6 +68,8 @@ class Replication:
         self._outgoing: list[tuple[str, list]] = []     # sent after the turn's fsync
         self._ticks = 0
         self._announced: set[bytes] = set()
+        #: declares that wait (at start) for the other nodes to be heard from
+        self._waiting_declares: list[tuple] = []
         #: deleted groups whose leader still tells the followers (``deleted``)
         self.retiring: list[QuorumGroup] = []
         self.now_ms = 0.0
@@ -134,6 +138,22 @@ class Replication:
             DEFAULT_GROUP_SIZE
         parse_queue_arguments(vhost, name, args)       # 406 for bad values
         wanted = self.choose_nodes(vhost, name, size)
+        if any(n not in self.peers for n in wanted) and self._ticks < STARTUP_TICKS:
+            # Just started: the other nodes have not said PEER_HELLO yet (their first comes
+            # within a tick). Wait for them rather than make a group of fewer members.
+            self._waiting_declares.append((peer, req_id, vhost, name, durable, exclusive,
+                                           auto_delete, args))
+            return
+        self._create(peer, req_id, vhost, name, args, wanted)
+
+    def _create(self, peer: bytes, req_id: int, vhost: str, name: str, args: dict,
+                wanted: list[str]) -> None:
+        """Make the group of a new quorum queue (its members: ``wanted`` nodes heard from),
+        tell the other members (GROUP_CREATE), campaign, and answer the declare once a
+        leader is known."""
+        if (vhost, name) in self.groups:            # declared twice while waiting
+            self._reply(peer, req_id, [name, 0, 0])
+            return
         members = [self.member_id] + [self.peers[n][0] for n in wanted[1:]
                                       if n in self.peers and self.online(n)]
         uid = uuid.uuid4().hex[:12]
@@ -363,6 +383,13 @@ class Replication:
         once); membership repair for the groups this node leads every 10."""
         self._ticks += 1
         self.now_ms = now_ms
+        if self._waiting_declares:
+            waiting, self._waiting_declares = self._waiting_declares, []
+            for d in waiting:
+                try:
+                    self.declare(*d)
+                except AMQPError as err:
+                    self._reply(d[0], d[1], None, err.reply_code, err.text)
         for g in list(self.retiring):
             g.raft.tick()
             g.retire_ticks -= 1

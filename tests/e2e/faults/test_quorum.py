@@ -8,7 +8,7 @@ cluster, pika with confirms and persistent messages, a consumer attached through
   SIGCONT nothing confirmed is lost;
 - SIGSTOP of a majority (two of three nodes): a publish is not confirmed until they are back.
 
-Timings are printed, not asserted (tests/benchmarks/quorum_failover.py measures them).
+Timings are printed, not asserted (tests/benchmarks/quorum_bench.py measures them).
 """
 from __future__ import annotations
 
