@@ -23,7 +23,7 @@ from shoal.shared.linkauth import connect_curve
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH, TAG_PUBLISH_MOVED, TAG_SETTLE
 
-from shoal.router import consumers as credit, pushback, quorum
+from shoal.router import consumers as credit, node_events, pushback, quorum
 from shoal.router.access.users import UserStore
 from shoal.router.access.limits import Limits
 from shoal.router.consumers import Consumer, ConsumerTarget
@@ -86,7 +86,8 @@ class Broker:
         self.leases = Leases(self)       #: delivery leases held (router/lease.py)
         self.quorum = quorum.QuorumLeaders()  #: quorum queues' leaders (router/quorum.py)
         self.congested_links = 0         #: node links whose queue is full (router/pushback.py)
-        self._snapshots: dict[str, asyncio.Future] = {}  # TOPOLOGY_SNAPSHOT per node (start)
+        #: TOPOLOGY_SNAPSHOT per node, asked when it comes up (router/node_events.py)
+        self.snapshots: dict[str, asyncio.Future] = {}
         #: nodes whose journal cannot write (NODE_BLOCKED): node_id -> reason
         self.blocked_nodes: dict[str, str] = {}
         #: why publishers are blocked (some node's alarm or journal), or None
@@ -101,7 +102,9 @@ class Broker:
         s = self.settings
         for node_id, endpoint in self.node_map:
             args = (node_id, endpoint, self.router_id, s.link_heartbeat_ms, s.link_timeout_ms,
-                    self._on_node_message, self._on_node_up, self._on_node_down,
+                    self._on_node_message,
+                    lambda link, restarted: node_events.node_up(self, link, restarted),
+                    lambda link: node_events.node_down(self, link),
                     lambda link, on: pushback.on_congestion(self, on), self.flush_clients)
             link = open_link(self._ctx, self.local_nodes.get(node_id), args,
                              lambda sock, ep: connect_curve(sock, ep, s))
@@ -110,7 +113,7 @@ class Broker:
         try:
             await asyncio.wait_for(asyncio.gather(*(l.ready.wait() for l in self.links.values())),
                                    timeout)
-            await asyncio.gather(*self._snapshots.values())
+            await asyncio.gather(*self.snapshots.values())
         except asyncio.TimeoutError:
             missing = [n for n, l in self.links.items() if not l.up]
             raise TimeoutError(f"nodes did not answer within {timeout:.0f} s: "
@@ -131,7 +134,7 @@ class Broker:
         return self._next_consumer
 
     # ---- placement ---------------------------------------------------------------------------
-    def _owner(self, vhost: str, name: str, kind: str) -> str:
+    def owner(self, vhost: str, name: str, kind: str) -> str:
         key = (kind, vhost, name)
         node = self._placement.get(key)
         if node is None:
@@ -144,7 +147,7 @@ class Broker:
         return node
 
     def queue_link(self, vhost: str, name: str) -> NodeLink:
-        return self.links[self._owner(vhost, name, "q")]
+        return self.links[self.owner(vhost, name, "q")]
 
     def set_queue_node(self, vhost: str, name: str, node: str) -> None:
         """Route queue ``name`` to ``node`` (a quorum queue's new leader)."""
@@ -169,7 +172,7 @@ class Broker:
         return payload
 
     def exchange_link(self, vhost: str, name: str) -> NodeLink:
-        return self.links[self._owner(vhost, name, "e")]
+        return self.links[self.owner(vhost, name, "e")]
 
     # ---- end-of-turn flushing ----------------------------------------------------------------
     def mark_dirty(self, client: BrokerClient) -> None:
@@ -236,10 +239,10 @@ class Broker:
         """The queue names grouped by their owner node (one PUBLISH per node)."""
         if len(queues) == 1:            # the common case: no grouping
             (q,) = queues
-            return {self._owner(vhost, q, "q"): [q]}
+            return {self.owner(vhost, q, "q"): [q]}
         by_node: dict[str, list[str]] = {}
         for q in queues:
-            by_node.setdefault(self._owner(vhost, q, "q"), []).append(q)
+            by_node.setdefault(self.owner(vhost, q, "q"), []).append(q)
         return by_node
 
     def next_publish_id(self) -> int:
@@ -395,7 +398,7 @@ class Broker:
         elif tag == T.CONSUMER_CANCELLED:
             entry = self.consumers.get(msg[1])
             if entry is not None:
-                self._server_cancel(entry[0], entry[1].target)
+                self.server_cancel(entry[0], entry[1].target)
         elif tag == T.TOPOLOGY_SYNC:          # the events before it are applied: say so
             link.send([int(T.TOPOLOGY_SYNCED), msg[1]], urgent=True)
         elif tag == T.REPUBLISH:
@@ -472,7 +475,7 @@ class Broker:
             if l.up:
                 l.send([T.UNBIND_DESTINATION, vhost, wire.DEST_QUEUE, name])
 
-    def _server_cancel(self, ch: BrokerChannel, t: ConsumerTarget) -> None:
+    def server_cancel(self, ch: BrokerChannel, t: ConsumerTarget) -> None:
         """The broker ends a consumer (a queue deleted, a node lost): its other queue
         consumers are cancelled too, and clients that announced ``consumer_cancel_notify``
         (RabbitMQ extension) get basic.cancel."""
@@ -487,42 +490,6 @@ class Broker:
     def congested(self) -> bool:
         """Some node's link queue is full: client reading stays paused until it drains."""
         return self.congested_links > 0
-
-    def _on_node_up(self, link: NodeLink, restarted: bool) -> None:
-        if restarted:
-            self.topology.forget_owned(
-                lambda vhost, name: self._owner(vhost, name, "e") == link.node_id)
-        fut = link.request([T.TOPOLOGY_SNAPSHOT])
-
-        def loaded(f: asyncio.Future) -> None:
-            if not f.cancelled() and f.exception() is None:
-                exchanges, bindings = f.result()
-                self.topology.load_snapshot(exchanges, bindings)
-        fut.add_done_callback(loaded)
-        self._snapshots[link.node_id] = fut
-
-    def _on_node_down(self, link: NodeLink) -> None:
-        """A node is lost: cancel its consumers, nack its pending confirms, and make its
-        unacked deliveries settle as no-ops (design.md section 4)."""
-        node_id = link.node_id
-        if node_id in self.blocked_nodes:
-            pushback.set_node_blocked(self, node_id, None)
-        self.leases.forget_node(node_id)
-        for ch, c in list(self.consumers.values()):
-            if c.node_id == node_id and not quorum.is_quorum(self, ch.vhost, c.queue):
-                self._server_cancel(ch, c.target)   # a quorum queue's move to a new leader
-        quorum.node_down(self, node_id)
-        for pid, p in list(self.publishes.items()):
-            if node_id in p.waiting:
-                p.failed = True
-                p.waiting.discard(node_id)
-                if not p.waiting:
-                    self.finish_pending(p)
-        for client in self.connections:
-            for ch in client.channels.values():
-                for d in ch.unacked.values():
-                    if d.node_id == node_id:
-                        d.node_id = None
 
 
 def _ignore(fut: asyncio.Future) -> None:

@@ -26,7 +26,7 @@ from shoal.node.queue_requests import DEFERRED
 from shoal.node.queues.args import as_int, parse_queue_arguments
 from shoal.node.queues.queue import Queue
 from shoal.node.replication import membership
-from shoal.node.replication.group import LOST, TICK_MS, QuorumGroup, new_raft
+from shoal.node.replication.group import LOST, QuorumGroup, new_raft
 from shoal.node.replication.links import PeerLinks
 from shoal.node.replication.log import Snapshot
 from shoal.node.replication.machine import QueueMachine
