@@ -251,3 +251,34 @@ def test_without_a_majority_a_publish_is_not_confirmed(own_cluster, uid):
     if result == ["confirmed"]:
         assert b"during" in got
     conn.close()
+
+
+def test_a_quorum_queue_survives_a_restart_of_the_whole_cluster(tmp_path, uid):
+    """Every node stopped and started again on its disk: the members replay their Raft
+    logs, elect a leader, and every confirmed message is there, in order."""
+    from tests.conftest import start_cluster, stop_cluster
+    cluster = start_cluster(tmp_path / "cluster", 3)
+    queue = f"qq-restart-{uid}"
+    try:
+        conn, ch = open_publisher(cluster, queue)
+        for i in range(200):
+            ch.basic_publish("", queue, str(i).encode(), PERSISTENT)
+        conn.close()
+    finally:
+        stop_cluster(cluster)
+    cluster = start_cluster(tmp_path / "cluster", 3)
+    try:
+        conn = pika.BlockingConnection(params(cluster))
+        ch = conn.channel()
+        got = []
+        deadline = time.monotonic() + DEADLINE
+        while len(got) < 200 and time.monotonic() < deadline:
+            m = ch.basic_get(queue, auto_ack=True)
+            if m[0] is None:
+                time.sleep(0.1)
+                continue
+            got.append(int(m[2]))
+        assert got == list(range(200))
+        conn.close()
+    finally:
+        stop_cluster(cluster)
