@@ -99,9 +99,11 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
         return [name, 0, 0]
     if q.replica is not None:
         shard.replication.announce(q.replica, state.identity)
-        if not passive and "x-queue-type" not in (args or {}) and \
-                shard.settings.default_queue_type == "quorum":
-            args = {**(args or {}), "x-queue-type": "quorum"}
+    if not passive and "x-queue-type" not in (args or {}) and \
+            shard.settings.default_queue_type == "quorum" and "x-queue-type" in q.arguments:
+        # with a default type, a redeclare that names none means the queue's own (RabbitMQ
+        # 3.11+); without one, RabbitMQ 3.10's strict check holds (406 inequivalent arg)
+        args = {**(args or {}), "x-queue-type": q.arguments["x-queue-type"]}
     if passive:
         check_owner(q, owner)
     else:

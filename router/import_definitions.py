@@ -33,7 +33,7 @@ async def declare_topology(broker: Broker, defs: Definitions) -> tuple[int, int]
                           bool(x.get("internal", False)), x.get("arguments") or {}]))
     for q in defs.queues:
         vhost, name = q.get("vhost", "/"), q.get("name", "")
-        requests.append((f"queue '{name}' in vhost '{vhost}'", vhost, broker.queue_link, name,
+        requests.append((f"queue '{name}' in vhost '{vhost}'", vhost, None, name,
                          [T.QUEUE_DECLARE, vhost, name, False, bool(q.get("durable", True)),
                           False, bool(q.get("auto_delete", False)), q.get("arguments") or {},
                           None]))
@@ -51,7 +51,10 @@ async def declare_topology(broker: Broker, defs: Definitions) -> tuple[int, int]
             skipped += 1
             continue
         try:
-            await link_of(vhost, name).request(msg)
+            if link_of is None:         # a queue: its node, or a quorum queue's leader
+                await broker.queue_request(vhost, name, msg)
+            else:
+                await link_of(vhost, name).request(msg)
             done += 1
         except AMQPError as err:
             log.warning("definitions: skipped %s: %s", what, err.reply_text)

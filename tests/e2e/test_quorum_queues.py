@@ -177,3 +177,55 @@ def test_a_multiqueue_consumer_over_quorum_and_classic_queues(chan, uid):
         ch.basic_publish("", b, f"b{i}".encode(), PERSISTENT)
     until(ch.connection, lambda: len(got.items) == 6, "six from both queues")
     assert sorted(got.bodies) == [b"a0", b"a1", b"a2", b"b0", b"b1", b"b2"]
+
+
+def queue_type(url: str, queue: str) -> str:
+    """A durable queue's type as a client can tell it: a redeclare naming the other type is
+    refused (406 inequivalent arg 'x-queue-type')."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        conn.channel().queue_declare(queue, durable=True,
+                                     arguments={"x-queue-type": "classic"})
+        return "classic"
+    except pika.exceptions.ChannelClosedByBroker as err:
+        assert err.reply_code == 406 and "x-queue-type" in err.reply_text, err
+        return "quorum"
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_definitions_and_default_queue_type_make_quorum_queues(tmp_path, uid):
+    """A definitions file's queue with ``x-queue-type: quorum`` (rabbitmqctl
+    export_definitions' form) and the ``default_queue_type: quorum`` setting (RabbitMQ's):
+    durable queues become quorum queues; exclusive and non-durable ones stay classic."""
+    import json
+    from shoal.shared.definitions import hash_password
+    from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
+    if EXTERNAL_URL:
+        pytest.skip("starts its own cluster")
+    defs = tmp_path / "defs.json"
+    defs.write_text(json.dumps({
+        "users": [{"name": "guest", "password_hash": hash_password("guest"),
+                   "tags": ["administrator"]}],
+        "vhosts": [{"name": "/"}],
+        "permissions": [{"user": "guest", "vhost": "/", "configure": ".*", "write": ".*",
+                         "read": ".*"}],
+        "queues": [{"name": f"defs-qq-{uid}", "vhost": "/", "durable": True,
+                    "auto_delete": False, "arguments": {"x-queue-type": "quorum"}}]}))
+    cluster = start_cluster(tmp_path / "cluster", 2, env={
+        "SHOAL_LOAD_DEFINITIONS": str(defs), "SHOAL_DEFAULT_QUEUE_TYPE": "quorum"})
+    try:
+        assert queue_type(cluster.url, f"defs-qq-{uid}") == "quorum"
+        conn = pika.BlockingConnection(pika.URLParameters(cluster.url))
+        ch = conn.channel()
+        ch.queue_declare(f"default-{uid}", durable=True)
+        ch.queue_declare(f"default-{uid}", durable=True)     # a redeclare naming no type
+        ch.queue_declare(f"transient-{uid}", durable=False)
+        excl = ch.queue_declare("", exclusive=True).method.queue
+        ch.basic_publish("", excl, b"x")
+        assert ch.basic_get(excl, auto_ack=True)[2] == b"x"
+        conn.close()
+        assert queue_type(cluster.url, f"default-{uid}") == "quorum"
+    finally:
+        stop_cluster(cluster)
