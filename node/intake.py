@@ -33,7 +33,8 @@ def feed_frames(shard: Shard, frames: list[tuple[bytes, bytes]], now_ms: float,
     handled before the frames.
 
     This is the node's one broad catch: an undecodable frame or a message that makes a handler
-    fail is logged and dropped; the node never crashes on input. Returns messages handled.
+    fail is logged and dropped; the node never crashes on input. Batches from the other nodes
+    (quorum queues' Raft) go before the routers'. Returns messages handled.
     """
     batches = list(batches) if batches else []
     for peer, frame in frames:
@@ -43,6 +44,10 @@ def feed_frames(shard: Shard, frames: list[tuple[bytes, bytes]], now_ms: float,
             log.warning("dropping frame from %r: %s", peer, exc)
     n = 0
     urgent = len(batches) > 1
+    if urgent:
+        # The other nodes' messages first: a quorum queue's leader that was stopped learns a
+        # newer term before it serves what the routers asked meanwhile.
+        batches.sort(key=lambda b: not b[0].startswith(b"peer:"))
     for first_pass in ((True, False) if urgent else (None,)):
         for peer, batch in batches:
             for msg in batch:

@@ -304,7 +304,7 @@ def on_get(shard: ShardCore, state: RouterPeer, msg: list) -> list | None:
     header, body, message_count]. Raises 404, 405."""
     _, _, vhost, name, no_ack, owner = msg
     q = shard.queue_for(vhost, name, owner)
-    if q.replica is not None and not q.replica.leading:
+    if q.replica is not None and not q.replica.may_deliver():
         raise moved(shard, state, q)
     e = q.get()
     if e is None:

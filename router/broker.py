@@ -347,7 +347,8 @@ class Broker:
         if tag == TAG_DELIVER:
             _, cid, delivery_id, redelivered, exchange, routing_key, header, body = msg
             entry = self.consumers.get(cid)
-            if entry is None or entry[0].closed:
+            if entry is None or entry[0].closed or entry[1].node_id != link.node_id:
+                # gone, or moved to a quorum queue's new leader: this node's delivery is void
                 link.send([TAG_SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
                 return
             ch, c = entry
@@ -380,12 +381,12 @@ class Broker:
         elif tag == T.WORK:
             self.stats["work"] += 1
             entry = self.consumers.get(msg[1])
-            if entry is not None:
+            if entry is not None and entry[1].node_id == link.node_id:
                 credit.on_work(entry[1])
                 self.replenish(entry[0], entry[1].target)
         elif tag == T.CREDIT_DRAINED:
             entry = self.consumers.get(msg[1])
-            if entry is not None:
+            if entry is not None and entry[1].node_id == link.node_id:
                 ch, c = entry
                 if msg[2] >= c.last_grant > 0:
                     self.stats["empty_drains"] += 1
@@ -397,7 +398,7 @@ class Broker:
             self.leases.on_revoke(link, msg[1])
         elif tag == T.CONSUMER_CANCELLED:
             entry = self.consumers.get(msg[1])
-            if entry is not None:
+            if entry is not None and entry[1].node_id == link.node_id:
                 self.server_cancel(entry[0], entry[1].target)
         elif tag == T.TOPOLOGY_SYNC:          # the events before it are applied: say so
             link.send([int(T.TOPOLOGY_SYNCED), msg[1]], urgent=True)

@@ -130,8 +130,12 @@ def _resend(broker: Any, p: PendingPublish, names: list[str]) -> None:
     for node, qs in by_node.items():
         pid = -broker.next_publish_id()     # negative: sent again (shared/wire.py PUBLISH)
         broker.publishes[pid] = p
+        if not p.extra:
+            p.extra = []
         p.extra.append(pid)
         p.waiting.add(pid)
+        if p.sent is None:
+            p.sent = {}
         p.sent[pid] = (node, qs)
         broker.links[node].send([TAG_PUBLISH, pid, vhost, qs, ev.exchange, ev.routing_key,
                                  ev.header, ev.body, p.channel.client.owner])
@@ -141,7 +145,8 @@ def _resend(broker: Any, p: PendingPublish, names: list[str]) -> None:
 def _sends(p: PendingPublish) -> list[tuple[Any, str, list[str]]]:
     """(waiting key, node, queue names) of each PUBLISH sent for ``p``: the first ones are
     keyed by node id (``Broker.publish``), the ones sent again by their publish id."""
-    return [(k, k, v) if isinstance(k, str) else (k, v[0], v[1]) for k, v in p.sent.items()]
+    return [(k, k, v) if isinstance(k, str) else (k, v[0], v[1])
+            for k, v in (p.sent or {}).items()]
 
 
 def _done_if_idle(broker: Any, p: PendingPublish) -> None:

@@ -43,8 +43,9 @@ class PendingPublish:
         self.waiting = waiting
         self.pid = 0                    #: its publish id (the first one)
         #: what was sent: node id -> queue names; publish id -> (node id, queue names)
-        self.sent: dict = {}
-        self.extra: list[int] = []      #: publish ids of sends again (router/quorum.py)
+        self.sent: dict | None = None
+        #: publish ids of sends again (router/quorum.py; a list once there is one)
+        self.extra: Any = ()
         self.routed = 0
         self.failed = False
         self.future = future

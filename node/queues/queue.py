@@ -390,6 +390,8 @@ class Queue:
         """Deliver to ``consumer`` while it has credit and the queue has something for it."""
         n = 0
         sink = self.sink
+        if self.replica is not None and not self.replica.may_deliver():
+            return 0        # a quorum queue's leader that may have been replaced: wait
         # Nothing available: an acquiring consumer's scan would find nothing (a browser still
         # scans, to reach the end and auto-close).
         while consumer.credit > 0 and (self.available or not consumer.acquires):

@@ -28,6 +28,8 @@ log = logging.getLogger("shoal.node.replication")
 TICK_MS = 100
 ELECTION_TICKS = 10
 HEARTBEAT_TICKS = 1
+#: A leader's lease (ms): the shortest election timeout.
+LEASE_MS = ELECTION_TICKS * TICK_MS
 #: Take a snapshot (and drop the log before it) once this many entries were applied since
 #: the last one and the log holds more entries than the queue holds messages.
 COMPACT_ENTRIES = 4096
@@ -40,6 +42,8 @@ class GroupHost(Protocol):
     """What a group uses of its node (node/replication/manager.py's ``Replication``)."""
 
     node_id: str
+
+    def now(self) -> float: ...
     sink: Any                   #: the shard: a leader's queue delivers through it
 
     def leader_changed(self, group: "QuorumGroup") -> None: ...
@@ -75,6 +79,8 @@ class QuorumGroup:
         self.snapshot: Snapshot | None = None     # the last one, for a log rewrite
         self.pending_declares: list[Callable[[], None]] = []
         self.deleted = False
+        #: the leader's lease: member -> when (ms) it last answered in this term
+        self.acked_at: dict[str, float] = {}
         self.retire_ticks = 0       #: a deleted leader's ticks left (manager.py RETIRE_TICKS)
         queue.sink = None               # a follower never delivers or dead-letters
 
@@ -160,6 +166,8 @@ class QuorumGroup:
         r = self.raft
         if r.is_leader and not self.leading:
             self.leading = True
+            now = self.host.now()
+            self.acked_at = {m: now for m, granted in r.votes.items() if granted}
             self.machine.lead()
             self.queue.sink = self.host.sink
             log.info("quorum queue '%s' in vhost '%s': %s leads (term %d)", self.key[1],
@@ -193,6 +201,30 @@ class QuorumGroup:
                                                       digest_size=8).digest())
         rank = others.index(self.raft.id) if self.raft.id in others else len(others)
         return 1 + 2 * rank
+
+    def heard(self, member: str, term: int) -> bool:
+        """A message from ``member`` in ``term``: as leader, its lease is renewed. Returns
+        True when that makes the lease valid again (deliveries may resume)."""
+        if not self.leading or term != self.raft.term:
+            return False
+        before = self.in_lease()
+        self.acked_at[member] = self.host.now()
+        return not before and self.in_lease()
+
+    def in_lease(self) -> bool:
+        """A majority of voters answered this leader within LEASE_MS: no other leader can
+        have been elected meanwhile (a follower grants no vote for an election timeout after
+        it heard from its leader), so what this leader holds is current."""
+        r = self.raft
+        since = self.host.now() - LEASE_MS
+        fresh = sum(1 for m in r.voters if m == r.id or self.acked_at.get(m, -1e18) >= since)
+        return fresh > len(r.voters) // 2
+
+    def may_deliver(self) -> bool:
+        """A quorum queue delivers (and answers basic.get) only from a leader in its lease:
+        one that was stopped or cut off may have been replaced, and what it would deliver
+        may already be gone (etcd's lease-based reads)."""
+        return self.leading and self.in_lease()
 
     def lists_here(self) -> bool:
         """Whether this member reports the queue (QUEUE_LIST): the leader, or while there is

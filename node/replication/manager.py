@@ -76,6 +76,10 @@ class Replication:
         #: counters for the metrics: leader changes seen here
         self.stats_counts = {"leader_changes": 0}
 
+    def now(self) -> float:
+        """The node's clock (ms): the shard's, set at every message and timer run."""
+        return self.shard.timers.now
+
     @property
     def node_ids(self) -> list[str]:
         """Every node this one knows of (itself and its peers), sorted."""
@@ -326,6 +330,8 @@ class Replication:
                 return
             g.raft.step(m)
             g.check_role()
+            if g.heard(m.frm, m.term):
+                g.queue.notify_work()       # its lease is back: deliver what waited
         elif tag == _PEER_HELLO:
             _, version, node, member = msg
             if version == WIRE_VERSION:
@@ -425,6 +431,10 @@ class Replication:
     # ---- the turn's Ready ------------------------------------------------------------------
     def process(self) -> None:
         """Handle every group's Ready: persist (one fsync), send, apply, advance."""
+        if not self.groups and not self.retiring and not self._outgoing:
+            if self.links is not None and self.links.out:
+                self.links.flush()              # PEER_HELLOs
+            return                              # a node without quorum queues: nothing
         self._announce_new_routers()
         for _ in range(4):
             readies = [(g, g.raft.ready()) for g in list(self.groups.values())
