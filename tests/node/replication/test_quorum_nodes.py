@@ -287,3 +287,26 @@ def test_what_a_quorum_queue_cannot_be_is_refused_naming_it(tmp_path, args, dura
     c = Cluster(tmp_path)
     reply = declare(c, args=args, durable=durable)
     assert reply[2] == 406 and text in reply[3]
+
+
+def test_a_stopped_leader_delivers_nothing_when_it_wakes(tmp_path):
+    """SIGSTOP of the leader's node: the others elect a leader; when the old one wakes, its
+    lease has run out, so a GET or a consumer's credit gets nothing from it (it answers MOVED)
+    until it has learned the new term and stepped down."""
+    c = Cluster(tmp_path)
+    declare(c)
+    publish(c, "node-0", 60, b"m")
+    c.tick(2)
+    c.down.add("node-0")                     # stopped: no turns, no ticks, no messages
+    leader = c.leader()
+    assert leader != "node-0"
+    g = c.shards["node-0"].replication.groups[("/", "q")]
+    c.shards["node-0"].timers.now = c.now   # it wakes: its clock has moved on
+    assert g.leading and not g.may_deliver()
+    c.shards["node-0"].handle(b"router", [T.GET, 98, "/", "q", 1, None], c.now)
+    replies = [m for m in c.shards["node-0"].take_outbox().get(b"router", [])
+               if m[0] == T.REPLY]
+    assert replies and replies[0][2] == MOVED
+    c.down.discard("node-0")
+    c.tick(3)
+    assert not g.leading
