@@ -21,6 +21,10 @@ log = logging.getLogger("shoal.node")
 
 _TOPOLOGY_SYNC = int(T.TOPOLOGY_SYNC)
 
+#: What a request handler returns when it answers the router (REPLY) later itself: a quorum
+#: queue answers once its log has the change (node/replication/).
+DEFERRED = object()
+
 #: Messages queued to one router that make a batch worth sending before the turn ends: a
 #: consumer's credit arriving on a backlog is delivered in batches of this size, so the router
 #: forwards the first while the node makes the rest (docs/performance-log.md, session 15).

@@ -28,15 +28,11 @@ from typing import Any, Protocol
 from shoal.shared.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, soft_error
 
 from shoal.node.durability.durable import DurableLog
-from shoal.node.peers import RouterPeer
+from shoal.node.peers import DEFERRED, RouterPeer
 from shoal.node.queues.args import QueueConfig, parse_queue_arguments
+from shoal.node.replication import requests as replication
 from shoal.node.queues.queue import Queue
 from shoal.node.topology import check_equivalent
-
-
-#: What a handler returns when the REPLY is sent later (a quorum queue answers once its log
-#: has the change: node/replication/manager.py).
-DEFERRED = object()
 
 
 class QueueHost(Protocol):
@@ -87,7 +83,7 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
         if is_quorum(shard, args, bool(durable and not exclusive and not auto_delete)):
             if "x-queue-type" not in args:
                 args = {**args, "x-queue-type": "quorum"}
-            shard.replication.declare(state.identity, req_id, vhost, name, bool(durable),
+            replication.declare(shard.replication, state.identity, req_id, vhost, name, bool(durable),
                                       bool(exclusive), bool(auto_delete), args)
             return DEFERRED
         cfg = parse_queue_arguments(vhost, name, args)
@@ -128,7 +124,7 @@ def on_queue_delete(shard: QueueHost, state: RouterPeer, msg: list) -> list:
     check_owner(q, owner)
     g = q.replica
     if g is not None and not g.leading:
-        shard.replication.moved(state.identity, req_id, g)
+        replication.moved(shard.replication, state.identity, req_id, g)
         return DEFERRED
     if if_unused and q.consumer_count:
         raise soft_error(PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
@@ -136,7 +132,7 @@ def on_queue_delete(shard: QueueHost, state: RouterPeer, msg: list) -> list:
         raise soft_error(PRECONDITION_FAILED,
                          f"queue '{name}' in vhost '{vhost}' is not empty")
     if g is not None:
-        shard.replication.delete(state.identity, req_id, g)
+        replication.delete(shard.replication, state.identity, req_id, g)
         return DEFERRED
     count = q.message_count
     shard.delete_queue(q)
@@ -149,20 +145,11 @@ def on_queue_purge(shard: QueueHost, state: RouterPeer, msg: list) -> list:
     q = shard.queue_for(vhost, name, owner)
     if q.replica is not None:
         if q.replica.leading:
-            shard.replication.purge(state.identity, req_id, q.replica)
+            replication.purge(shard.replication, state.identity, req_id, q.replica)
         else:
-            shard.replication.moved(state.identity, req_id, q.replica)
+            replication.moved(shard.replication, state.identity, req_id, q.replica)
         return DEFERRED
     return [q.purge()]
-
-
-def on_quorum_op(shard: QueueHost, state: RouterPeer, msg: list) -> Any:
-    """QUORUM_OP (shared/wire.py): an operator's quorum queue command, answered by
-    node/replication/manager.py. Raises 404 (no such queue or node, or no replication)."""
-    _, req_id, op, vhost, name, node = msg
-    if shard.replication is None:
-        raise soft_error(NOT_FOUND, "node has no quorum queues")
-    return shard.replication.quorum_op(state.identity, req_id, op, vhost, name, node)
 
 
 def is_quorum(shard: QueueHost, args: dict, plain_durable: bool) -> bool:

@@ -44,9 +44,10 @@ from shoal.node.queues.entry import QueueEntry
 from shoal.node.durability.journal import Journal
 from shoal.node.messages import delivered_header
 from shoal.node.queues.paging import PageStore, body_bytes
-from shoal.node.peers import Peers, RouterPeer
+from shoal.node.peers import DEFERRED, Peers, RouterPeer
 from shoal.node.queues.queue import Queue
 from shoal.node.replication.group import TICK_MS
+from shoal.node.replication.operations import on_quorum_op
 from shoal.node.queues.args import QueueConfig, parse_queue_arguments
 from shoal.node.queue_requests import check_owner
 from shoal.node.stats import (LoopLag, on_force_close, on_node_stats, on_queue_list, on_router_report,
@@ -133,7 +134,7 @@ class Shard:
             T.FORCE_CLOSE: (4, (str, str, str), on_force_close, False),
             T.ACCESS_GET: (2, (int,), on_access_get, True),
             T.ACCESS_SET: (4, (int, int, dict), on_access_set, True),
-            T.QUORUM_OP: (6, (int, str, _S, _S, _S), Q.on_quorum_op, True),
+            T.QUORUM_OP: (6, (int, str, _S, _S, _S), on_quorum_op, True),
             T.PUBLISH: (9, None, M.on_publish, False),      # hot path: count only
             T.CONSUME: (10, (int, int, str, str, str, int, int, _D, _S), M.on_consume, True),
             T.CANCEL: (3, (int, int), M.on_cancel, True),
@@ -317,7 +318,7 @@ class Shard:
                                  f"{self.node_id}; see the node's log", None])
             return
         if is_request:
-            if payload is Q.DEFERRED:       # a quorum queue answers once its log says so
+            if payload is DEFERRED:         # a quorum queue answers once its log says so
                 return
             reply = [TAG_REPLY, msg[1], 0, "", payload]
             dl = self.durable

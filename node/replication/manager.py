@@ -13,24 +13,20 @@ node/queue_requests.py), which call :meth:`declare`, :meth:`group_for` and the g
 """
 from __future__ import annotations
 
-import hashlib
 import logging
-import uuid
 from typing import Any
 
-from shoal.shared.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError, soft_error
-from shoal.shared.wire import (EV_QUEUE_LEADER, MOVED, TAG_REPLY, TAG_TOPOLOGY_EVENT,
-                               WIRE_VERSION, T)
+from shoal.shared.errors import AMQPError
+from shoal.shared.wire import EV_QUEUE_LEADER, TAG_TOPOLOGY_EVENT, WIRE_VERSION, T
 
-from shoal.node.queue_requests import DEFERRED
-from shoal.node.queues.args import as_int, parse_queue_arguments
+from shoal.node.queues.args import parse_queue_arguments
 from shoal.node.queues.queue import Queue
-from shoal.node.replication import membership
-from shoal.node.replication.group import LOST, QuorumGroup, new_raft
+from shoal.node.replication import membership, requests
+from shoal.node.replication.group import QuorumGroup, new_raft
 from shoal.node.replication.links import PeerLinks
 from shoal.node.replication.log import Snapshot
 from shoal.node.replication.machine import QueueMachine
-from shoal.node.replication.raft import APP, SNAP, Message, bootstrap
+from shoal.node.replication.raft import APP, SNAP, Message
 from shoal.node.replication.store import RaftStore
 
 log = logging.getLogger("shoal.node.replication")
@@ -39,14 +35,6 @@ _RAFT, _PEER_HELLO, _GROUP_CREATE = int(T.RAFT), int(T.PEER_HELLO), int(T.GROUP_
 _GROUP_CAMPAIGN = int(T.GROUP_CAMPAIGN)
 #: A peer not heard from (PEER_HELLO, Raft) for this long is offline (management API).
 OFFLINE_MS = 5000
-#: Arguments a quorum queue refuses (406 naming them): they need state only the leader has
-#: (how many messages are acquired) or a queue-wide clock, and are not replicated yet.
-UNSUPPORTED = ("x-max-length", "x-max-length-bytes", "x-overflow", "qpid.max_count",
-               "qpid.max_size", "qpid.policy_type", "x-expires", "qpid.last_value_queue",
-               "qpid.last_value_queue_key", "x-dead-letter-strategy")
-DEFAULT_GROUP_SIZE = 3
-#: Ticks after start during which a declare waits for every chosen node's PEER_HELLO.
-STARTUP_TICKS = 30
 #: Ticks a deleted group's leader keeps telling its followers the delete is committed.
 RETIRE_TICKS = 20
 
@@ -65,11 +53,11 @@ class Replication:
         self.groups: dict[tuple[str, str], QuorumGroup] = {}
         #: node id -> [member id, last heard (ms)]
         self.peers: dict[str, list] = {}
-        self._outgoing: list[tuple[str, list]] = []     # sent after the turn's fsync
-        self._ticks = 0
+        self.outgoing: list[tuple[str, list]] = []     # sent after the turn's fsync
+        self.ticks = 0
         self._announced: set[bytes] = set()
         #: declares that wait (at start) for the other nodes to be heard from
-        self._waiting_declares: list[tuple] = []
+        self.waiting_declares: list[tuple] = []
         #: deleted groups whose leader still tells the followers (``deleted``)
         self.retiring: list[QuorumGroup] = []
         self.now_ms = 0.0
@@ -95,7 +83,7 @@ class Replication:
             header = snap.data["queue"]
             raft = new_raft(self.member_id_in(snap.voters + snap.learners),
                             hard_state=disk.hard_state, snapshot=snap, entries=disk.entries)
-            g = self._make_group(header, raft, list(snap.data.get("wanted") or []))
+            g = self.make_group(header, raft, list(snap.data.get("wanted") or []))
             if g is None:
                 continue
             g.install(snap)
@@ -105,7 +93,7 @@ class Replication:
         """This node's member id (the one in ``members`` when its disk made it)."""
         return self.member_id
 
-    def _make_group(self, header: list, raft: Any, wanted: list[str]) -> QuorumGroup | None:
+    def make_group(self, header: list, raft: Any, wanted: list[str]) -> QuorumGroup | None:
         vhost, name, args, uid = header
         try:
             cfg = parse_queue_arguments(vhost, name, args, restored=True)
@@ -122,177 +110,14 @@ class Replication:
         self.groups[(vhost, name)] = g
         return g
 
-    # ---- declares --------------------------------------------------------------------------
-    def declare(self, peer: bytes, req_id: int, vhost: str, name: str, durable: bool,
-                exclusive: bool, auto_delete: bool, args: dict) -> None:
-        """Create quorum queue ``name``: refuse what a quorum queue cannot be (406, RabbitMQ
-        3.10's texts: ``rabbit_quorum_queue``'s checks), choose its members, make the group
-        and answer the router (REPLY) once it has a leader. Raises AMQPError."""
-        for prop, bad in (("non-durable", not durable), ("exclusive-owner", exclusive),
-                          ("auto-delete", auto_delete)):
-            if bad:
-                raise soft_error(PRECONDITION_FAILED, f"invalid property '{prop}' for queue "
-                                                      f"'{name}' in vhost '{vhost}'")
-        for arg in UNSUPPORTED:
-            if arg in args:             # RabbitMQ 3.10's text for an argument it refuses
-                raise soft_error(PRECONDITION_FAILED,
-                                 f"invalid arg '{arg}' for queue '{name}' in vhost '{vhost}' "
-                                 f"of queue type rabbit_quorum_queue")
-        size = as_int(args, "x-quorum-initial-group-size", 1, None, (name, vhost)) or \
-            DEFAULT_GROUP_SIZE
-        parse_queue_arguments(vhost, name, args)       # 406 for bad values
-        wanted = self.choose_nodes(vhost, name, size)
-        if any(n not in self.peers for n in wanted) and self._ticks < STARTUP_TICKS:
-            # Just started: the other nodes have not said PEER_HELLO yet (their first comes
-            # within a tick). Wait for them rather than make a group of fewer members.
-            self._waiting_declares.append((peer, req_id, vhost, name, durable, exclusive,
-                                           auto_delete, args))
-            return
-        self._create(peer, req_id, vhost, name, args, wanted)
-
-    def _create(self, peer: bytes, req_id: int, vhost: str, name: str, args: dict,
-                wanted: list[str]) -> None:
-        """Make the group of a new quorum queue (its members: ``wanted`` nodes heard from),
-        tell the other members (GROUP_CREATE), campaign, and answer the declare once a
-        leader is known."""
-        if (vhost, name) in self.groups:            # declared twice while waiting
-            self._reply(peer, req_id, [name, 0, 0])
-            return
-        members = [self.member_id] + [self.peers[n][0] for n in wanted[1:]
-                                      if n in self.peers and self.online(n)]
-        uid = uuid.uuid4().hex[:12]
-        header = [vhost, name, args, uid]
-        snap = bootstrap(members, {"queue": header, "messages": [], "wanted": wanted})
-        raft = new_raft(self.member_id, snapshot=snap)
-        g = self._make_group(header, raft, wanted)
-        assert g is not None
-        g.snapshot = snap
-        self.store.append(g.key, uid, "snap", snap.to_wire())
-        for m in members[1:]:
-            self._outgoing.append((membership.node_of(m), [_GROUP_CREATE, vhost, name, uid,
-                                                            snap.to_wire()]))
-        g.pending_declares.append(lambda: self._reply(peer, req_id, [name, 0, 0]))
-        raft.campaign()
-        g.check_role()
-
-    def choose_nodes(self, vhost: str, name: str, size: int) -> list[str]:
-        """This node and the ``size - 1`` others that rank highest for the queue
-        (rendezvous hashing, as placement). Those not heard from yet join later
-        (:meth:`_repair` adds them as learners, then voters)."""
-        key = f"qq\x00{vhost}\x00{name}".encode()
-        others = [n for n in self.node_ids if n != self.node_id]
-        others.sort(key=lambda n: hashlib.blake2b(key, digest_size=8,
-                                                   key=n.encode()[:64]).digest(), reverse=True)
-        return [self.node_id] + others[:max(0, size - 1)]
-
     def online(self, node: str) -> bool:
         if node == self.node_id:
             return True
         p = self.peers.get(node)
         return p is not None and self.now_ms - p[1] < OFFLINE_MS
 
-    def _reply(self, peer: bytes, req_id: int, payload: Any, code: int = 0,
-               text: str = "") -> None:
-        if peer in self.shard.peers:
-            self.shard.send(peer, [TAG_REPLY, req_id, code, text, payload])
-
-    def moved(self, peer: bytes, req_id: int, g: QuorumGroup) -> None:
-        """REPLY MOVED to a request this member cannot answer as a follower, after telling
-        the router who leads (when it is known)."""
-        self.announce(g, peer)
-        self._reply(peer, req_id, g.known_leader, MOVED,
-                    f"quorum queue '{g.key[1]}' is led by {g.known_leader or 'no member yet'}")
-
     def group_for(self, q: Queue) -> QuorumGroup | None:
         return getattr(q, "replica", None)
-
-    # ---- router requests on a group --------------------------------------------------------
-    def delete(self, peer: bytes, req_id: int, g: QuorumGroup) -> None:
-        """QUEUE_DELETE as leader: replicate it; the REPLY [message_count] when applied."""
-        def done(result: Any) -> None:
-            if result is LOST:
-                self.moved(peer, req_id, g)
-            else:
-                self._reply(peer, req_id, [result or 0])
-        if not g.propose(["delete"], done):
-            self.moved(peer, req_id, g)
-
-    def purge(self, peer: bytes, req_id: int, g: QuorumGroup) -> None:
-        """QUEUE_PURGE as leader: the messages AVAILABLE now are dropped on every member."""
-        idx = [g.machine.index_of[e.entry_id] for e in g.queue.entries
-               if e.is_available and e.entry_id in g.machine.index_of]
-
-        def done(result: Any) -> None:
-            if result is LOST:
-                self.moved(peer, req_id, g)
-            else:
-                self._reply(peer, req_id, [result or 0])
-        if not g.propose(["purge", idx], done):
-            self.moved(peer, req_id, g)
-
-    # ---- operators' commands (rabbitmq-queues) --------------------------------------------
-    def quorum_op(self, peer: bytes, req_id: int, op: str, vhost: str | None,
-                  name: str | None, node: str | None) -> Any:
-        """QUORUM_OP (shared/wire.py). Returns the payload, or DEFERRED when it answers the
-        router itself once the change is applied. Raises AMQPError: 404 no
-        such quorum queue or node, 406 a change that cannot be made."""
-        if op in ("grow", "shrink"):
-            if node not in self.node_ids:
-                raise soft_error(NOT_FOUND, f"no node '{node}' in the cluster")
-            changed = []
-            for g in self.groups.values():
-                if not g.leading:
-                    continue
-                wanted = list(g.wanted)
-                if op == "grow" and node not in wanted and \
-                        (name != "even" or len(wanted) % 2 == 0):
-                    wanted.append(node)
-                elif op == "shrink" and node in wanted and len(wanted) > 1:
-                    wanted.remove(node)
-                else:
-                    continue
-                if g.propose(["wanted", wanted]):
-                    changed.append([g.key[0], g.key[1]])
-            return changed
-        g = self.groups.get((vhost, name))
-        if g is None:
-            raise soft_error(NOT_FOUND, f"no quorum queue '{name}' in vhost '{vhost}'")
-        if not g.leading:
-            self.announce(g, peer)
-            raise AMQPError(MOVED, f"quorum queue '{name}' is led by "
-                                   f"{g.known_leader or 'no member yet'}")
-        if op == "status":
-            return self.status(g)
-        if op in ("add_member", "delete_member"):
-            if node not in self.node_ids:
-                raise soft_error(NOT_FOUND, f"no node '{node}' in the cluster")
-            wanted = [n for n in g.wanted if n != node]
-            if op == "add_member":
-                wanted.append(node)
-            elif not wanted:
-                raise soft_error(PRECONDITION_FAILED, f"cannot delete the last member of "
-                                                      f"quorum queue '{name}'")
-            if g.propose(["wanted", wanted],
-                         lambda result: self._reply(peer, req_id, sorted(wanted))):
-                return DEFERRED
-            raise AMQPError(MOVED, f"quorum queue '{name}' lost its leader")
-        if op == "transfer":
-            return self.transfer(g, node)
-        raise soft_error(PRECONDITION_FAILED, f"unknown quorum queue command '{op}'")
-
-    def status(self, g: QuorumGroup) -> list:
-        """rabbitmq-queues quorum_status as the leader sees it: per member [node, member id,
-        raft state, membership (voter, learner), match index, commit index, term]."""
-        r = g.raft
-        rows = []
-        for m in sorted(r.voters | r.learners):
-            pr = r.progress.get(m)
-            rows.append([membership.node_of(m), m, "leader" if m == r.id else
-                         ("follower" if self.online(membership.node_of(m)) else "noproc"),
-                         "voter" if m in r.voters else "learner",
-                         r.log.last_index if m == r.id else (pr.match if pr else 0),
-                         r.log.committed, r.term])
-        return rows
 
     def transfer(self, g: QuorumGroup, node: str | None) -> bool:
         """Hand the lead to the member on ``node`` when its log is complete: this leader
@@ -305,7 +130,7 @@ class Replication:
             return False
         r.step_down()
         g.check_role()
-        self._outgoing.append((node, [_GROUP_CAMPAIGN, g.key[0], g.key[1], g.uid]))
+        self.outgoing.append((node, [_GROUP_CAMPAIGN, g.key[0], g.key[1], g.uid]))
         return True
 
     # ---- node links ------------------------------------------------------------------------
@@ -350,7 +175,7 @@ class Replication:
             if self.member_id not in snap.voters:
                 return
             raft = new_raft(self.member_id, snapshot=snap)
-            g = self._make_group(snap.data["queue"], raft, list(snap.data.get("wanted") or []))
+            g = self.make_group(snap.data["queue"], raft, list(snap.data.get("wanted") or []))
             if g is not None:
                 g.snapshot = snap
                 self.store.append(g.key, uid, "snap", snap_w)
@@ -360,7 +185,7 @@ class Replication:
         leader's snapshot arrives (it carries the declaration)."""
         header = [vhost, name, {"x-queue-type": "quorum"}, uid]
         raft = new_raft(self.member_id)
-        return self._make_group(header, raft, [])
+        return self.make_group(header, raft, [])
 
     def _heard(self, node: str, member: str, now_ms: float) -> None:
         p = self.peers.get(node)
@@ -387,15 +212,15 @@ class Replication:
     def tick(self, now_ms: float) -> None:
         """Every TICK_MS: each group's Raft clock; PEER_HELLO every 5 ticks (the first at
         once); membership repair for the groups this node leads every 10."""
-        self._ticks += 1
+        self.ticks += 1
         self.now_ms = now_ms
-        if self._waiting_declares:
-            waiting, self._waiting_declares = self._waiting_declares, []
+        if self.waiting_declares:
+            waiting, self.waiting_declares = self.waiting_declares, []
             for d in waiting:
                 try:
-                    self.declare(*d)
+                    requests.declare(self, *d)
                 except AMQPError as err:
-                    self._reply(d[0], d[1], None, err.reply_code, err.text)
+                    requests.reply(self, d[0], d[1], None, err.reply_code, err.text)
         for g in list(self.retiring):
             g.raft.tick()
             g.retire_ticks -= 1
@@ -405,9 +230,9 @@ class Replication:
         for g in list(self.groups.values()):
             g.raft.tick()
             g.check_role()
-        if self.links is not None and self._ticks % 5 == 1:
+        if self.links is not None and self.ticks % 5 == 1:
             self.links.broadcast([_PEER_HELLO, WIRE_VERSION, self.node_id, self.member_id])
-        if self._ticks % 10 == 0:
+        if self.ticks % 10 == 0:
             self._repair()
 
     def _repair(self) -> None:
@@ -431,7 +256,7 @@ class Replication:
     # ---- the turn's Ready ------------------------------------------------------------------
     def process(self) -> None:
         """Handle every group's Ready: persist (one fsync), send, apply, advance."""
-        if not self.groups and not self.retiring and not self._outgoing:
+        if not self.groups and not self.retiring and not self.outgoing:
             if self.links is not None and self.links.out:
                 self.links.flush()              # PEER_HELLOs
             return                              # a node without quorum queues: nothing
@@ -443,10 +268,10 @@ class Replication:
                 if g.raft.has_ready():
                     rd = g.raft.ready()         # only its messages: the queue is gone
                     for m in rd.messages:
-                        self._outgoing.append((membership.node_of(m.to), [
+                        self.outgoing.append((membership.node_of(m.to), [
                             _RAFT, g.key[0], g.key[1], g.uid, m.to_wire()]))
                     g.raft.advance(rd)
-            if not readies and not self._outgoing:
+            if not readies and not self.outgoing:
                 if self.links is not None and self.links.out:
                     self.links.flush()          # PEER_HELLOs
                 return
@@ -465,10 +290,10 @@ class Replication:
                 log.error("cannot write the Raft log: %s", exc)
                 return
             links = self.links
-            for node, msg in self._outgoing:
+            for node, msg in self.outgoing:
                 if links is not None:
                     links.queue(node, msg)
-            self._outgoing.clear()
+            self.outgoing.clear()
             for g, rd in readies:
                 if links is not None:
                     for m in rd.messages:

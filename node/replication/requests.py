@@ -1,0 +1,129 @@
+"""What routers ask of a node's quorum queues (wire QUEUE_DECLARE, QUEUE_DELETE, QUEUE_PURGE
+and the MOVED answer; node/queue_requests.py and node/messages.py call these): a new queue's
+checks (RabbitMQ 3.10's 406 texts), its members and its group, a delete or purge through the
+log, and the answer of a member that does not lead. Functions of a node's
+:class:`~shoal.node.replication.manager.Replication` (``rep``).
+"""
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any
+
+from shoal.shared.errors import PRECONDITION_FAILED, soft_error
+from shoal.shared.wire import MOVED, TAG_REPLY, T
+
+from shoal.node.queues.args import as_int, parse_queue_arguments
+from shoal.node.replication import membership
+from shoal.node.replication.group import LOST, QuorumGroup, new_raft
+from shoal.node.replication.raft import bootstrap
+
+_GROUP_CREATE = int(T.GROUP_CREATE)
+#: Arguments a quorum queue refuses (406 naming them): they need state only the leader has
+#: (how many messages are acquired) or a queue-wide clock, and are not replicated yet.
+UNSUPPORTED = ("x-max-length", "x-max-length-bytes", "x-overflow", "qpid.max_count",
+               "qpid.max_size", "qpid.policy_type", "x-expires", "qpid.last_value_queue",
+               "qpid.last_value_queue_key", "x-dead-letter-strategy")
+DEFAULT_GROUP_SIZE = 3
+#: Ticks after start during which a declare waits for every chosen node's PEER_HELLO.
+STARTUP_TICKS = 30
+
+
+# ---- declares --------------------------------------------------------------------------
+def declare(rep: Any, peer: bytes, req_id: int, vhost: str, name: str, durable: bool,
+            exclusive: bool, auto_delete: bool, args: dict) -> None:
+    """Create quorum queue ``name``: refuse what a quorum queue cannot be (406, RabbitMQ
+    3.10's texts: ``rabbit_quorum_queue``'s checks), choose its members, make the group
+    and answer the router (REPLY) once it has a leader. Raises AMQPError."""
+    for prop, bad in (("non-durable", not durable), ("exclusive-owner", exclusive),
+                      ("auto-delete", auto_delete)):
+        if bad:
+            raise soft_error(PRECONDITION_FAILED, f"invalid property '{prop}' for queue "
+                                                  f"'{name}' in vhost '{vhost}'")
+    for arg in UNSUPPORTED:
+        if arg in args:             # RabbitMQ 3.10's text for an argument it refuses
+            raise soft_error(PRECONDITION_FAILED,
+                             f"invalid arg '{arg}' for queue '{name}' in vhost '{vhost}' "
+                             f"of queue type rabbit_quorum_queue")
+    size = as_int(args, "x-quorum-initial-group-size", 1, None, (name, vhost)) or \
+        DEFAULT_GROUP_SIZE
+    parse_queue_arguments(vhost, name, args)       # 406 for bad values
+    wanted = choose_nodes(rep, vhost, name, size)
+    if any(n not in rep.peers for n in wanted) and rep.ticks < STARTUP_TICKS:
+        # Just started: the other nodes have not said PEER_HELLO yet (their first comes
+        # within a tick). Wait for them rather than make a group of fewer members.
+        rep.waiting_declares.append((peer, req_id, vhost, name, durable, exclusive,
+                                       auto_delete, args))
+        return
+    create(rep, peer, req_id, vhost, name, args, wanted)
+
+def create(rep: Any, peer: bytes, req_id: int, vhost: str, name: str, args: dict,
+            wanted: list[str]) -> None:
+    """Make the group of a new quorum queue (its members: ``wanted`` nodes heard from),
+    tell the other members (GROUP_CREATE), campaign, and answer the declare once a
+    leader is known."""
+    if (vhost, name) in rep.groups:            # declared twice while waiting
+        reply(rep, peer, req_id, [name, 0, 0])
+        return
+    members = [rep.member_id] + [rep.peers[n][0] for n in wanted[1:]
+                                  if n in rep.peers and rep.online(n)]
+    uid = uuid.uuid4().hex[:12]
+    header = [vhost, name, args, uid]
+    snap = bootstrap(members, {"queue": header, "messages": [], "wanted": wanted})
+    raft = new_raft(rep.member_id, snapshot=snap)
+    g = rep.make_group(header, raft, wanted)
+    assert g is not None
+    g.snapshot = snap
+    rep.store.append(g.key, uid, "snap", snap.to_wire())
+    for m in members[1:]:
+        rep.outgoing.append((membership.node_of(m), [_GROUP_CREATE, vhost, name, uid,
+                                                        snap.to_wire()]))
+    g.pending_declares.append(lambda: reply(rep, peer, req_id, [name, 0, 0]))
+    raft.campaign()
+    g.check_role()
+
+def choose_nodes(rep: Any, vhost: str, name: str, size: int) -> list[str]:
+    """This node and the ``size - 1`` others that rank highest for the queue
+    (rendezvous hashing, as placement). Those not heard from yet join later
+    (:meth:`_repair` adds them as learners, then voters)."""
+    key = f"qq\x00{vhost}\x00{name}".encode()
+    others = [n for n in rep.node_ids if n != rep.node_id]
+    others.sort(key=lambda n: hashlib.blake2b(key, digest_size=8,
+                                               key=n.encode()[:64]).digest(), reverse=True)
+    return [rep.node_id] + others[:max(0, size - 1)]
+
+def reply(rep: Any, peer: bytes, req_id: int, payload: Any, code: int = 0,
+           text: str = "") -> None:
+    if peer in rep.shard.peers:
+        rep.shard.send(peer, [TAG_REPLY, req_id, code, text, payload])
+
+def moved(rep: Any, peer: bytes, req_id: int, g: QuorumGroup) -> None:
+    """REPLY MOVED to a request this member cannot answer as a follower, after telling
+    the router who leads (when it is known)."""
+    rep.announce(g, peer)
+    reply(rep, peer, req_id, g.known_leader, MOVED,
+                f"quorum queue '{g.key[1]}' is led by {g.known_leader or 'no member yet'}")
+
+# ---- router requests on a group --------------------------------------------------------
+def delete(rep: Any, peer: bytes, req_id: int, g: QuorumGroup) -> None:
+    """QUEUE_DELETE as leader: replicate it; the REPLY [message_count] when applied."""
+    def done(result: Any) -> None:
+        if result is LOST:
+            moved(rep, peer, req_id, g)
+        else:
+            reply(rep, peer, req_id, [result or 0])
+    if not g.propose(["delete"], done):
+        moved(rep, peer, req_id, g)
+
+def purge(rep: Any, peer: bytes, req_id: int, g: QuorumGroup) -> None:
+    """QUEUE_PURGE as leader: the messages AVAILABLE now are dropped on every member."""
+    idx = [g.machine.index_of[e.entry_id] for e in g.queue.entries
+           if e.is_available and e.entry_id in g.machine.index_of]
+
+    def done(result: Any) -> None:
+        if result is LOST:
+            moved(rep, peer, req_id, g)
+        else:
+            reply(rep, peer, req_id, [result or 0])
+    if not g.propose(["purge", idx], done):
+        moved(rep, peer, req_id, g)
