@@ -194,8 +194,6 @@ class T(IntEnum):
                           #   of quorum queue ``name`` (node/replication/raft.py Message.to_wire)
     GROUP_CREATE = 72     # N->N [T, vhost, name, uid, snapshot]: be a first member of a new
                           #   quorum queue, from its bootstrap snapshot (Snapshot.to_wire)
-    GROUP_CAMPAIGN = 73   # N->N [T, vhost, name, uid]: the leader stepped down for you
-                          #   (a transfer, ``rebalance``): campaign now
 
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the
@@ -237,7 +235,7 @@ def leasable(header: bytes) -> bool:
 MOVED = 1
 
 #: N->N tags: the shard hands them to node/replication, not to a router's state.
-PEER_TAGS = frozenset({70, 71, 72, 73})
+PEER_TAGS = frozenset({70, 71, 72})
 
 # Topology events.
 EV_EXCHANGE_ADDED = 1

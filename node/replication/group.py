@@ -28,8 +28,10 @@ log = logging.getLogger("shoal.node.replication")
 TICK_MS = 100
 ELECTION_TICKS = 10
 HEARTBEAT_TICKS = 1
-#: A leader's lease (ms): the shortest election timeout.
-LEASE_MS = ELECTION_TICKS * TICK_MS
+#: A leader's lease (ms), counted from a follower's answer in its term: shorter than the
+#: earliest a follower may vote for another (its election_elapsed reaches ELECTION_TICKS after
+#: at least ELECTION_TICKS - 1 whole ticks: 900 ms), with a margin for its answer's trip.
+LEASE_MS = (ELECTION_TICKS - 3) * TICK_MS
 #: Take a snapshot (and drop the log before it) once this many entries were applied since
 #: the last one and the log holds more entries than the queue holds messages.
 COMPACT_ENTRIES = 4096

@@ -32,7 +32,6 @@ from shoal.node.replication.store import RaftStore
 log = logging.getLogger("shoal.node.replication")
 
 _RAFT, _PEER_HELLO, _GROUP_CREATE = int(T.RAFT), int(T.PEER_HELLO), int(T.GROUP_CREATE)
-_GROUP_CAMPAIGN = int(T.GROUP_CAMPAIGN)
 #: A peer not heard from (PEER_HELLO, Raft) for this long is offline (management API).
 OFFLINE_MS = 5000
 #: Ticks a deleted group's leader keeps telling its followers the delete is committed.
@@ -120,18 +119,11 @@ class Replication:
         return getattr(q, "replica", None)
 
     def transfer(self, g: QuorumGroup, node: str | None) -> bool:
-        """Hand the lead to the member on ``node`` when its log is complete: this leader
-        steps down and asks it to campaign (a vote it wins with this member's). Returns
-        whether it was handed over."""
+        """Hand the lead to the voter on ``node`` (``Raft.transfer_leadership``: it campaigns
+        once its log is complete). Returns whether the transfer began."""
         r = g.raft
         target = next((m for m in r.voters if membership.node_of(m) == node), None)
-        pr = r.progress.get(target) if target else None
-        if target is None or target == r.id or pr is None or pr.match < r.log.last_index:
-            return False
-        r.step_down()
-        g.check_role()
-        self.outgoing.append((node, [_GROUP_CAMPAIGN, g.key[0], g.key[1], g.uid]))
-        return True
+        return target is not None and r.transfer_leadership(target)
 
     # ---- node links ------------------------------------------------------------------------
     def on_peer(self, identity: bytes, msg: list, now_ms: float) -> None:
@@ -161,11 +153,6 @@ class Replication:
             _, version, node, member = msg
             if version == WIRE_VERSION:
                 self._heard(node, member, now_ms)
-        elif tag == _GROUP_CAMPAIGN:
-            g = self.groups.get((msg[1], msg[2]))
-            if g is not None and g.uid == msg[3]:
-                g.raft.campaign()
-                g.check_role()
         elif tag == _GROUP_CREATE:
             _, vhost, name, uid, snap_w = msg
             snap = Snapshot.from_wire(snap_w)

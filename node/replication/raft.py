@@ -39,11 +39,11 @@ from shoal.node.replication.log import (ADD_LEARNER, ADD_VOTER, CONF, NORMAL, RE
 FOLLOWER, PRE_CANDIDATE, CANDIDATE, LEADER = "follower", "pre_candidate", "candidate", "leader"
 
 # Message types.
-APP, APP_RESP, VOTE, VOTE_RESP, PRE_VOTE, PRE_VOTE_RESP, HEARTBEAT, HEARTBEAT_RESP, SNAP = \
-    range(1, 10)
+APP, APP_RESP, VOTE, VOTE_RESP, PRE_VOTE, PRE_VOTE_RESP, HEARTBEAT, HEARTBEAT_RESP, SNAP, \
+    TIMEOUT_NOW = range(1, 11)
 _NAMES = {APP: "app", APP_RESP: "app_resp", VOTE: "vote", VOTE_RESP: "vote_resp",
           PRE_VOTE: "pre_vote", PRE_VOTE_RESP: "pre_vote_resp", HEARTBEAT: "heartbeat",
-          HEARTBEAT_RESP: "heartbeat_resp", SNAP: "snap"}
+          HEARTBEAT_RESP: "heartbeat_resp", SNAP: "snap", TIMEOUT_NOW: "timeout_now"}
 
 #: Entries per MsgApp.
 MAX_APPEND = 256
@@ -70,20 +70,25 @@ class Message:
     reject: bool = False
     reject_hint: int = 0
     snapshot: Snapshot | None = None
+    #: a VOTE of a leadership transfer: granted past the old leader's lease (etcd's
+    #: campaignTransfer context)
+    transfer: bool = False
 
     def to_wire(self) -> list:
         return [self.type, self.frm, self.to, self.term, self.log_term, self.index,
                 [e.to_wire() for e in self.entries], self.commit, self.reject,
-                self.reject_hint, self.snapshot.to_wire() if self.snapshot else None]
+                self.reject_hint, self.snapshot.to_wire() if self.snapshot else None,
+                self.transfer]
 
     @classmethod
     def from_wire(cls, w: list) -> "Message":
         """Raises ValueError/TypeError/IndexError on a malformed list (the host drops it)."""
-        t, frm, to, term, log_term, index, ents, commit, reject, hint, snap = w
+        t, frm, to, term, log_term, index, ents, commit, reject, hint, snap, transfer = w
         if t not in _NAMES or not isinstance(term, int):
             raise ValueError(f"bad raft message type {t!r}")
         return cls(t, frm, to, term, log_term, index, [Entry.from_wire(e) for e in ents],
-                   commit, bool(reject), hint, Snapshot.from_wire(snap) if snap else None)
+                   commit, bool(reject), hint, Snapshot.from_wire(snap) if snap else None,
+                   bool(transfer))
 
     def __repr__(self) -> str:
         return (f"{_NAMES.get(self.type, self.type)}({self.frm}->{self.to} t{self.term} "
@@ -188,6 +193,9 @@ class Raft:
         self.pending_conf_index = 0
         self._pending_snapshot: Snapshot | None = None
         self._append_dirty = False      # entries proposed since the last broadcast
+        #: a leadership transfer under way: its target, and ticks since it began
+        self.transferee: str | None = None
+        self.transfer_elapsed = 0
         self._prev_hs = HardState(self.term, self.vote, self.log.committed)
         self._reset_timeout()
 
@@ -217,6 +225,10 @@ class Raft:
         if self.state == LEADER:
             self.heartbeat_elapsed += 1
             self.election_elapsed += 1
+            if self.transferee is not None:
+                self.transfer_elapsed += 1
+                if self.transfer_elapsed >= self.election_ticks:
+                    self.transferee = None          # given up: proposals again
             if self.election_elapsed >= self.election_ticks:
                 self.election_elapsed = 0
                 if self.check_quorum and not self._quorum_active():
@@ -234,12 +246,20 @@ class Raft:
                 self.election_elapsed = 0
                 self.campaign()
 
-    def step_down(self) -> None:
-        """A leader gives up the lead (a leadership transfer: the host then asks the chosen
-        member to campaign); it stays a follower of no one in its term, so it grants that
-        member's pre-vote and vote."""
-        if self.state == LEADER:
-            self._become_follower(self.term, None)
+    def transfer_leadership(self, to: str) -> bool:
+        """Hand the lead to voter ``to`` (etcd's leader transfer, dissertation 3.10): no new
+        proposal is taken meanwhile; once ``to``'s log is complete it gets TIMEOUT_NOW and
+        campaigns at once, without pre-vote, with a vote its peers grant inside this leader's
+        lease. Given up after an election timeout. False when it cannot start."""
+        if self.state != LEADER or to == self.id or to not in self.voters or \
+                to not in self.progress:
+            return False
+        self.transferee, self.transfer_elapsed = to, 0
+        if self.progress[to].match == self.log.last_index:
+            self._send(Message(TIMEOUT_NOW, self.id, to, self.term))
+        else:
+            self._send_append(to)
+        return True
 
     def peer_lost(self, peer: str, delay_ticks: int = 0) -> None:
         """The host's link to ``peer`` closed (a crashed process: a closed socket is a death
@@ -256,12 +276,12 @@ class Raft:
             self.election_elapsed = 0
             self.randomized_timeout = max(1, delay_ticks)
 
-    def campaign(self, pre_vote_won: bool = False) -> None:
+    def campaign(self, pre_vote_won: bool = False, transfer: bool = False) -> None:
         """Start an election now: a pre-vote first when enabled, the real vote once a
-        majority granted it (``pre_vote_won``)."""
+        majority granted it (``pre_vote_won``); a transfer's vote at once."""
         if not self.promotable():
             return
-        if self.pre_vote and not pre_vote_won:
+        if self.pre_vote and not pre_vote_won and not transfer:
             self._become_pre_candidate()
             kind, term = PRE_VOTE, self.term + 1
         else:
@@ -277,12 +297,12 @@ class Raft:
         for v in sorted(self.voters):
             if v != self.id:
                 self._send(Message(kind, self.id, v, term, self.log.last_term,
-                                   self.log.last_index))
+                                   self.log.last_index, transfer=transfer))
 
     def propose(self, data: Any) -> int | None:
         """Append a command as leader; returns its index (it is committed when an entry with
         that index and this term is in a Ready's ``committed``), or None when not leader."""
-        if self.state != LEADER:
+        if self.state != LEADER or self.transferee is not None:
             return None
         return self._append_entry(NORMAL, data)
 
@@ -290,7 +310,8 @@ class Raft:
         """Propose one membership change (``ADD_VOTER``, ``ADD_LEARNER``, ``REMOVE``); None
         when not leader, when a change is still pending, when it changes nothing, or when it
         would remove the leader itself."""
-        if self.state != LEADER or self.pending_conf_index > self.log.applied:
+        if self.state != LEADER or self.pending_conf_index > self.log.applied or \
+                self.transferee is not None:
             return None
         if op == REMOVE and (member == self.id or member not in self.voters | self.learners):
             return None
@@ -307,7 +328,7 @@ class Raft:
         if m.term > self.term:
             if m.type in (PRE_VOTE, VOTE):
                 in_lease = self.check_quorum and self.leader is not None and \
-                    self.election_elapsed < self.election_ticks
+                    self.election_elapsed < self.election_ticks and not m.transfer
                 if in_lease:
                     return          # a leader is alive: ignore a disruptive candidate
             if m.type == PRE_VOTE or (m.type == PRE_VOTE_RESP and not m.reject):
@@ -343,6 +364,7 @@ class Raft:
         self.votes = {}
         self.progress = {}
         self.pending_conf_index = 0
+        self.transferee = None
 
     def _reset_timeout(self) -> None:
         self.randomized_timeout = self.election_ticks + self.rng.randrange(self.election_ticks)
@@ -353,10 +375,12 @@ class Raft:
         self.leader = leader
 
     def _become_pre_candidate(self) -> None:
-        # etcd: no term change, no vote change; but no leader either
+        # etcd: no term change, no vote change; but no leader either, and a normal randomized
+        # timeout before trying again (one peer_lost shortened it once, not for good)
         self.state = PRE_CANDIDATE
         self.votes = {}
         self.leader = None
+        self._reset_timeout()
 
     def _become_candidate(self) -> None:
         self._reset(self.term + 1)
@@ -428,6 +452,8 @@ class Raft:
             self.election_elapsed = 0
             self.leader = m.frm
             self._handle_snapshot(m)
+        elif m.type == TIMEOUT_NOW and m.frm == self.leader:
+            self.campaign(transfer=True)        # the leader hands over: no pre-vote
 
     def _handle_append(self, m: Message) -> None:
         if m.index < self.log.committed:
@@ -481,6 +507,8 @@ class Raft:
                     self._broadcast_append()
                 elif pr.match < self.log.last_index:
                     self._send_append(m.frm)
+                if m.frm == self.transferee and pr.match == self.log.last_index:
+                    self._send(Message(TIMEOUT_NOW, self.id, m.frm, self.term))
             elif pr.state == SNAPSHOT and m.index >= pr.pending_snapshot:
                 pr.state, pr.pending_snapshot, pr.paused = PROBE, 0, False
         elif m.type == HEARTBEAT_RESP:

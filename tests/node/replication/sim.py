@@ -111,14 +111,7 @@ def entry_key(e: Entry) -> tuple:
     return (e.term, e.kind, freeze(e.data))
 
 
-#: A host-to-host request in the network: "campaign" (the leadership transfer's; the real node
-#: sends it over its link, GROUP_CAMPAIGN in manager.py).
-CAMPAIGN = b"campaign"
-
-
 def _unpack(raw: bytes, frm: str, to: str):
-    if raw is CAMPAIGN:
-        return f"campaign request({frm}->{to})"
     return Message.from_wire(msgpack.unpackb(raw))
 
 
@@ -625,10 +618,7 @@ class Sim:
             if self.trace is not None:
                 self._note(f"lost {m!r}")
             return None
-        if raw is CAMPAIGN:
-            h.raft.campaign()
-        else:
-            h.raft.step(m)
+        h.raft.step(m)
         self._pump(h)
         if self.trace is not None:
             self._note(f"deliver {m!r} -> {self._state(h)}")
@@ -646,11 +636,12 @@ class Sim:
                     self._note(f"   {h.id} proposes {change} at {index}")
         self._pump(h)
 
-    def _propose(self, h: Host, data) -> None:
+    def _propose(self, h: Host, data) -> int | None:
         index = h.raft.propose(data)
         self._pump(h)
         if self.trace is not None:
             self._note(f"propose {data} to {h.id} at {index} -> {self._state(h)}")
+        return index
 
     def _fault_step(self) -> list[Host]:
         """One step of the faulty phase; returns the hosts whose Raft took input."""
@@ -805,11 +796,10 @@ class Sim:
             if not targets:
                 return []
             target = rng.choice(targets)
-            r.step_down()
+            r.transfer_leadership(target)
             self._pump(lead)
-            self.net.append([self.step, lead.node, target, CAMPAIGN])
             if self.trace is not None:
-                self._note(f"transfer: {lead.id} steps down, asks {target} to campaign -> "
+                self._note(f"transfer: {lead.id} hands over to {target} -> "
                            f"{self._state(lead)}")
             return [lead]
         if action == "campaign":    # the host makes a member campaign (e.g. a group's creator)
@@ -877,8 +867,10 @@ class Sim:
                 continue
             r = lead.raft
             if (lead.id, r.term) not in proposed:
-                proposed.add((lead.id, r.term))
-                self._propose(lead, FINAL)
+                # a client asks again while the leader refuses (a leadership transfer under
+                # way), as the router does when a publish is answered PUBLISH_MOVED
+                if self._propose(lead, FINAL) is not None:
+                    proposed.add((lead.id, r.term))
                 self._check(lead)
             if sum(h.final for h in self.hosts.values()) >= majority and \
                     r.voters == {h.id for h in self.hosts.values()} and not r.learners:
