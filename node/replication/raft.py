@@ -472,12 +472,14 @@ class Raft:
             self._send(Message(APP_RESP, self.id, m.frm, self.term, index=self.log.committed))
             return
         if self.log.match_term(s.index, s.term):
-            # we have it: just fast-forward the commit index
+            # we have it: just fast-forward the commit index, and acknowledge only that
+            # (etcd: the entries after it are not known to match the leader's)
             self.log.commit_to(s.index)
-        else:
-            self.log.restore(s)
-            self.voters, self.learners = set(s.voters), set(s.learners)
-            self._pending_snapshot = s
+            self._send(Message(APP_RESP, self.id, m.frm, self.term, index=self.log.committed))
+            return
+        self.log.restore(s)
+        self.voters, self.learners = set(s.voters), set(s.learners)
+        self._pending_snapshot = s
         self._send(Message(APP_RESP, self.id, m.frm, self.term, index=self.log.last_index))
 
     # ---- leader ----------------------------------------------------------------------------
@@ -488,6 +490,10 @@ class Raft:
         pr.recent_active = True
         if m.type == APP_RESP:
             if m.reject:
+                # a stale rejection (etcd MaybeDecrTo): of an index already matched, or of an
+                # older probe than the one in flight
+                if m.index <= pr.match or (pr.state == PROBE and m.index != pr.next - 1):
+                    return
                 if pr.state == REPLICATE:
                     pr.state = PROBE
                 # back up to the follower's last index, at most one before the rejected one
