@@ -118,6 +118,8 @@ class QueueFeatures:
         q.entries.entry_dead(e)
         if reason is not None:
             self.dead_letter(e, reason)
+            if q.replica is not None:           # a quorum queue's leader logs the expiry
+                q.replica.removed(e)
         e.header = e.body = b""     # dead: its bytes are not needed any more (queue._forget)
 
     def dead_letter(self, e: QueueEntry, reason: str) -> None:

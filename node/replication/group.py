@@ -110,6 +110,12 @@ class QuorumGroup:
         if idx and not self.propose([op, idx]):
             pass    # not leader any more: the new leader redelivers them
 
+    def removed(self, entry: QueueEntry) -> None:
+        """The queue removed ``entry`` by itself (TTL expiry): as leader, the other members
+        drop it too (they also expire it by their own clocks; the first wins)."""
+        if self.leading:
+            self.settle("drop", [entry])
+
     # ---- applying the log ------------------------------------------------------------------
     def install(self, snap: Snapshot) -> None:
         """A snapshot from the leader replaces the whole state."""

@@ -16,7 +16,8 @@ Commands (lists, msgpack values), each applied by :meth:`QueueMachine.apply`:
 - ``["ack", [index, ...]]``: the messages enqueued at those log indexes are settled;
 - ``["requeue", [index, ...]]``: returned to the queue: redelivered, one more delivery
   counted (``x-delivery-limit``);
-- ``["drop", [index, ...]]``: gone (rejected, or dead-lettered at the delivery limit);
+- ``["drop", [index, ...]]``: gone (rejected, expired, or dead-lettered at the delivery
+  limit);
 
 A leader settles its deliveries at once, as a classic queue does (acquisitions are its own),
 then appends ``ack``, ``requeue`` or ``drop`` for the other members: applied on the leader
