@@ -15,7 +15,7 @@ from shoal.shared.errors import ACCESS_REFUSED, COMMAND_INVALID, RESOURCE_ERROR,
     soft_error
 from shoal.shared.errors import AMQPError
 from shoal.shared.wire import (MOVED, OUTCOME_ACK, OUTCOME_REJECT, OUTCOME_REQUEUE,
-                               TAG_PUBLISH_MOVED, TAG_PUBLISH_RESULT, T)
+                               TAG_PUBLISH_MOVED, TAG_PUBLISH_RESULT, TAG_REPLY, T)
 
 from shoal.node.queues.consumer import QueueConsumer
 from shoal.node.queues.deadletter import delivery_count_header
@@ -25,7 +25,7 @@ from shoal.node.queues.entry import QueueEntry
 from shoal.node.durability.journal import JournalUnavailable
 from shoal.node.queues.message import body_size, is_persistent
 from shoal.node.queues.paging import PageStore, body_bytes
-from shoal.node.peers import RouterPeer
+from shoal.node.peers import DEFERRED, RouterPeer
 from shoal.node.queues.queue import Queue
 from shoal.node.replication.group import LOST
 from shoal.node.queues.args import parse_consume_arguments
@@ -299,13 +299,32 @@ def moved(shard: ShardCore, state: RouterPeer, q: Queue) -> AMQPError:
                             f"{g.known_leader or 'no member yet'}")
 
 
-def on_get(shard: ShardCore, state: RouterPeer, msg: list) -> list | None:
+def on_get(shard: ShardCore, state: RouterPeer, msg: list) -> Any:
     """GET (spec 1.8.3.10) -> None or [delivery_id, redelivered, exchange, routing_key,
-    header, body, message_count]. Raises 404, 405."""
-    _, _, vhost, name, no_ack, owner = msg
+    header, body, message_count]. Raises 404, 405. A quorum queue answers once what its log
+    holds now is applied (a publish just before the get is seen, as in RabbitMQ, where a get
+    is a command in the log), and only from a leader in its lease (else MOVED)."""
+    _, req_id, vhost, name, no_ack, owner = msg
     q = shard.queue_for(vhost, name, owner)
-    if q.replica is not None and not q.replica.may_deliver():
-        raise moved(shard, state, q)
+    g = q.replica
+    if g is not None:
+        if not g.may_deliver():
+            raise moved(shard, state, q)
+        last = g.raft.log.last_index
+        if last > g.raft.log.applied:
+            def then(result: Any) -> None:
+                if result is LOST or not g.may_deliver():
+                    reply = [TAG_REPLY, req_id, MOVED, f"quorum queue '{name}' moved", None]
+                else:
+                    reply = [TAG_REPLY, req_id, 0, "", take(shard, state, q, bool(no_ack))]
+                shard.send(state.identity, reply)
+            g.waiters.setdefault(last, []).append(then)
+            return DEFERRED
+    return take(shard, state, q, bool(no_ack))
+
+
+def take(shard: ShardCore, state: RouterPeer, q: Queue, no_ack: bool) -> list | None:
+    """basic.get's acquisition of ``q``'s first message (GET's payload, or None)."""
     e = q.get()
     if e is None:
         return None

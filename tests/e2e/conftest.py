@@ -17,6 +17,25 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.e2e)
 
 
+#: ``SHOAL_E2E_QUEUE_TYPE=quorum`` (by hand): the client scenarios declare their named queues
+#: as quorum queues (durable), to run the real-client tests against quorum queues
+#: (docs/replication.md); scenarios that need what a quorum queue refuses then fail with 406.
+QUEUE_TYPE = os.environ.get("SHOAL_E2E_QUEUE_TYPE", "").strip()
+
+
+def as_quorum(c) -> None:
+    declare = c.declare_queue
+
+    def declare_queue(name: str = "", *, durable=False, exclusive=False, auto_delete=False,
+                      passive=False, arguments=None):
+        if name and not exclusive and not auto_delete and not passive:
+            durable = True
+            arguments = {"x-queue-type": "quorum", **(arguments or {})}
+        return declare(name, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
+                       passive=passive, arguments=arguments)
+    c.declare_queue = declare_queue
+
+
 @pytest.fixture(params=CLIENTS)
 def kind(request) -> str:
     """The client library a scenario runs with."""
@@ -31,6 +50,8 @@ def make_client(cluster, kind):
     def make(confirms: bool = False, kind_: str | None = None, url: str | None = None):
         c = connect(kind_ or kind, url or cluster.url, confirms=confirms)
         made.append(c)
+        if QUEUE_TYPE == "quorum":
+            as_quorum(c)
         return c
 
     yield make
