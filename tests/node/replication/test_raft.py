@@ -864,5 +864,7 @@ def test_messages_survive_the_wire_format():
     w = raft_module.Message.from_wire(m.to_wire())
     assert w == m
     with pytest.raises((ValueError, TypeError)):
-        Message.from_wire([99, "a", "b", 1, 0, 0, [], 0, False, 0, None])
-    assert HEARTBEAT_RESP in raft_module._NAMES
+        Message.from_wire([99, "a", "b", 1, 0, 0, [], 0, False, 0, None, False])
+    with pytest.raises((ValueError, TypeError)):
+        Message.from_wire([SNAP, "a", "b", 1])             # too short
+    assert "heartbeat_resp" in repr(Message(HEARTBEAT_RESP, "a", "b", 1))
