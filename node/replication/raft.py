@@ -478,6 +478,11 @@ class Raft:
         for p, pr in sorted(self.progress.items()):
             if p != self.id:
                 pr.paused = False if pr.state == PROBE else pr.paused
+                if pr.state == PROBE and pr.match == 0:
+                    # never heard from (a member just added, whose host knows nothing of the
+                    # group yet and ignores heartbeats): probe it with an append instead
+                    self._send_append(p)
+                    continue
                 self._send(Message(HEARTBEAT, self.id, p, self.term,
                                    commit=min(pr.match, self.log.committed)))
 
@@ -576,9 +581,12 @@ class Raft:
             self.learners.discard(member)
         if self.state == LEADER:
             if member in self.voters | self.learners:
+                new = member not in self.progress
                 pr = self.progress.setdefault(
                     member, Progress(next=self.log.last_index + 1, recent_active=True))
                 pr.learner = member in self.learners
+                if new and member != self.id:
+                    self._send_append(member)   # probe it now: an idle group sends nothing else
             else:
                 self.progress.pop(member, None)
             if self._maybe_commit():

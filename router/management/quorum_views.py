@@ -20,7 +20,7 @@ from aiohttp import web
 
 from shoal.shared.wire import T
 
-from shoal.router.management.views import ApiError, _arg, _body, _broker, _vhost
+from shoal.router.management.views import ApiError, _arg, _body, _broker, _vhost, queue_rows
 
 STATUS_FIELDS = ("node", "member", "raft_state", "membership", "last_index", "commit_index",
                  "term")
@@ -80,7 +80,9 @@ async def rebalance(request: web.Request):
     to the member node that leads fewest (a transfer: the leader steps down, that member
     campaigns). Returns the transfers made."""
     b = _broker(request)
-    leaders = {k: v for k, v in b.quorum.leaders.items() if v[0] in b.links}
+    rows, _ = await queue_rows(b, None)     # the members as the leaders see them now
+    leaders = {(r["vhost"], r["name"]): [r["leader"], 0, r["members"], r["online"]]
+               for r in rows if r.get("type") == "quorum" and r.get("leader") in b.links}
     up = [n for n, link in b.links.items() if link.up]
     if not leaders or not up:
         return []

@@ -118,3 +118,33 @@ def test_raft_metrics_use_rabbitmqs_names(qq3, uid):
                    "rabbitmq_raft_log_last_applied_index", "rabbitmq_raft_log_snapshot_index",
                    "shoal_raft_member_lag_entries", "shoal_raft_leader_changes_total"):
         assert metric in text, metric
+
+
+def test_a_node_added_gets_members_and_leaders_after_grow_and_rebalance(tmp_path, uid):
+    """Adding a node (``shoal serve`` restarted with one more): ``shoal ctl grow`` puts a
+    member of every quorum queue on it and ``rebalance quorum`` moves leaders there."""
+    from tests.conftest import EMBED
+    if EMBED:
+        pytest.skip("--embed-node: node-0 lives in router-0 with no links to the other nodes")
+    c = http_cluster(tmp_path / "c", nodes=3, mgmt_port="SHOAL_MANAGEMENT_PORT")
+    names = [f"qq-grow-{uid}-{i}" for i in range(8)]
+    try:
+        for n in names:
+            declare(c, n)
+    finally:
+        stop_cluster(c)
+    c = http_cluster(tmp_path / "c", nodes=4, mgmt_port="SHOAL_MANAGEMENT_PORT")
+    try:
+        until(lambda: all(queue_json(c, n).get("leader") for n in names), "leaders again")
+        out = ctl(c, "grow", "node-3", "all")
+        assert out.returncode == 0 and f"{len(names)} quorum queues changed" in out.stdout, \
+            out.stdout + out.stderr
+        until(lambda: all("node-3" in voters(c, n) for n in names), "node-3 a voter of each")
+        out = ctl(c, "rebalance", "quorum")
+        assert out.returncode == 0, out.stderr
+        until(lambda: any(queue_json(c, n)["leader"] == "node-3" for n in names),
+              "a leader on node-3")
+        for n in names:                    # every message is still there
+            assert queue_json(c, n)["messages"] == 1
+    finally:
+        stop_cluster(c)
