@@ -6,9 +6,10 @@ A :class:`Raft` is one member of one group. It does no I/O and reads no clock: t
 :meth:`Raft.propose` with new commands, and then, while :meth:`Raft.has_ready`, takes a
 :class:`Ready` and must, in this order:
 
-1. persist ``ready.hard_state`` (when not None), ``ready.snapshot`` (when not None) and
-   ``ready.entries`` (cutting its log from ``entries[0].index`` first), and make them durable
-   (fsync; one group commit for every group of the node);
+1. persist ``ready.snapshot`` (when not None), ``ready.entries`` (cutting its log from
+   ``entries[0].index`` first) and then ``ready.hard_state`` (when not None), in that order
+   (as etcd's WAL: a torn write must never keep a commit index past the entries it covers),
+   and make them durable (fsync; one group commit for every group of the node);
 2. send ``ready.messages``;
 3. apply ``ready.committed`` in order (a snapshot first, when there is one);
 4. call :meth:`Raft.advance` with the Ready.

@@ -339,9 +339,9 @@ class Sim:
                 self.fail("core exception", f"{h.id}: has_ready() stays true after advance()")
             rd = r.ready()
             d = h.disk
-            if rd.hard_state is not None:
-                hs = rd.hard_state
-                d.write(("hs", (hs.term, hs.vote, hs.commit)))
+            # The protocol's order (raft.py; etcd's WAL, node/replication/store.py): snapshot,
+            # entries, then the hard state, so that a torn write never keeps a commit index
+            # past the entries it covers (seed 56258 applied a stale entry when hs came first)
             if rd.snapshot is not None:
                 s = rd.snapshot
                 d.write(("snap", (s.index, s.term, tuple(s.voters), tuple(s.learners),
@@ -350,6 +350,9 @@ class Sim:
                 d.write(("ents", [[e.term, e.index, e.kind,
                                    list(e.data) if isinstance(e.data, list) else e.data]
                                   for e in rd.entries]))
+            if rd.hard_state is not None:
+                hs = rd.hard_state
+                d.write(("hs", (hs.term, hs.vote, hs.commit)))
             if self.variant == SEND_BEFORE_FSYNC:
                 self._send(h, rd.messages)
             if self.faults and self.p_defer and self.rng.random() < self.p_defer:

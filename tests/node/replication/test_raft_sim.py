@@ -56,6 +56,14 @@ def test_regression_a_wiped_node_rejoins_under_its_new_id(seed):
     assert lead is not None and lead.raft.voters == {h.id for h in sim.hosts.values()}
 
 
+def test_regression_a_torn_write_never_keeps_a_commit_index_past_its_entries():
+    """Seed 56258: a crash kept a prefix of a Ready's unsynced writes; the host wrote the
+    hard state (commit 5) before the entries, so the member came back with commit 5 over a
+    stale term-1 entry at index 2 and applied it (state machine safety). The host protocol
+    writes entries, then the hard state (raft.py, etcd's WAL, store.py)."""
+    Sim(56258).run()
+
+
 def test_logs_match_pairwise_after_every_step():
     """The literal pairwise log matching check after every step (the CI schedules check it
     incrementally, and literally at the end of each schedule)."""
