@@ -32,6 +32,7 @@ from typing import Any, Iterable
 
 import msgpack
 
+from shoal.node.durability.compact import fsync_dir
 from shoal.node.replication.log import Entry, Snapshot
 from shoal.node.replication.raft import HardState
 
@@ -160,7 +161,7 @@ class RaftStore:
         data = b"".join(parts)
         _write_synced(tmp, data)
         os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         if self._fd is not None:
             os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
@@ -200,12 +201,4 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
