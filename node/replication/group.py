@@ -107,8 +107,8 @@ class QuorumGroup:
         """This leader settled these deliveries (``op``: ack, requeue or drop, see
         node/replication/machine.py): the other members do the same when it is applied."""
         idx = [i for i in map(self.machine.index, entries) if i is not None]
-        if idx and not self.propose([op, idx]):
-            pass    # not leader any more: the new leader redelivers them
+        if idx:
+            self.propose([op, idx])     # refused when not leader: the new leader redelivers
 
     def removed(self, entry: QueueEntry) -> None:
         """The queue removed ``entry`` by itself (TTL expiry): as leader, the other members

@@ -9,7 +9,8 @@ node's Raft log (the group commit), then the Raft messages, then the committed e
 to each queue (confirms and replies to routers are sent from there).
 
 Requests from routers arrive through the shard's handlers (node/messages.py,
-node/queue_requests.py), which call :meth:`declare`, :meth:`group_for` and the group.
+node/queue_requests.py), which call node/replication/requests.py, the group
+(``Queue.replica``) and :meth:`Replication.announce`.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from shoal.shared.errors import AMQPError
 from shoal.shared.wire import EV_QUEUE_LEADER, TAG_TOPOLOGY_EVENT, WIRE_VERSION, T
 
 from shoal.node.queues.args import parse_queue_arguments
-from shoal.node.queues.queue import Queue
 from shoal.node.replication import membership, requests
 from shoal.node.replication.group import QuorumGroup, new_raft
 from shoal.node.replication.links import PeerLinks
@@ -80,17 +80,13 @@ class Replication:
             if snap is None or not isinstance(snap.data, dict):
                 continue
             header = snap.data["queue"]
-            raft = new_raft(self.member_id_in(snap.voters + snap.learners),
+            raft = new_raft(self.member_id,
                             hard_state=disk.hard_state, snapshot=snap, entries=disk.entries)
             g = self.make_group(header, raft, list(snap.data.get("wanted") or []))
             if g is None:
                 continue
             g.install(snap)
         return len(self.groups)
-
-    def member_id_in(self, members: tuple) -> str:
-        """This node's member id (the one in ``members`` when its disk made it)."""
-        return self.member_id
 
     def make_group(self, header: list, raft: Any, wanted: list[str]) -> QuorumGroup | None:
         vhost, name, args, uid = header
@@ -114,9 +110,6 @@ class Replication:
             return True
         p = self.peers.get(node)
         return p is not None and self.now_ms - p[1] < OFFLINE_MS
-
-    def group_for(self, q: Queue) -> QuorumGroup | None:
-        return getattr(q, "replica", None)
 
     def transfer(self, g: QuorumGroup, node: str | None) -> bool:
         """Hand the lead to the voter on ``node`` (``Raft.transfer_leadership``: it campaigns

@@ -123,15 +123,36 @@ def open_publisher(cluster, queue: str):
     return conn, ch
 
 
-@pytest.mark.parametrize("own_cluster", [3], indirect=True)
-def test_kill9_of_the_leaders_node_with_its_disk_wiped_loses_nothing(own_cluster, uid):
-    cluster = own_cluster
-    queue = f"qq-kill-{uid}"
+def start_load(cluster, queue: str):
+    """A quorum queue with its publisher (confirms), its leader (node, term) and a consumer
+    subscribed once for the whole test."""
     conn, ch = open_publisher(cluster, queue)
     leader, term = leader_of(cluster, queue)
     consumer = Consumer(cluster, queue)
     consumer.start()
     assert consumer.ready.wait(DEADLINE) and consumer.error is None, consumer.error
+    return conn, ch, leader, term, consumer
+
+
+def check_delivered(consumer: Consumer, confirmed: list[int]) -> None:
+    """Every confirmed message reached the consumer on its one subscription, and a message
+    seen twice was seen again as redelivered."""
+    lost = drain(consumer, confirmed)
+    assert consumer.error is None, consumer.error
+    assert not lost, f"{len(lost)} confirmed messages lost: {sorted(lost)[:20]}"
+    assert consumer.subscriptions == 1
+    seen: set[int] = set()
+    for i, redelivered in consumer.got:
+        assert i not in seen or redelivered, f"message {i} delivered twice without redelivered"
+        seen.add(i)
+    assert seen <= set(range(max(confirmed) + 2))
+
+
+@pytest.mark.parametrize("own_cluster", [3], indirect=True)
+def test_kill9_of_the_leaders_node_with_its_disk_wiped_loses_nothing(own_cluster, uid):
+    cluster = own_cluster
+    queue = f"qq-kill-{uid}"
+    conn, ch, leader, term, consumer = start_load(cluster, queue)
     confirmed: list[int] = []
     times: list[float] = []
     fault = threading.Event()
@@ -151,17 +172,7 @@ def test_kill9_of_the_leaders_node_with_its_disk_wiped_loses_nothing(own_cluster
           f"confirms {longest_pause(times):.3f} s")
     assert new_leader != leader
     assert after, "publishing did not resume after the leader's node was killed"
-    lost = drain(consumer, confirmed)
-    assert consumer.error is None, consumer.error
-    assert not lost, f"{len(lost)} confirmed messages lost: {sorted(lost)[:20]}"
-    assert consumer.subscriptions == 1
-    got = [i for i, _ in consumer.got]
-    # a message seen twice was seen again as redelivered
-    seen: set[int] = set()
-    for i, redelivered in consumer.got:
-        assert i not in seen or redelivered, f"message {i} delivered twice without redelivered"
-        seen.add(i)
-    assert set(got) <= set(range(max(confirmed) + 2))
+    check_delivered(consumer, confirmed)
     # the wiped node rejoins under a new member id: learner first, then voter
     pat = re.compile(rf"quorum queue '{re.escape(queue)}': add {re.escape(leader)}@")
     deadline = time.monotonic() + DEADLINE
@@ -175,11 +186,7 @@ def test_kill9_of_the_leaders_node_with_its_disk_wiped_loses_nothing(own_cluster
 def test_sigstop_of_the_leaders_node_elects_a_new_leader_and_loses_nothing(own_cluster, uid):
     cluster = own_cluster
     queue = f"qq-stop-{uid}"
-    conn, ch = open_publisher(cluster, queue)
-    leader, term = leader_of(cluster, queue)
-    consumer = Consumer(cluster, queue)
-    consumer.start()
-    assert consumer.ready.wait(DEADLINE) and consumer.error is None, consumer.error
+    conn, ch, leader, term, consumer = start_load(cluster, queue)
     confirmed: list[int] = []
     times: list[float] = []
     fault = threading.Event()
@@ -200,10 +207,7 @@ def test_sigstop_of_the_leaders_node_elects_a_new_leader_and_loses_nothing(own_c
           f"confirmed while it was stopped; longest pause {longest_pause(times):.3f} s")
     assert new_leader != leader
     assert during, "no publish was confirmed while the old leader's node was stopped"
-    lost = drain(consumer, confirmed)
-    assert consumer.error is None, consumer.error
-    assert not lost, f"{len(lost)} confirmed messages lost: {sorted(lost)[:20]}"
-    assert consumer.subscriptions == 1
+    check_delivered(consumer, confirmed)
     conn.close()
 
 
