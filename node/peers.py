@@ -161,7 +161,7 @@ class Peers:
         """Forget every router not heard from for ``silence_ms`` (a connection to this node
         closed; ZeroMQ does not say whose, and live routers heartbeat every
         ``link_heartbeat_ms``). Their deliveries are released at once instead of after
-        ``link_timeout_ms``. Returns how many routers were forgotten."""
+        ``link_heartbeat_timeout``. Returns how many routers were forgotten."""
         gone = [p for p in self.by_identity.values() if now_ms - p.last_seen > silence_ms]
         for state in gone:
             log.warning("router %r disconnected: forgetting it", state.router_id)
@@ -181,14 +181,15 @@ class Peers:
 
     def tick(self, now_ms: float) -> None:
         """Queue HEARTBEAT to every router each ``link_heartbeat_ms``; forget routers silent
-        for more than ``link_timeout_ms`` (settings)."""
+        for more than ``link_heartbeat_timeout`` (settings; its seconds, their deliveries
+        released as if their connections closed)."""
         st = self.settings
         if self._last_heartbeat is None or now_ms - self._last_heartbeat >= st.link_heartbeat_ms:
             self._last_heartbeat = now_ms
             for identity in self.by_identity:
                 self.send(identity, [TAG_HEARTBEAT])
         for state in [p for p in self.by_identity.values()
-                      if now_ms - p.last_seen > st.link_timeout_ms]:
+                      if now_ms - p.last_seen > st.link_heartbeat_timeout * 1000]:
             log.warning("router %r silent for %d ms: forgetting it", state.router_id,
                         now_ms - state.last_seen)
             self.forget(state)

@@ -52,6 +52,8 @@ class QueueHost(Protocol):
 
     def delete_queue(self, q: Queue) -> None: ...
 
+    def queue_added(self, q: Queue) -> None: ...
+
 
 def check_owner(q: Queue, owner: str | None) -> None:
     """405 unless ``q`` is not exclusive or is ``owner``'s."""
@@ -92,6 +94,7 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
         shard.queues[(vhost, name)] = q
         if durable and not exclusive and shard.durable is not None:
             shard.durable.declare_queue(q)
+        shard.queue_added(q)
         return [name, 0, 0]
     if q.replica is not None:
         shard.replication.announce(q.replica, state.identity)

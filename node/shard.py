@@ -29,7 +29,7 @@ from typing import Any, Callable
 from shoal.shared.errors import (INTERNAL_ERROR, NOT_FOUND, SYNTAX_ERROR, AMQPError,
                                  InjectedFault, injected_faults, soft_error)
 from shoal.shared.settings import Settings
-from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_REMOVED, TAG_DELIVER, TAG_GOODBYE, TAG_HELLO,
+from shoal.shared.wire import (DEST_QUEUE, EV_QUEUE_ADDED, EV_QUEUE_REMOVED, TAG_DELIVER, TAG_GOODBYE, TAG_HELLO,
                                TAG_NODE_BLOCKED, TAG_REPLY, TAG_TOPOLOGY_EVENT,
                                TAG_WORK, PEER_TAGS, T)
 
@@ -46,6 +46,7 @@ from shoal.node.messages import delivered_header
 from shoal.node.queues.paging import PageStore, body_bytes
 from shoal.node.peers import DEFERRED, Peers, RouterPeer
 from shoal.node.queues.queue import Queue
+from shoal.node.replication.catalogue import own_queues
 from shoal.node.replication.group import TICK_MS
 from shoal.node.replication.operations import on_quorum_op
 from shoal.node.queues.args import QueueConfig, parse_queue_arguments
@@ -165,6 +166,24 @@ class Shard:
             self.durable.topology_event(event, data, self.topology.exchanges)
         for identity in self.peers:
             self.send(identity, [TAG_TOPOLOGY_EVENT, event, data])
+        if self.replication is not None:        # and to the other nodes' catalogues
+            self.replication.catalogue.own_event(event, data)
+
+    def queue_added(self, q: Queue) -> None:
+        """A classic queue was made: EV_QUEUE_ADDED to every router, so that each knows
+        where it is (router/locations.py; it matters for a queue made away from its usual
+        node while that one is unreachable), and to the other nodes' catalogues. Routers
+        get it in the batch that carries the declare's answer; the answer does not wait for
+        them (no TOPOLOGY_SYNC), and the journal has the queue already."""
+        data = [q.vhost, q.name, own_queues({None: q})[0][2]]
+        for identity in self.peers:
+            self.send(identity, [TAG_TOPOLOGY_EVENT, EV_QUEUE_ADDED, data])
+        if self.replication is not None:
+            self.replication.catalogue.own_event(EV_QUEUE_ADDED, data)
+
+    def catalogue_own(self) -> list:
+        """``[exchanges, bindings, queues]`` of this node (TOPOLOGY_SNAPSHOT's first three)."""
+        return [*self.topology.snapshot(), own_queues(self.queues)]
 
     # ------------------------------------------------------------------ durability
     def attach_journal(self, journal: Journal, clean: bool = True) -> int:
@@ -449,7 +468,8 @@ class Shard:
         self.topology.unbind_destination(*msg[1:])
 
     def _on_snapshot(self, state: RouterPeer, msg: list) -> list:
-        return self.topology.snapshot()
+        rows = self.replication.catalogue.rows() if self.replication is not None else []
+        return [*self.catalogue_own(), rows]
 
 
 def _faulty(shard: Shard, state: Any, msg: list) -> None:

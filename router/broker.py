@@ -31,10 +31,14 @@ from shoal.router.lease import Leases
 from shoal.router.links.local_link import Attach
 from shoal.router.links.node_link import NodeLink
 from shoal.router.links.unix_link import open_link
+from shoal.router.locations import Locations
 from shoal.router.routing import Topology
 from shoal.router.session import BrokerChannel, BrokerClient, Delivery, PendingPublish
 
 log = logging.getLogger("shoal.router.broker")
+
+#: Seconds a starting router waits for every node before it serves with those that answered.
+STARTUP_WAIT_S = 3.0
 
 
 class Broker:
@@ -81,6 +85,9 @@ class Broker:
         self._next_publish = 0
         self._next_conn = 0
         self._placement: dict[tuple[str, str, str], str] = {}
+        #: where each classic queue is, as the nodes say (router/locations.py)
+        self.locations = Locations(self.node_ids, lambda n: self.links[n].up,
+                                   lambda key: self._placement.pop(("q", *key), None))
         self._dirty: set[BrokerClient] = set()
         self._flush_scheduled = False
         self.leases = Leases(self)       #: delivery leases held (router/lease.py)
@@ -96,12 +103,15 @@ class Broker:
         self._ctx = zmq.Context() if ctx is None else ctx
 
     # ---- lifecycle ---------------------------------------------------------------------------
-    async def start(self, timeout: float = 30.0) -> None:
-        """Connect to every node and wait (up to ``timeout`` s) until all said HELLO_OK and
-        their topology is loaded. Raises TimeoutError naming the nodes that did not answer."""
+    async def start(self, wait: float = STARTUP_WAIT_S) -> list[str]:
+        """Link to every node and wait up to ``wait`` s for all of them to say HELLO_OK and
+        send their topology. Returns the nodes that did not: the router serves without them
+        and takes each in when it answers (issue 36; RabbitMQ's nodes, too, serve while a
+        cluster member is down)."""
         s = self.settings
         for node_id, endpoint in self.node_map:
-            args = (node_id, endpoint, self.router_id, s.link_heartbeat_ms, s.link_timeout_ms,
+            args = (node_id, endpoint, self.router_id, s.link_heartbeat_ms,
+                    int(s.link_heartbeat_timeout * 1000),
                     self._on_node_message,
                     lambda link, restarted: node_events.node_up(self, link, restarted),
                     lambda link: node_events.node_down(self, link),
@@ -110,14 +120,21 @@ class Broker:
                              lambda sock, ep: connect_curve(sock, ep, s))
             self.links[node_id] = link
             link.start()
-        try:
-            await asyncio.wait_for(asyncio.gather(*(l.ready.wait() for l in self.links.values())),
-                                   timeout)
-            await asyncio.gather(*self.snapshots.values())
-        except asyncio.TimeoutError:
-            missing = [n for n, l in self.links.items() if not l.up]
-            raise TimeoutError(f"nodes did not answer within {timeout:.0f} s: "
-                               f"{', '.join(missing)}") from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        ready = [asyncio.ensure_future(l.ready.wait()) for l in self.links.values()]
+        await asyncio.wait(ready, timeout=wait)
+        for f in ready:
+            f.cancel()
+        answers = [f for f in self.snapshots.values() if not f.done()]
+        if answers:
+            await asyncio.wait(answers, timeout=max(0.5, deadline - loop.time()))
+        missing = [n for n, l in self.links.items()
+                   if not l.up or n not in self.snapshots or not self.snapshots[n].done()]
+        if missing:
+            log.warning("serving without nodes %s: they did not answer within %.0f s; each "
+                        "is taken in when it does", ", ".join(missing), wait)
+        return missing
 
     async def stop(self) -> None:
         for link in self.links.values():
@@ -138,9 +155,12 @@ class Broker:
         key = (kind, vhost, name)
         node = self._placement.get(key)
         if node is None:
-            led = self.quorum.leaders.get((vhost, name)) if kind == "q" else None
-            node = led[0] if led is not None else placement.owner(vhost, name, self.node_ids,
-                                                                  kind)
+            node = None
+            if kind == "q":
+                led = self.quorum.leaders.get((vhost, name))
+                node = led[0] if led is not None else self.locations.where.get((vhost, name))
+            if node is None:
+                node = placement.owner(vhost, name, self.node_ids, kind)
             if len(self._placement) > 100_000:
                 self._placement.clear()
             self._placement[key] = node
@@ -148,6 +168,21 @@ class Broker:
 
     def queue_link(self, vhost: str, name: str) -> NodeLink:
         return self.links[self.owner(vhost, name, "q")]
+
+    async def declare_request(self, vhost: str, name: str, msg: list) -> Any:
+        """QUEUE_DECLARE ``msg`` (non-passive) of queue ``name``: sent where the queue is, or
+        to a reachable node when its usual one is not (router/locations.py). Returns the
+        payload; raises AMQPError (404 when it is on an unreachable node)."""
+        if (vhost, name) in self.quorum.leaders:
+            return await self.queue_request(vhost, name, msg)
+        usual = placement.owner(vhost, name, self.node_ids)
+        node, placed = self.locations.place(vhost, name, usual)
+        try:
+            return await self.queue_request(vhost, name, msg)
+        except Exception:
+            if placed:
+                self.locations.unplace(vhost, name, node)
+            raise
 
     def set_queue_node(self, vhost: str, name: str, node: str) -> None:
         """Route queue ``name`` to ``node`` (a quorum queue's new leader)."""
@@ -415,8 +450,12 @@ class Broker:
             if msg[1] == wire.EV_QUEUE_LEADER:
                 quorum.on_leader(self, msg[2])
                 return
+            if msg[1] == wire.EV_QUEUE_ADDED:
+                self.locations.added(link.node_id, msg[2][0], msg[2][1])
+                return
             if msg[1] == wire.EV_QUEUE_REMOVED:
                 self.quorum.forget(msg[2][0], msg[2][1])
+                self.locations.removed(link.node_id, msg[2][0], msg[2][1])
             for vhost, name in self.topology.apply(msg[1], msg[2]):
                 self._queue_removed(vhost, name)
             if msg[1] == wire.EV_EXCHANGE_REMOVED:

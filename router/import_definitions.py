@@ -52,7 +52,7 @@ async def declare_topology(broker: Broker, defs: Definitions) -> tuple[int, int]
             continue
         try:
             if link_of is None:         # a queue: its node, or a quorum queue's leader
-                await broker.queue_request(vhost, name, msg)
+                await broker.declare_request(vhost, name, msg)
             else:
                 await link_of(vhost, name).request(msg)
             done += 1

@@ -15,19 +15,27 @@ from shoal.router import pushback, quorum
 
 
 def node_up(broker: Any, link: Any, restarted: bool) -> None:
-    """A node said HELLO_OK: ask its topology (a restarted node's exchanges are forgotten
-    first); ``Broker.start`` waits for these answers."""
-    if restarted:
-        broker.topology.forget_owned(
-            lambda vhost, name: broker.owner(vhost, name, "e") == link.node_id)
+    """A node said HELLO_OK: ask its topology; ``Broker.start`` waits a moment for these
+    answers. Its answer replaces what was known of its exchanges (a restarted node forgot its
+    transient ones), and says where its classic queues are and what it knows of the other
+    nodes: the exchanges, bindings and queues of a node not up here are taken from it
+    (router/locations.py, node/replication/catalogue.py)."""
+    node = link.node_id
     fut = link.request([T.TOPOLOGY_SNAPSHOT])
 
     def loaded(f: asyncio.Future) -> None:
-        if not f.cancelled() and f.exception() is None:
-            exchanges, bindings = f.result()
-            broker.topology.load_snapshot(exchanges, bindings)
+        if f.cancelled() or f.exception() is not None or not link.up:
+            return
+        exchanges, bindings, queues, catalogue = f.result()
+        broker.topology.forget_owned(lambda vhost, name: broker.owner(vhost, name, "e") == node)
+        broker.topology.load_snapshot(exchanges, bindings)
+        for other, ex, b, _qs in catalogue:   # a node never heard from here: its peer's word
+            if other not in broker.locations.spoken and other in broker.links \
+                    and not broker.links[other].up:
+                broker.topology.load_snapshot(ex, b)
+        broker.locations.load(node, queues, catalogue)
     fut.add_done_callback(loaded)
-    broker.snapshots[link.node_id] = fut
+    broker.snapshots[node] = fut
 
 
 def node_down(broker: Any, link: Any) -> None:

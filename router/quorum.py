@@ -29,6 +29,8 @@ from shoal.shared import wire
 from shoal.shared.errors import NOT_FOUND, AMQPError, soft_error
 from shoal.shared.wire import TAG_PUBLISH, T
 
+from shoal.router.links.node_link import NodeDown
+from shoal.router.locations import home_down
 from shoal.router.session import PendingPublish
 
 log = logging.getLogger("shoal.router")
@@ -247,13 +249,18 @@ async def queue_request(broker: Any, vhost: str, name: str, msg: list
     """Send a request about queue ``name`` to the node that serves it; a quorum queue's
     member that does not lead it answers MOVED, and the request goes again to the leader
     once it is known (up to LEADER_WAIT_S). Returns (node id, REPLY payload). Raises
-    AMQPError (the node's; 404 when no leader came), NodeDown."""
+    AMQPError (the node's; 404 when no leader came; a classic queue's node unreachable: 404
+    with RabbitMQ's "home node ... is down or inaccessible"), NodeDown (a quorum queue's)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + LEADER_WAIT_S
     while True:
         link = broker.queue_link(vhost, name)
         try:
             return link.node_id, await link.request(msg)
+        except NodeDown:
+            if is_quorum(broker, vhost, name):
+                raise
+            raise home_down(link.node_id, vhost, name) from None
         except AMQPError as err:
             if err.reply_code != wire.MOVED:
                 raise

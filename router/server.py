@@ -61,8 +61,8 @@ def hosted_endpoints(settings: Settings) -> list[tuple[str, str]]:
 async def serve(settings: Settings, host_node: HostNode | None = None,
                 definitions: Definitions | None = None, report: Report | None = None) -> int:
     """Run the router (and the nodes it hosts) until SIGINT/SIGTERM. Returns the exit code:
-    0 clean stop, 1 nodes unreachable or a hosted node failed, a hosted node's StartupError
-    code (3: its journal cannot be opened), or 4 (``EXIT_CANNOT_LISTEN``) when one of its
+    0 clean stop (SIGTERM at any point, start-up included), 1 a hosted node failed, a hosted
+    node's StartupError code (3: its journal cannot be opened), or 4 (``EXIT_CANNOT_LISTEN``) when one of its
     ports cannot be bound. A start-up failure is told in one line to ``report`` (default:
     stderr, ``shoal router: ...``)."""
     report = report or _report_stderr
@@ -99,16 +99,17 @@ async def serve(settings: Settings, host_node: HostNode | None = None,
         return exc.exit_code
     broker = Broker(settings, ctx, {node_id: node.attach_local for node_id, node, _ in hosted},
                     definitions)
-    try:
-        await broker.start()
-    except TimeoutError as exc:
-        log.error("%s", exc)
-        await broker.stop()
-        await _stop_hosted(hosted, ctx)
-        return 1
     broker.on_access = lambda version, doc: access_sync.apply(broker, version, doc)
-    await access_sync.sync_at_start(broker)      # users and permissions the first node keeps
-    await declare_topology(broker, broker.definitions)   # load_definitions' topology
+    # Serve with the nodes that answer within moments (Broker.start), and let SIGTERM stop
+    # every step of the start-up at once.
+    for step in (broker.start(),
+                 access_sync.sync_at_start(broker),     # users and permissions (first node)
+                 declare_topology(broker, broker.definitions)):   # load_definitions' topology
+        if not await _unless_stopped(step, stop):
+            log.info("router stopping during start-up")
+            await broker.stop()
+            await _stop_hosted(hosted, ctx)
+            return 1 if failed else 0
     servers: list[asyncio.AbstractServer] = []
     runners: list[Any] = []
 
@@ -191,6 +192,20 @@ async def serve(settings: Settings, host_node: HostNode | None = None,
     await broker.stop()
     await _stop_hosted(hosted, ctx)
     return 1 if failed else 0
+
+
+async def _unless_stopped(step: Awaitable, stop: asyncio.Event) -> bool:
+    """Run ``step`` unless ``stop`` is set first (SIGTERM): then cancel it, return False."""
+    task = asyncio.ensure_future(step)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return False
 
 
 async def _stop_hosted(hosted: list[tuple[str, Any, asyncio.Task]], ctx: zmq.Context) -> None:

@@ -145,7 +145,8 @@ class Settings:
     link_curve_clients: list[str] = field(default_factory=list)  #: node: the routers'
     #: public keys it admits (others are refused and logged)
     link_heartbeat_ms: int = 500             #: router<->node heartbeat interval, ms
-    link_timeout_ms: int = 10000             #: a silent (hung) peer is dead after this, ms;
+    link_heartbeat_timeout: float = 5.0      #: seconds: a router or node silent this long
+    #: (hung, cut off) is treated as down by its peers, on router<->node and node<->node links;
     #: a closed connection (process death) is noticed at once, without waiting for this
     vm_memory_high_watermark: float = 0.4    #: node: memory alarm above this fraction of
     #: the memory limit (the container's cgroup limit, else RAM), RabbitMQ's name and default
@@ -213,13 +214,15 @@ class Settings:
         if not isinstance(self.consumer_max_per_channel, int) or \
                 self.consumer_max_per_channel < 0:
             raise bad("consumer_max_per_channel", "must be 0 (no limit) or a positive integer")
-        for name in ("link_heartbeat_ms", "link_timeout_ms", "max_output_buffer",
+        for name in ("link_heartbeat_ms", "max_output_buffer",
                      "handshake_timeout"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise bad(name, "must be a positive integer")
         check_keys(self)
-        if self.link_timeout_ms <= self.link_heartbeat_ms:
-            raise bad("link_timeout_ms", "must be larger than link_heartbeat_ms")
+        if not isinstance(self.link_heartbeat_timeout, (int, float)) or \
+                self.link_heartbeat_timeout * 1000 <= self.link_heartbeat_ms:
+            raise bad("link_heartbeat_timeout", "must be a number of seconds, longer than "
+                                                "link_heartbeat_ms")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise bad("log_level", "must be one of debug, info, warning, error")
         if not self.users or not all(isinstance(k, str) and isinstance(v, str)

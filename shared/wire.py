@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 #: Bumped whenever a message's fields change. Checked at connect time (HELLO).
-WIRE_VERSION = 6
+WIRE_VERSION = 7
 
 
 class T(IntEnum):
@@ -65,7 +65,11 @@ class T(IntEnum):
     UNBIND = 16           # same fields as BIND -> None
     UNBIND_DESTINATION = 17  # [T, vhost, dest_kind, destination]  no reply: drop every binding
                              # to a deleted queue ("q") or exchange ("e")
-    TOPOLOGY_SNAPSHOT = 18   # [T, req_id] -> payload [exchanges, bindings] (see TOPOLOGY_EVENT)
+    TOPOLOGY_SNAPSHOT = 18   # [T, req_id] -> payload [exchanges, bindings, queues, catalogue]:
+                             #   exchanges and bindings as TOPOLOGY_EVENT data; queues: the
+                             #   node's classic queues, [[vhost, name, durable], ...]; catalogue:
+                             #   what it knows of the other nodes (node/replication/catalogue.py),
+                             #   [[node_id, exchanges, bindings, queues], ...]
     CONNECTION_CLOSED = 19   # [T, owner]  no reply: delete the owner's exclusive queues
 
     # --- topology change feed (N->R, to every router that said HELLO) ---
@@ -75,6 +79,8 @@ class T(IntEnum):
     # EV_BINDING_ADDED    data = [vhost, exchange, dest_kind, destination, routing_key, arguments]
     # EV_BINDING_REMOVED  data = same as EV_BINDING_ADDED
     # EV_QUEUE_REMOVED    data = [vhost, name]   (deleted, auto-deleted, exclusive owner gone)
+    # EV_QUEUE_ADDED      data = [vhost, name, durable]  a classic queue was made (durable: 1 for
+    #                     a durable, non-exclusive, non-auto-delete one)
     # EV_ACCESS           data = [version, definitions]   (node/access_store.py)
     TOPOLOGY_SYNC = 21    # N->R [T, sync_id]: a topology request of another router changed
                           #   the topology (the TOPOLOGY_EVENTs before this); answer
@@ -188,12 +194,19 @@ class T(IntEnum):
                           #   (returned, declined or revoked); sent behind its LEASEDs.
 
     # --- replication (N->N, over each node's links to the other nodes: design.md section 8) ---
-    PEER_HELLO = 70       # N->N [T, wire_version, node_id, member_id], every peer tick: who
-                          #   this node is now (member_id changes when its disk was wiped)
+    PEER_HELLO = 70       # N->N [T, wire_version, node_id, member_id, catalogue_seq], every
+                          #   5 peer ticks (the node<->node heartbeat): who this node is now
+                          #   (member_id changes when its disk was wiped); catalogue_seq:
+                          #   [incarnation, count] of its PEER_EVENTs
     RAFT = 71             # N->N [T, vhost, name, uid, message]: one Raft message of the group
                           #   of quorum queue ``name`` (node/replication/raft.py Message.to_wire)
     GROUP_CREATE = 72     # N->N [T, vhost, name, uid, snapshot]: be a first member of a new
                           #   quorum queue, from its bootstrap snapshot (Snapshot.to_wire)
+    PEER_CATALOGUE = 73   # N->N [T, node_id, catalogue_seq, exchanges, bindings, queues]: the
+                          #   sender's whole topology (as TOPOLOGY_SNAPSHOT's first three)
+    PEER_EVENT = 74       # N->N [T, node_id, catalogue_seq, event, data]: one TOPOLOGY_EVENT
+                          #   of the sender
+    PEER_WANT = 75        # N->N [T, node_id]: send me your PEER_CATALOGUE
 
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the
@@ -235,7 +248,7 @@ def leasable(header: bytes) -> bool:
 MOVED = 1
 
 #: N->N tags: the shard hands them to node/replication, not to a router's state.
-PEER_TAGS = frozenset({70, 71, 72})
+PEER_TAGS = frozenset({70, 71, 72, 73, 74, 75})
 
 # Topology events.
 EV_EXCHANGE_ADDED = 1
@@ -248,6 +261,7 @@ EV_QUEUE_LEADER = 7     # data = [vhost, name, leader node id, term, members (no
                         #   online (node ids)]: a quorum queue's leader (sent by the leader
                         #   when elected and to a router that says HELLO; by a member that
                         #   is asked for it and is not its leader)
+EV_QUEUE_ADDED = 8      # data = [vhost, name, durable]: a classic queue was made
 
 # Settlement outcomes (SETTLE).
 OUTCOME_ACK = 1       # basic.ack: dequeue

@@ -22,6 +22,7 @@ from shoal.shared.wire import EV_QUEUE_LEADER, TAG_TOPOLOGY_EVENT, WIRE_VERSION,
 
 from shoal.node.queues.args import parse_queue_arguments
 from shoal.node.replication import membership, requests
+from shoal.node.replication.catalogue import Catalogue
 from shoal.node.replication.group import QuorumGroup, new_raft
 from shoal.node.replication.links import PeerLinks
 from shoal.node.replication.log import Snapshot
@@ -32,7 +33,8 @@ from shoal.node.replication.store import RaftStore
 log = logging.getLogger("shoal.node.replication")
 
 _RAFT, _PEER_HELLO, _GROUP_CREATE = int(T.RAFT), int(T.PEER_HELLO), int(T.GROUP_CREATE)
-#: A peer not heard from (PEER_HELLO, Raft) for this long is offline (management API).
+_CATALOGUE_TAGS = frozenset({int(T.PEER_CATALOGUE), int(T.PEER_EVENT), int(T.PEER_WANT)})
+#: Marks a peer whose link closed as long silent (its last heard time).
 OFFLINE_MS = 5000
 #: Ticks a deleted group's leader keeps telling its followers the delete is committed.
 RETIRE_TICKS = 20
@@ -50,13 +52,21 @@ class Replication:
         self.links = links
         self.member_id = membership.member_id(self.node_id, store.disk_id)
         self.groups: dict[tuple[str, str], QuorumGroup] = {}
-        #: node id -> [member id, last heard (ms)]
+        #: node id -> [member id, last heard (ms)]; PEER_HELLO every 500 ms is the
+        #: node<->node heartbeat
         self.peers: dict[str, list] = {}
+        #: peers treated as down: their link closed, or silent for ``link_heartbeat_timeout``
+        #: (hung, cut off); offline in the management API until heard from again
+        self.silent: set[str] = set()
+        self._silence_ms = shard.settings.link_heartbeat_timeout * 1000
         self.outgoing: list[tuple[str, list]] = []     # sent after the turn's fsync
         self.ticks = 0
         self._announced: set[bytes] = set()
         #: declares that wait (at start) for the other nodes to be heard from
         self.waiting_declares: list[tuple] = []
+        #: what this node knows of the others' topology, and tells them of its own
+        self.catalogue = Catalogue(self.node_id, shard.incarnation, shard.catalogue_own,
+                                   self._to_peer, lambda: self.links.nodes if self.links else [])
         #: deleted groups whose leader still tells the followers (``deleted``)
         self.retiring: list[QuorumGroup] = []
         self.now_ms = 0.0
@@ -109,7 +119,7 @@ class Replication:
         if node == self.node_id:
             return True
         p = self.peers.get(node)
-        return p is not None and self.now_ms - p[1] < OFFLINE_MS
+        return p is not None and node not in self.silent
 
     def transfer(self, g: QuorumGroup, node: str | None) -> bool:
         """Hand the lead to the voter on ``node`` (``Raft.transfer_leadership``: it campaigns
@@ -143,9 +153,12 @@ class Replication:
             if g.heard(m.frm, m.term):
                 g.queue.notify_work()       # its lease is back: deliver what waited
         elif tag == _PEER_HELLO:
-            _, version, node, member = msg
+            version, node, member = msg[1], msg[2], msg[3]
             if version == WIRE_VERSION:
                 self._heard(node, member, now_ms)
+                self.catalogue.heard(node, msg[4], now_ms)
+        elif tag in _CATALOGUE_TAGS:
+            self.catalogue.on_peer(msg, now_ms)
         elif tag == _GROUP_CREATE:
             _, vhost, name, uid, snap_w = msg
             snap = Snapshot.from_wire(snap_w)
@@ -160,6 +173,10 @@ class Replication:
                 g.snapshot = snap
                 self.store.append(g.key, uid, "snap", snap_w)
 
+    def _to_peer(self, node: str, msg: list) -> None:
+        if self.links is not None:
+            self.links.queue(node, msg)
+
     def _join(self, vhost: str, name: str, uid: str) -> QuorumGroup | None:
         """An empty member of a group this node does not have: its queue is made when the
         leader's snapshot arrives (it carries the declaration)."""
@@ -168,6 +185,9 @@ class Replication:
         return self.make_group(header, raft, [])
 
     def _heard(self, node: str, member: str, now_ms: float) -> None:
+        if node in self.silent:
+            self.silent.discard(node)
+            log.info("node %s is heard from again", node)
         p = self.peers.get(node)
         if p is None:
             self.peers[node] = [member, now_ms]
@@ -175,7 +195,9 @@ class Replication:
             p[0], p[1] = member, now_ms
 
     def peer_lost(self, node: str) -> None:
-        """The link to ``node`` closed: the groups it led elect a leader now."""
+        """The link to ``node`` closed, or it was silent for ``link_heartbeat_timeout``: the
+        groups it led elect a leader now."""
+        self.silent.add(node)
         p = self.peers.get(node)
         if p is not None:
             p[1] = -OFFLINE_MS
@@ -211,7 +233,13 @@ class Replication:
             g.raft.tick()
             g.check_role()
         if self.links is not None and self.ticks % 5 == 1:
-            self.links.broadcast([_PEER_HELLO, WIRE_VERSION, self.node_id, self.member_id])
+            self.links.broadcast([_PEER_HELLO, WIRE_VERSION, self.node_id, self.member_id,
+                                  self.catalogue.seq])
+        for node, p in self.peers.items():
+            if node not in self.silent and now_ms - p[1] > self._silence_ms:
+                log.warning("node %s silent for %d ms: treating it as down", node,
+                            now_ms - p[1])
+                self.peer_lost(node)
         if self.ticks % 10 == 0:
             self._repair()
 

@@ -183,7 +183,8 @@ async def on_queue_declare(ch: TopologyChannel, m: C.Queue.Declare) -> None:
         cap = ch.broker.limits.max_queues(ch.vhost)
         if cap is not None:
             await _check_queue_limit(ch, name, cap)
-    payload = await ch.broker.queue_request(ch.vhost, name,
+    ask = ch.broker.queue_request if m.passive else ch.broker.declare_request
+    payload = await ask(ch.vhost, name,
         [T.QUEUE_DECLARE, ch.vhost, name, m.passive, m.durable, m.exclusive,
          m.auto_delete, m.arguments or {}, ch.client.owner])
     ch.last_queue = name
@@ -206,7 +207,7 @@ async def _check_queue_limit(ch: TopologyChannel, name: str, cap: int) -> None:
         if err.reply_code != NOT_FOUND:
             raise
     counts = await asyncio.gather(*(link.request([T.QUEUE_LIST, ch.vhost])
-                                    for link in b.links.values()))
+                                    for link in b.links.values() if link.up))
     if sum(len(c) for c in counts) >= cap:
         raise soft_error(PRECONDITION_FAILED, f"cannot declare queue '{name}': queue limit "
                                               f"in vhost '{ch.vhost}' ({cap}) is reached")

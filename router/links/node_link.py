@@ -3,7 +3,7 @@
 A DEALER socket connects to the node's ROUTER socket. Outgoing wire messages are queued with
 :meth:`NodeLink.send` and leave as ONE ZeroMQ message per event-loop turn (a batch). The link
 says HELLO, exchanges heartbeats every ``link_heartbeat_ms`` and declares the node down after
-``link_timeout_ms`` of silence, or when the node says GOODBYE. It is the only place a node's
+``link_heartbeat_timeout`` (setting, 5 s) of silence, or when the node says GOODBYE. It is the only place a node's
 death is noticed; the broker is told through ``on_up`` / ``on_down`` callbacks.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ the link is done here:
 - *connecting and reconnecting*: the socket is dialled until the node's path answers, and
   again after it closes (a node restart), every :data:`RECONNECT_S` to :data:`RECONNECT_MAX_S`;
 - *a dead node*: the connection closing (EOF) marks the node down at once, as ZeroMQ's socket
-  monitor did; a hung node still meets ``link_timeout_ms``;
+  monitor did; a hung node still meets ``link_heartbeat_timeout``;
 - *back-pressure*: ZeroMQ's high-water mark becomes a bound on bytes written but not yet taken
   by the kernel (:data:`WRITE_LIMIT`); past it a batch is refused and the link pauses the
   publishers, exactly as on a full ZeroMQ pipe.

@@ -141,7 +141,7 @@ async def queue(request: web.Request):
 async def declare_queue(request: web.Request):
     b, vhost, name = _broker(request), _vhost(request), _arg(request, "name")
     body = await _body(request)
-    await b.queue_request(vhost, name, 
+    await b.declare_request(vhost, name,
         [T.QUEUE_DECLARE, vhost, name, False, bool(body.get("durable", True)), False,
          bool(body.get("auto_delete", False)), body.get("arguments") or {}, None])
     return web.Response(status=201)

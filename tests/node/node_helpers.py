@@ -12,7 +12,7 @@ class Net:
     def __init__(self, node_id: str = "node-0", leases: bool = False) -> None:
         """``leases``: the node lends queues (node/lease.py); off, the fake routers need not
         answer LEASE_GRANT and the other tests see the node's own deliveries."""
-        self.settings = Settings(node_id=node_id, link_heartbeat_ms=100, link_timeout_ms=300,
+        self.settings = Settings(node_id=node_id, link_heartbeat_ms=100, link_heartbeat_timeout=0.3,
                                  delivery_leases=leases)
         self.shard = Shard(node_id, "inc-1", self.settings)
         self.inbox: dict[bytes, list[list]] = {}

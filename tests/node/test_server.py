@@ -67,7 +67,7 @@ def test_node_in_thread_batches_and_stops(tmp_path):
                              [T.PUBLISH, 7, "/", ["q"], "", "q", b"h", b"body", None]]))
         batch = decode_batch(s.recv())
         tags = [m[0] for m in batch]
-        assert tags[:3] == [T.HELLO_OK, T.REPLY, T.PUBLISH_RESULT]   # one send, one batch
+        assert tags[:4] == [T.HELLO_OK, T.TOPOLOGY_EVENT, T.REPLY, T.PUBLISH_RESULT]  # one batch
         server.stop()
         t.join(10)
         assert not t.is_alive() and codes == [0]
@@ -115,7 +115,7 @@ def test_node_process_hello_garbage_sigterm(tmp_path):
         assert hello_ok[:3] == [T.HELLO_OK, WIRE_VERSION, "node-3"]
         s.send(encode_batch([["junk"], [T.CREDIT]]))
         s.send(encode_batch([[T.TOPOLOGY_SNAPSHOT, 5]]))
-        assert recv_until(s, T.REPLY) == [T.REPLY, 5, 0, "", [[], []]]
+        assert recv_until(s, T.REPLY) == [T.REPLY, 5, 0, "", [[], [], [], []]]
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
@@ -166,7 +166,7 @@ def test_node_process_on_a_unix_socket_hello_garbage_sigterm(tmp_path):
         assert _frames_until(s, reader, T.HELLO_OK)[:3] == [T.HELLO_OK, WIRE_VERSION, "node-3"]
         s.sendall(b"\x00\x00\x00\x05junk!")          # a frame that is not msgpack: dropped
         s.sendall(b"".join(stream.encode_frames([[T.TOPOLOGY_SNAPSHOT, 5]])))
-        assert _frames_until(s, reader, T.REPLY) == [T.REPLY, 5, 0, "", [[], []]]
+        assert _frames_until(s, reader, T.REPLY) == [T.REPLY, 5, 0, "", [[], [], [], []]]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
         assert _frames_until(s, reader, T.GOODBYE) == [T.GOODBYE]

@@ -136,7 +136,7 @@ def test_a_change_while_the_first_node_is_stuck_is_503(tmp_path, uid):
         assert listed == 200 and q in [r["name"] for r in rows]
         assert headers["X-Shoal-Missing-Nodes"] == "node-0"
         assert {n["name"]: n["running"] for n in nodes} == {"node-0": False, "node-1": True}
-        # the routers may have given node-0 up meanwhile (link_timeout_ms): they reconnect
+        # the routers may have given node-0 up meanwhile (link_heartbeat_timeout): they reconnect
         deadline, status = time.monotonic() + 30, 0
         while status != 201 and time.monotonic() < deadline:
             status = call(cl, "PUT", f"/users/stuck-{uid}", {"password": "x"})[0]

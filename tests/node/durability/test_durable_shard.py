@@ -36,7 +36,9 @@ class Node:
         self.now = now
         self.auto_commit = commit
         self.journal = Journal.open(path)
-        self.shard = Shard("node-0", "inc", Settings(node_id="node-0"), wall_offset_ms=WALL)
+        self.shard = Shard("node-0", "inc", Settings(node_id="node-0",
+                                                     link_heartbeat_timeout=60.0),
+                           wall_offset_ms=WALL)
         self.shard.timers.now = now
         self.restored = self.shard.attach_journal(self.journal, clean=True)
         self.box: list[list] = []
@@ -50,7 +52,9 @@ class Node:
         n = Node.__new__(Node)
         n.path, n.now, n.auto_commit = self.path, self.now if at is None else at, True
         n.journal = Journal.open(self.path)
-        n.shard = Shard("node-0", "inc2", Settings(node_id="node-0"), wall_offset_ms=WALL)
+        n.shard = Shard("node-0", "inc2", Settings(node_id="node-0",
+                                                   link_heartbeat_timeout=60.0),
+                        wall_offset_ms=WALL)
         n.shard.timers.now = n.now
         n.restored = n.shard.attach_journal(n.journal, clean)
         n.box, n.req = [], 0
@@ -198,7 +202,8 @@ def test_durable_topology_survives_and_transient_does_not(tmp_path):
     n.request(T.BIND, "/", "tx", DEST_QUEUE, "q", "", {})
     n.declare("excl", exclusive=True)                           # exclusive: never durable
     n = n.restart()
-    exchanges, bindings = n.request(T.TOPOLOGY_SNAPSHOT)
+    exchanges, bindings, queues, _ = n.request(T.TOPOLOGY_SNAPSHOT)
+    assert queues == [["/", "q", 1]]            # durable: the other nodes' catalogues keep it
     assert [x[1] for x in exchanges] == ["dx"]
     assert sorted((b[1], b[4]) for b in bindings) == [("amq.topic", "a.#"), ("dx", "k")]
     assert set(n.shard.queues) == {("/", "q")}
@@ -207,7 +212,7 @@ def test_durable_topology_survives_and_transient_does_not(tmp_path):
     n.request(T.EXCHANGE_DELETE, "/", "dx", False)
     n.request(T.QUEUE_DELETE, "/", "q", False, False, "r1/c1")
     n = n.restart()
-    assert n.request(T.TOPOLOGY_SNAPSHOT) == [[], []] and not n.shard.queues
+    assert n.request(T.TOPOLOGY_SNAPSHOT) == [[], [], [], []] and not n.shard.queues
 
 
 def test_topology_events_on_replay_reach_routers_as_snapshot(tmp_path):
@@ -215,14 +220,14 @@ def test_topology_events_on_replay_reach_routers_as_snapshot(tmp_path):
     n.request(T.EXCHANGE_DECLARE, "/", "dx", "topic", False, True, False, False, {"a": 1})
     n.take()
     n = n.restart()
-    exchanges, _ = n.request(T.TOPOLOGY_SNAPSHOT)
+    exchanges = n.request(T.TOPOLOGY_SNAPSHOT)[0]
     assert exchanges == [["/", "dx", "topic", True, False, False, {"a": 1}]]
 
 
 def test_answers_wait_for_the_group_commit(tmp_path):
     n = Node(tmp_path, commit=False)
     n.send(T.QUEUE_DECLARE, 99, "/", "q", False, True, False, False, {}, "r1/c1")
-    assert not n.take()                   # the durable declare is answered only after commit
+    assert not [m for m in n.take() if m[0] == T.REPLY]   # answered only after commit
     n.journal.commit()
     n.end_turn()
     n.take()

@@ -64,7 +64,7 @@ class Cluster:
 
     def start(self, node: str) -> None:
         settings = Settings(node_id=node, delivery_leases=False, link_heartbeat_ms=100,
-                            link_timeout_ms=100_000)
+                            link_heartbeat_timeout=100.0)
         shard = Shard(node, f"inc-{node}", settings)
         shard.timers.now = self.now
         rep = Replication(shard, RaftStore(self.tmp / node), Links(self, node))
