@@ -127,13 +127,17 @@ class DockerCluster:
                 raise ClusterError(f"cluster {self.id} exists: 'shoal cluster down --id "
                                    f"{self.id}' first")
             self.port = self.port or free_port()
+            ports = [free_port() for _ in range(self.nodes)]
+            links = [(f"node-{i}", f"tcp://127.0.0.1:{p}") for i, p in enumerate(ports)]
             endpoints = []
-            for i in range(self.nodes):
-                node_port = free_port()
-                endpoint = f"tcp://127.0.0.1:{node_port}"
-                c = self._run(f"node-{i}", "node", ["node", "--node-id", f"node-{i}", "--bind",
-                                                    endpoint, "--data-dir", "/var/lib/shoal"])
-                endpoints.append((f"node-{i}", endpoint, node_port, c))
+            for (node_id, endpoint), node_port in zip(links, ports):
+                # each node links to the others (quorum queues; what each knows of the others)
+                peers = [a for other, ep in links if other != node_id
+                         for a in ("--peer", f"{other}={ep}")]
+                c = self._run(node_id, "node", ["node", "--node-id", node_id, "--bind",
+                                                endpoint, "--data-dir", "/var/lib/shoal",
+                                                *peers])
+                endpoints.append((node_id, endpoint, node_port, c))
             for node_id, _, node_port, c in endpoints:
                 _wait(c, lambda p=node_port: _accepts(p), NODE_READY_TIMEOUT_S)
             args = ["router", "--host", "127.0.0.1", "--port", str(self.port)]

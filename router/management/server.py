@@ -142,8 +142,8 @@ async def _console_page(request: web.Request) -> web.FileResponse:
 def make_app(broker: Broker) -> web.Application:
     @web.middleware
     async def guard(request: web.Request, handler):
-        if not request.path.startswith("/api/"):   # the console's static files: no data
-            return await handler(request)
+        if not request.path.startswith("/api/") or request.path == views.READY_PATH:
+            return await handler(request)       # the console's static files; readiness
         user = _user(broker, request)
         if user is None or not (set(user.tags) & READ_TAGS):
             return error(401, "not_authorised", "Login failed" if user is None

@@ -27,6 +27,8 @@ from shoal.router import live
 from shoal.router.amqp.handshake import shoal_version
 from shoal.router.broker import Broker
 
+#: a router's readiness, asked without credentials (router/management/server.py)
+READY_PATH = "/api/health/checks/ready-to-serve-clients"
 NODE_TIMEOUT_S = 5.0
 RABBITMQ_VERSION = "3.10.8"     #: the RabbitMQ whose API this one follows (tools check it)
 
@@ -425,8 +427,21 @@ async def alarms(request: web.Request):
                              status=503)
 
 
+async def ready_to_serve_clients(request: web.Request):
+    """RabbitMQ 3.13's /api/health/checks/ready-to-serve-clients, a router's readiness
+    (Helm's readinessProbe): 200 ``{"status": "ok"}`` while it reaches at least one node, 503
+    ``{"status": "failed", "reason": "no node is reachable"}`` when it reaches none (issue
+    36: a router never waits for every node). Answered without credentials (the guard's
+    PUBLIC_PATHS), so that a kubelet can ask; it tells nothing else."""
+    if any(link.up for link in _broker(request).links.values()):
+        return web.json_response({"status": "ok"})
+    return web.json_response({"status": "failed", "reason": "no node is reachable"},
+                             status=503)
+
+
 def add_routes(app: web.Application) -> None:
     r = app.router
+    r.add_get(READY_PATH, ready_to_serve_clients)
     r.add_get("/api/overview", overview)
     r.add_get("/api/whoami", whoami)
     r.add_get("/api/nodes", nodes)

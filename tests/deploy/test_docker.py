@@ -14,6 +14,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,54 @@ def test_missing_image_is_one_clear_line(client) -> None:
     assert res.stderr.strip().splitlines() == [
         ("shoal cluster: image shoal-no-such-image:none not found: build it with "
          "'shoal cluster build'")]
+
+
+def test_a_router_serves_with_a_node_container_stopped(client, image) -> None:
+    """Issue 36 on docker: with node-1's container stopped, a router container restarted
+    serves (queues on node-0 work; node-1's answer RabbitMQ's 404), its HEALTHCHECK passes,
+    and node-1 started again is taken in without restarting the router."""
+    cluster = dc.DockerCluster(client, image=image, nodes=2, id=f"test-{secrets.token_hex(3)}")
+    try:
+        url = cluster.up()
+        queues = queues_on_each_node(["node-0", "node-1"])
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        ch = conn.channel()
+        for q in queues.values():
+            ch.queue_declare(q, durable=True)
+        conn.close()
+        by_name = {c.name[len(cluster.id) + 1:]: c for c in labelled(client, cluster.id)}
+        by_name["node-1"].stop(timeout=10)
+        by_name["router"].restart(timeout=10)
+        conn = _connect_within(url, 60)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", queues["node-0"], b"served", pika.BasicProperties(delivery_mode=2))
+        assert ch.basic_get(queues["node-0"], auto_ack=True)[2] == b"served"
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            conn.channel().queue_declare(queues["node-1"], durable=True)
+        assert err.value.reply_code == 404 and "home node 'node-1'" in err.value.reply_text
+        code, out = by_name["router"].exec_run(["/opt/shoal/bin/python",
+                                                "/opt/shoal/healthcheck.py"])
+        assert code == 0, out
+        by_name["node-1"].start()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn.channel().queue_declare(queues["node-1"], durable=True)
+                break
+            except pika.exceptions.ChannelClosedByBroker:
+                assert time.monotonic() < deadline, "node-1 was not taken in"
+                time.sleep(0.5)
+        conn.close()
+    finally:
+        cluster.remove_started()
+
+
+def _connect_within(url: str, seconds: float) -> pika.BlockingConnection:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return pika.BlockingConnection(pika.URLParameters(url))
+        except pika.exceptions.AMQPConnectionError:
+            assert time.monotonic() < deadline, "the router did not serve"
+            time.sleep(0.5)

@@ -123,7 +123,16 @@ def test_defaults_have_every_part_of_the_chart() -> None:
     pod_name = next(e for e in node["env"] if e["name"] == "POD_NAME")
     assert pod_name["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     router = container(docs, "Deployment", f"{FULL}-router")
-    assert router["readinessProbe"]["tcpSocket"]["port"] == "amqp"
+    # ready = can serve (reaches some node; issue 36), asked of the management port
+    assert router["readinessProbe"]["httpGet"] == {
+        "path": "/api/health/checks/ready-to-serve-clients", "port": "management"}
+    assert router["livenessProbe"]["tcpSocket"]["port"] == "amqp"
+    assert "initContainers" not in docs[("Deployment", f"{FULL}-router")]["spec"]["template"][
+        "spec"]                                # routers never wait for the nodes
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"   # nor nodes for each other
+    no_mgmt = container(render({"management": {"enabled": False}}), "Deployment",
+                        f"{FULL}-router")
+    assert no_mgmt["readinessProbe"]["tcpSocket"]["port"] == "amqp"
     svc = docs[("Service", FULL)]
     assert svc["spec"]["type"] == "ClusterIP"
     assert svc["spec"]["ports"][0]["port"] == 5672

@@ -109,10 +109,17 @@ podAntiAffinity:
 {{- end }}
 {{- end -}}
 
-{{/* A probe from values: include "shoal.probe" (dict "probe" .Values.nodes.livenessProbe "port" "zmq") */}}
+{{/* A probe from values: include "shoal.probe" (dict "probe" .Values.nodes.livenessProbe "port" "zmq"),
+     an HTTP GET of "path" on "port" when the dict has a "path" */}}
 {{- define "shoal.probe" -}}
+{{- if .path }}
+httpGet:
+  path: {{ .path }}
+  port: {{ .port }}
+{{- else }}
 tcpSocket:
   port: {{ .port }}
+{{- end }}
 initialDelaySeconds: {{ .probe.initialDelaySeconds }}
 periodSeconds: {{ .probe.periodSeconds }}
 timeoutSeconds: {{ .probe.timeoutSeconds }}
