@@ -85,7 +85,8 @@ class Processes:
                  env: dict[str, str] | None = None) -> None:
         self.base = base
         self.env = dict(os.environ, SHOAL_MANAGEMENT_PORT="0", SHOAL_PROMETHEUS_PORT="0",
-                        SHOAL_LOG_LEVEL="info", **(env or {}))
+                        SHOAL_LOG_LEVEL="info")
+        self.env.update(env or {})
         self.node_ids = [f"node-{i}" for i in range(nodes)]
         self.endpoints = {n: f"tcp://127.0.0.1:{free_port()}" for n in self.node_ids}
         self.nodes: dict[str, Proc] = {}

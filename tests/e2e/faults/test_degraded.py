@@ -16,8 +16,11 @@ uses), which ``shoal serve`` runs and whose processes the launcher restarts.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
+import urllib.error
+import urllib.request
 import uuid
 
 import pika
@@ -26,7 +29,7 @@ import pytest
 
 from shoal.shared.placement import owner
 
-from .processes import Processes, catalogue_of, wait_for
+from .processes import Processes, catalogue_of, free_port, wait_for
 
 EMBED = os.environ.get("SHOAL_E2E_EMBED", "").strip().lower() in ("1", "true", "yes")
 pytestmark = pytest.mark.skipif(
@@ -218,13 +221,32 @@ def test_a_hung_routers_unacked_messages_go_to_other_consumers_flagged(procs):
         procs.routers[0].send(signal.SIGCONT)
 
 
-def test_sigterm_stops_a_router_waiting_for_its_nodes(procs):
-    """No node answers: the router serves anyway (it reaches none), and SIGTERM at any point
-    of its start stops it with exit code 0."""
+def test_sigterm_at_start_and_readiness_means_reaching_a_node(tmp_path):
+    """No node answers: SIGTERM at any point of the router's start stops it (exit 0); it
+    serves anyway, and its readiness check (the chart's probe) says 503 until a node answers,
+    then 200."""
+    mgmt = free_port()
+    procs = Processes(tmp_path, nodes=1, env={"SHOAL_MANAGEMENT_PORT": str(mgmt)})
+    ready_url = f"http://127.0.0.1:{mgmt}/api/health/checks/ready-to-serve-clients"
     r = procs.routers[0]
-    r.start()
-    # early, Python may still be importing (the default action: ended by the signal)
-    assert r.stop(signal.SIGTERM, wait=20) in (0, -signal.SIGTERM), procs.log_tails()
-    r.start()
-    assert r.ready.wait(30), procs.log_tails()     # serving with no node at all
-    assert r.stop(signal.SIGTERM, wait=20) == 0, procs.log_tails()
+    try:
+        r.start()
+        # early, Python may still be importing (the default action: ended by the signal)
+        assert r.stop(signal.SIGTERM, wait=20) in (0, -signal.SIGTERM), procs.log_tails()
+        r.start()
+        assert r.ready.wait(30), procs.log_tails()     # serving with no node at all
+        assert _status(ready_url) == (503, {"status": "failed",
+                                            "reason": "no node is reachable"})
+        procs.nodes["node-0"].start()
+        wait_for("ready once node-0 answers", lambda: _status(ready_url)[0] == 200)
+        assert r.stop(signal.SIGTERM, wait=20) == 0, procs.log_tails()
+    finally:
+        procs.stop_all()
+
+
+def _status(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as err:
+        return err.code, json.load(err)
