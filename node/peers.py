@@ -193,6 +193,9 @@ class Peers:
             log.warning("router %r silent for %d ms: forgetting it", state.router_id,
                         now_ms - state.last_seen)
             self.forget(state)
+            # if only its way here is cut, it learns now that it must say HELLO again (its
+            # publishes waiting here are nacked then, rather than when the cut heals)
+            self.send(state.identity, [TAG_GOODBYE])
 
     def goodbye_all(self) -> None:
         """Queue GOODBYE to every known router (the node is stopping)."""

@@ -12,14 +12,20 @@ own, and tells the other nodes over the node links (node/replication/links.py):
   a gap in the numbers, or a PEER_HELLO whose number (its sender's ``[incarnation, count]``)
   is not the one it holds, so a lost message or a restart heals within a hello (500 ms).
 
-Routers read the catalogue in a node's TOPOLOGY_SNAPSHOT answer (router/locations.py). It is
-kept in memory only: a node that restarts while another is down forgets that one until it
-comes back. Sans-IO: ``send(node, msg)`` queues a peer message.
+Routers read the catalogue in a node's TOPOLOGY_SNAPSHOT answer (router/locations.py). The
+node also keeps it in ``<data_dir>/raft/catalogue`` (:func:`save`, at most once a second, by
+node/replication/manager.py), so that after a restart of the whole cluster the nodes that come
+back still know the queues of one that does not. The class is sans-IO: ``send(node, msg)``
+queues a peer message.
 """
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import Any, Callable
+
+import msgpack
 
 from shoal.shared.wire import (EV_BINDING_ADDED, EV_BINDING_REMOVED, EV_EXCHANGE_ADDED,
                                EV_EXCHANGE_REMOVED, EV_QUEUE_ADDED, EV_QUEUE_REMOVED, T)
@@ -87,6 +93,7 @@ class Catalogue:
         self.count = 0                       #: own changes sent so far
         self._own, self._send, self._peers = own, send, peers
         self.nodes: dict[str, NodeEntry] = {}
+        self.dirty = False               #: changed since the last :meth:`dump`
 
     @property
     def seq(self) -> list:
@@ -111,6 +118,7 @@ class Catalogue:
         elif tag == _CATALOGUE:
             _, _, seq, exchanges, bindings, queues = msg
             entry = self.nodes[node] = NodeEntry(list(seq))
+            self.dirty = True
             for data in exchanges:
                 entry.apply(EV_EXCHANGE_ADDED, data)
             for data in bindings:
@@ -123,6 +131,7 @@ class Catalogue:
             if entry is not None and entry.seq[0] == seq[0] and entry.seq[1] + 1 == seq[1]:
                 entry.apply(event, data)
                 entry.seq = list(seq)
+                self.dirty = True
             else:
                 self.heard(node, seq, now_ms)
 
@@ -142,6 +151,46 @@ class Catalogue:
         """Every other node's entry, for TOPOLOGY_SNAPSHOT: ``[[node, exchanges, bindings,
         queues], ...]`` (queues as ``[vhost, name, durable]``)."""
         return [e.row(n) for n, e in self.nodes.items() if e.seq[0] is not None]
+
+    def dump(self) -> bytes:
+        """The other nodes' entries, for :func:`save` (clears ``dirty``)."""
+        self.dirty = False
+        return msgpack.packb([[*e.row(n), e.seq] for n, e in self.nodes.items()
+                              if e.seq[0] is not None])
+
+    def restore(self, data: bytes) -> None:
+        """Entries :meth:`dump` wrote in an earlier run; each is refreshed when its node is
+        heard from (its number is of an older run, or its incarnation changed)."""
+        for node, exchanges, bindings, queues, seq in msgpack.unpackb(data):
+            entry = self.nodes[node] = NodeEntry(list(seq))
+            for ex in exchanges:
+                entry.apply(EV_EXCHANGE_ADDED, ex)
+            for b in bindings:
+                entry.apply(EV_BINDING_ADDED, b)
+            for vhost, name, durable in queues:
+                entry.queues[(vhost, name)] = int(durable)
+
+
+def save(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` (a temporary file renamed over it: a crash leaves the
+    old or the new one). Not fsynced: it is a cache the peers refill."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def load(catalogue: Catalogue, path: Path) -> None:
+    """Restore ``catalogue`` from ``path`` if it is there; a damaged file is logged and
+    ignored (the peers refill it)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return
+    try:
+        catalogue.restore(data)
+    except Exception as exc:  # noqa: BLE001 - any damage: start empty, the peers refill it
+        log.warning("catalogue %s is unreadable (%s): starting without it", path, exc)
+        catalogue.nodes.clear()
 
 
 def own_queues(queues: Any) -> list[list]:

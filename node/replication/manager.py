@@ -21,7 +21,7 @@ from shoal.shared.errors import AMQPError
 from shoal.shared.wire import EV_QUEUE_LEADER, TAG_TOPOLOGY_EVENT, WIRE_VERSION, T
 
 from shoal.node.queues.args import parse_queue_arguments
-from shoal.node.replication import membership, requests
+from shoal.node.replication import catalogue, membership, requests
 from shoal.node.replication.catalogue import Catalogue
 from shoal.node.replication.group import QuorumGroup, new_raft
 from shoal.node.replication.links import PeerLinks
@@ -84,7 +84,10 @@ class Replication:
 
     # ---- start -----------------------------------------------------------------------------
     def restore(self) -> int:
-        """Rebuild the groups from the Raft log on disk; returns how many."""
+        """Rebuild the groups from the Raft log on disk, and the catalogue of the other nodes
+        from its file; returns how many groups."""
+        if self.store.directory is not None:
+            catalogue.load(self.catalogue, self.store.directory / "catalogue")
         for key, disk in self.store.load().items():
             snap = disk.snapshot
             if snap is None or not isinstance(snap.data, dict):
@@ -242,6 +245,11 @@ class Replication:
                 self.peer_lost(node)
         if self.ticks % 10 == 0:
             self._repair()
+            if self.catalogue.dirty and self.store.directory is not None:
+                try:
+                    catalogue.save(self.store.directory / "catalogue", self.catalogue.dump())
+                except OSError as exc:
+                    log.warning("cannot save the catalogue of the other nodes: %s", exc)
 
     def _repair(self) -> None:
         current = {n: p[0] for n, p in self.peers.items() if self.online(n)}
