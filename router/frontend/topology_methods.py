@@ -24,6 +24,7 @@ from shoal.shared.wire import T
 from shoal.router.access.users import CONFIGURE, READ, WRITE
 from shoal.router.amqp.methods import QueueDeclareOk
 from shoal.router.broker import Broker
+from shoal.router.links.node_link import NodeDown
 from shoal.router.routing import check_x_match
 from shoal.router.session import ChannelClient
 
@@ -68,14 +69,29 @@ async def on_exchange_declare(ch: TopologyChannel, m: C.Exchange.Declare) -> Non
         if isinstance(alternate, str):
             ch.check_access(READ, "exchange", name)
             ch.check_access(WRITE, "exchange", alternate)
-        await b.exchange_link(ch.vhost, name).request(
-            [T.EXCHANGE_DECLARE, ch.vhost, name, type_, False, m.durable, m.auto_delete,
-             m.internal, m.arguments or {}])
+        await _declare_exchange(b, ch.vhost, m, [T.EXCHANGE_DECLARE, ch.vhost, name, type_,
+                                                 False, m.durable, m.auto_delete, m.internal,
+                                                 m.arguments or {}])
     else:
-        await b.exchange_link(ch.vhost, name).request(
-            [T.EXCHANGE_DECLARE, ch.vhost, name, type_, True, False, False, False, {}])
+        await _declare_exchange(b, ch.vhost, m, [T.EXCHANGE_DECLARE, ch.vhost, name, type_,
+                                                 True, False, False, False, {}])
     if not m.nowait:
         ch.send(C.Exchange.DeclareOk())
+
+
+async def _declare_exchange(b: Broker, vhost: str, m: C.Exchange.Declare, msg: list) -> None:
+    """Ask the exchange's node. When that node is unreachable, an exchange this router knows
+    (from it, or from a peer's catalogue: router/node_events.py) is still declared-ok for a
+    passive declare or an equivalent redeclare, as RabbitMQ's exchanges live on every node
+    (issue 36); anything else raises its NodeDown (404)."""
+    try:
+        await b.exchange_link(vhost, m.exchange).request(msg)
+    except NodeDown:
+        ex = b.topology.get(vhost, m.exchange)
+        if ex is None or not m.passive and (ex.type, ex.durable, ex.auto_delete, ex.internal,
+                                             ex.arguments) != (
+                m.exchange_type, m.durable, m.auto_delete, m.internal, m.arguments or {}):
+            raise
 
 
 async def on_exchange_delete(ch: TopologyChannel, m: C.Exchange.Delete) -> None:

@@ -42,10 +42,10 @@ PERSISTENT = pika.BasicProperties(delivery_mode=2)
 FAST = {"SHOAL_LINK_HEARTBEAT_TIMEOUT": "2"}
 
 
-def name_on(node: str, ids: list[str], prefix: str = "q") -> str:
+def name_on(node: str, ids: list[str], prefix: str = "q", kind: str = "q") -> str:
     while True:
         name = f"deg-{prefix}-{uuid.uuid4().hex[:10]}"
-        if owner("/", name, ids) == node:
+        if owner("/", name, ids, kind) == node:
             return name
 
 
@@ -102,13 +102,17 @@ def test_a_dead_nodes_queues_answer_404_new_ones_go_elsewhere_and_all_heal(procs
     procs.start_router()
     ids = procs.node_ids
     old, new = name_on("node-0", ids, "old"), name_on("node-0", ids, "new")
+    elsewhere, ex = name_on("node-1", ids, "q1"), name_on("node-0", ids, "x", kind="e")
     conn = procs.connect()
     ch = conn.channel()
     ch.confirm_delivery()
     ch.queue_declare(old, durable=True)
     ch.basic_publish("", old, b"kept", PERSISTENT)
+    ch.exchange_declare(ex, "direct", durable=True)       # node-0's exchange, to node-1
+    ch.queue_declare(elsewhere, durable=True)
+    ch.queue_bind(elsewhere, ex, "k")
     for n in ("node-1", "node-2"):       # the others know where it is (their catalogues)
-        wait_for(f"{n} knows of {old}", lambda: old in catalogue_of(
+        wait_for(f"{n} knows of {old}", lambda n=n: old in catalogue_of(
             procs.endpoints[n], n).get("node-0", ()))
     procs.nodes["node-0"].stop(signal.SIGKILL)
     expected = (404, home_down_text("node-0", old))
@@ -132,6 +136,12 @@ def test_a_dead_nodes_queues_answer_404_new_ones_go_elsewhere_and_all_heal(procs
     ch = conn.channel()
     assert ch.queue_declare(new, durable=True).method.message_count == 1
     assert channel_error(lambda c: c.queue_declare(old, durable=True))(conn) == expected
+    # node-0's exchange is known from the others: redeclared, and routes to node-1's queue
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.exchange_declare(ex, "direct", durable=True)
+    ch.basic_publish(ex, "k", b"routed", PERSISTENT, mandatory=True)
+    assert ch.basic_get(elsewhere, auto_ack=True)[2] == b"routed"
     # node-0 comes back: its queue is served again, with its message; nothing restarted
     procs.nodes["node-0"].start()
     assert wait_for("node-0's queue back", lambda: declared(procs, old)) == [1]
