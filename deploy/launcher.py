@@ -76,6 +76,10 @@ class PortError(RuntimeError):
     """A port of the cluster cannot be listened on: ``str()`` is the one line to print."""
 
 
+class StartInterrupted(RuntimeError):
+    """SIGINT/SIGTERM arrived while the cluster was starting (``Cluster.interrupt``)."""
+
+
 def _listeners(settings: Settings) -> list[tuple[str, int, str | None]]:
     """The fixed ports the routers of ``shoal serve`` will listen on (0 = any free one, not
     checked): ``(setting, port, flag of shoal serve or None)``."""
@@ -124,6 +128,20 @@ def _child_env() -> dict[str, str]:
     return {**os.environ, ENV_CHECKED: "1"}
 
 
+def _listening(endpoint: str) -> bool:
+    """Whether a node bound ``endpoint`` (tcp: it accepts a connection; ipc/unix: its socket
+    file exists)."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme in ("ipc", "unix"):
+        return os.path.exists(rest)
+    host, _, port = rest.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def _endpoint(run_dir: Path, node_id: str, local_link: str = "zmq") -> str:
     """Where node ``node_id`` listens: ``ipc://`` (``local_link`` zmq) or ``unix://``
     (``local_link`` unix) in the run directory, or ZeroMQ on a free TCP port when that path is
@@ -151,6 +169,8 @@ class Cluster:
         self.router_addr: tuple[str, int] | None = None
         self.procs: dict[str, subprocess.Popen] = {}
         self.stopping = False
+        #: set by SIGINT/SIGTERM: the start-up's waits give up (StartInterrupted)
+        self.interrupt = threading.Event()
         #: nodes that run inside router-0 (embed_node: node-0) rather than as processes
         self.embedded = 1 if settings.embed_node else 0
         #: the CPU of router i and of node process i (pin_cpus; empty lists: not pinned)
@@ -224,6 +244,8 @@ class Cluster:
         deadline = time.monotonic() + READY_TIMEOUT_S
         failure = ""
         while time.monotonic() < deadline:
+            if self.interrupt.is_set():
+                raise StartInterrupted("stopped during start-up")
             try:
                 line = lines.get(timeout=0.2)
             except queue.Empty:
@@ -261,6 +283,7 @@ class Cluster:
         for node in self.nodes:
             if not node.get("embedded"):
                 self._spawn_node(node)
+        self._await_nodes()
         for i in range(self.settings.serve_routers()):
             router = {"id": f"router-{i}"}
             if self.router_cpus:
@@ -268,6 +291,21 @@ class Cluster:
             self.routers.append(router)
             self._start_router(router)
         self._write_state()
+
+    def _await_nodes(self) -> None:
+        """Wait (up to READY_TIMEOUT_S) until every node process listens on its endpoint, so
+        that the routers find them all at once: a router serves after 3 s with the nodes that
+        answered (router/broker.py), which is right for a node that is down, not for one
+        still opening its journal on this host. A node that exits is not waited for."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        waiting = [n for n in self.nodes if not n.get("embedded")]
+        while waiting and time.monotonic() < deadline:
+            waiting = [n for n in waiting if self.procs[n["id"]].poll() is None
+                       and not _listening(n["endpoint"])]
+            if self.interrupt.is_set():
+                raise StartInterrupted("stopped during start-up")
+            if waiting:
+                time.sleep(0.05)
 
     def _write_state(self) -> None:
         host, port = self.router_addr
@@ -334,8 +372,12 @@ def serve(settings: Settings, config_file: str | None) -> int:
         print(f"shoal serve: {exc}", file=sys.stderr)
         return 1
     cluster = Cluster(settings, config_file)
+    cluster.interrupt = stop                # SIGTERM honoured at every point of the start
     try:
         cluster.start()
+    except StartInterrupted:
+        cluster.stop()
+        return 0
     except (RuntimeError, OSError) as exc:
         print(f"shoal serve: {exc}", file=sys.stderr)
         cluster.stop()
