@@ -120,21 +120,7 @@ class Broker:
                              lambda sock, ep: connect_curve(sock, ep, s))
             self.links[node_id] = link
             link.start()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        ready = [asyncio.ensure_future(l.ready.wait()) for l in self.links.values()]
-        await asyncio.wait(ready, timeout=wait)
-        for f in ready:
-            f.cancel()
-        answers = [f for f in self.snapshots.values() if not f.done()]
-        if answers:
-            await asyncio.wait(answers, timeout=max(0.5, deadline - loop.time()))
-        missing = [n for n, l in self.links.items()
-                   if not l.up or n not in self.snapshots or not self.snapshots[n].done()]
-        if missing:
-            log.warning("serving without nodes %s: they did not answer within %.0f s; each "
-                        "is taken in when it does", ", ".join(missing), wait)
-        return missing
+        return await node_events.await_nodes(self, wait)
 
     async def stop(self) -> None:
         for link in self.links.values():
@@ -444,24 +430,7 @@ class Broker:
         elif tag == T.NODE_BLOCKED:
             pushback.set_node_blocked(self, link.node_id, msg[2] if msg[1] else None)
         elif tag == T.TOPOLOGY_EVENT:
-            if msg[1] == wire.EV_ACCESS:
-                self.on_access(*msg[2])
-                return
-            if msg[1] == wire.EV_QUEUE_LEADER:
-                quorum.on_leader(self, msg[2])
-                return
-            if msg[1] == wire.EV_QUEUE_ADDED:
-                self.locations.added(link.node_id, msg[2][0], msg[2][1])
-                return
-            if msg[1] == wire.EV_QUEUE_REMOVED:
-                self.quorum.forget(msg[2][0], msg[2][1])
-                self.locations.removed(link.node_id, msg[2][0], msg[2][1])
-            for vhost, name in self.topology.apply(msg[1], msg[2]):
-                self._queue_removed(vhost, name)
-            if msg[1] == wire.EV_EXCHANGE_REMOVED:
-                for l in self.links.values():
-                    if l.up:
-                        l.send([T.UNBIND_DESTINATION, msg[2][0], wire.DEST_EXCHANGE, msg[2][1]])
+            node_events.topology_event(self, link, msg[1], msg[2])
         else:
             log.warning("unexpected message %r from node %s", tag, link.node_id)
 
@@ -509,11 +478,6 @@ class Broker:
             if link.up:
                 link.send([TAG_PUBLISH, 0, vhost, qs, exchange, routing_key, header, body, None])
         return bool(queues)
-
-    def _queue_removed(self, vhost: str, name: str) -> None:
-        for l in self.links.values():
-            if l.up:
-                l.send([T.UNBIND_DESTINATION, vhost, wire.DEST_QUEUE, name])
 
     def server_cancel(self, ch: BrokerChannel, t: ConsumerTarget) -> None:
         """The broker ends a consumer (a queue deleted, a node lost): its other queue

@@ -1,17 +1,43 @@
-"""What the broker does when a node's link comes up or goes down (design.md section 4):
-the topology it asks of a node that comes up, and for one that is lost, its consumers
-cancelled (a quorum queue's wait for the new leader instead: router/quorum.py), its pending
-confirms nacked and its unacked deliveries made no-ops to settle. Functions of the
-broker (router/broker.py), which hands them to each NodeLink.
+"""What the broker does when a node's link comes up or goes down (design.md section 4), and
+with the topology changes nodes announce: how long a starting router waits for the nodes
+(issue 36: a moment, then it serves with those that answered); the topology it asks of a node
+that comes up; for one that is lost, its consumers cancelled (a quorum queue's wait for the
+new leader instead: router/quorum.py), its pending confirms nacked and its unacked deliveries
+made no-ops to settle; and each TOPOLOGY_EVENT. Functions of the broker (router/broker.py),
+which hands them to each NodeLink.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
+from shoal.shared import wire
 from shoal.shared.wire import T
 
 from shoal.router import pushback, quorum
+
+log = logging.getLogger("shoal.router.broker")
+
+
+async def await_nodes(broker: Any, wait: float) -> list[str]:
+    """Wait up to ``wait`` s for every node's HELLO_OK and topology. Returns the nodes that
+    did not answer (each is taken in when it does: :func:`node_up`)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    ready = [asyncio.ensure_future(l.ready.wait()) for l in broker.links.values()]
+    await asyncio.wait(ready, timeout=wait)
+    for f in ready:
+        f.cancel()
+    answers = [f for f in broker.snapshots.values() if not f.done()]
+    if answers:
+        await asyncio.wait(answers, timeout=max(0.5, deadline - loop.time()))
+    missing = [n for n, l in broker.links.items()
+               if not l.up or n not in broker.snapshots or not broker.snapshots[n].done()]
+    if missing:
+        log.warning("serving without nodes %s: they did not answer within %.0f s; each is "
+                    "taken in when it does", ", ".join(missing), wait)
+    return missing
 
 
 def node_up(broker: Any, link: Any, restarted: bool) -> None:
@@ -60,3 +86,28 @@ def node_down(broker: Any, link: Any) -> None:
             for d in ch.unacked.values():
                 if d.node_id == node_id:
                     d.node_id = None
+
+
+def topology_event(broker: Any, link: Any, event: int, data: list) -> None:
+    """A TOPOLOGY_EVENT from ``link``'s node: users and permissions, a quorum queue's leader,
+    where a classic queue is (router/locations.py), or a change of the routing cache (a
+    queue or exchange gone: every node drops its bindings to it)."""
+    if event == wire.EV_ACCESS:
+        broker.on_access(*data)
+        return
+    if event == wire.EV_QUEUE_LEADER:
+        quorum.on_leader(broker, data)
+        return
+    if event == wire.EV_QUEUE_ADDED:
+        broker.locations.added(link.node_id, data[0], data[1])
+        return
+    if event == wire.EV_QUEUE_REMOVED:
+        broker.quorum.forget(data[0], data[1])
+        broker.locations.removed(link.node_id, data[0], data[1])
+    unbind = [(wire.DEST_QUEUE, vhost, name) for vhost, name in broker.topology.apply(event, data)]
+    if event == wire.EV_EXCHANGE_REMOVED:
+        unbind.append((wire.DEST_EXCHANGE, data[0], data[1]))
+    for kind, vhost, name in unbind:
+        for l in broker.links.values():
+            if l.up:
+                l.send([T.UNBIND_DESTINATION, vhost, kind, name])
