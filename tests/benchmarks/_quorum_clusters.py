@@ -1,7 +1,9 @@
-"""The brokers of tests/benchmarks/quorum_bench.py: a local Shoal of 3 nodes and 1 router
-(``shoal serve``) and a 3-node RabbitMQ 3.10 cluster on this machine, each started afresh and
-stopped whatever happens, with the process helpers both use (see quorum_bench.py's docstring
-for how each is set up and measured)."""
+"""The brokers of tests/benchmarks/quorum_bench.py and failure_table.py: a local Shoal of 3
+nodes and 1 router (``shoal serve``) and a 3-node RabbitMQ 3.10 cluster on this machine, each
+started afresh and stopped whatever happens, with the process helpers both use (see
+quorum_bench.py's docstring for how each is set up and measured), and what failure_table.py
+needs: one node killed and restarted on its data, a queue placed on a victim node, and when
+the clients' node noticed the victim down."""
 from __future__ import annotations
 
 import json
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -67,13 +70,15 @@ def amqp_url(port: int) -> str:
     return f"amqp://guest:guest@127.0.0.1:{port}/"
 
 
-def declare(url: str, queue: str) -> None:
+def declare(url: str, queue: str, arguments: dict | None = None) -> None:
+    """Declare durable ``queue`` (a quorum queue unless other ``arguments`` are given)."""
     import pika
     params = pika.URLParameters(url)
     params.socket_timeout = 10
     conn = pika.BlockingConnection(params)
     try:
-        conn.channel().queue_declare(queue, durable=True, arguments=QUORUM)
+        conn.channel().queue_declare(queue, durable=True,
+                                     arguments=QUORUM if arguments is None else arguments)
     finally:
         conn.close()
 
@@ -175,6 +180,60 @@ class ShoalCluster:
         led = self.leader(queue, timeout=0)
         return {"new_leader": f"{led[0]} (term {led[1]})" if led else None}
 
+    def kill_node(self, node_id: str) -> None:
+        """SIGKILL ``node_id`` and keep it down: the launcher, which would restart it within
+        0.5 s, is held with SIGSTOP until ``restart_node`` (it only supervises; clients talk to
+        the router)."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        os.kill(self.node_pid(node_id), signal.SIGKILL)
+
+    def restart_node(self, node_id: str, timeout: float = 60.0) -> None:
+        """SIGCONT the launcher, which restarts ``node_id`` on its data; wait until the router
+        logs ``node <id> is up`` again."""
+        offset = self.log_path.stat().st_size
+        os.kill(self.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + timeout
+        while f"node {node_id} is up" not in self.log_tail(offset):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{node_id} not up {timeout:.0f} s after its restart")
+            time.sleep(0.05)
+
+    def log_tail(self, offset: int) -> str:
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+
+    # -- a queue on a victim node (tests/benchmarks/failure_table.py) --
+    def place_on_victim(self, name: str, arguments: dict) -> tuple[str, str]:
+        """Declare a queue named from ``name`` ({} gets a number) that placement puts on
+        node-2: (queue, its home node, or its leader as logged for a quorum queue)."""
+        from _cluster import name_on
+        queue = name_on("node-2", len(self.info()["nodes"]), name)
+        declare(self.url, queue, arguments)
+        led = self.leader(queue) if arguments.get("x-queue-type") == "quorum" else ("node-2",)
+        if led is None:
+            raise RuntimeError(f"no leader logged for {queue}; see {self.log_path}")
+        return queue, led[0]
+
+    def node_url(self, node_id: str) -> None:
+        return None                 # clients reach Shoal's nodes through a router only
+
+    def watch_down(self, node_id: str):
+        """A poll function: (done, wall time the router logged ``node_id`` disconnected or
+        silent from now on, or None), and a close function."""
+        offset = self.log_path.stat().st_size
+        pat = re.compile(rf"^(\S+ \S+) router .*node {node_id} (disconnected|silent for)", re.M)
+
+        def poll() -> tuple[bool, float | None]:
+            m = pat.search(self.log_tail(offset))
+            if m is None:
+                return False, None
+            return True, datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        return poll, lambda: None
+
+    def partitions(self) -> dict:
+        return {}
+
 
 class RabbitCluster:
     tag, label = "rabbitmq", "RabbitMQ"
@@ -231,23 +290,8 @@ class RabbitCluster:
         self.pids, self.dead = {}, set()
         log(f"starting RabbitMQ nodes {', '.join(RMQ_NODES)} in {self.base}")
         for node in RMQ_NODES:
-            d = self.node_dir(node)
-            d.mkdir()
-            env = {**self.env(),
-                   "RABBITMQ_NODENAME": node,
-                   "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-                   "RABBITMQ_NODE_PORT": str(self.ports[node]),
-                   "RABBITMQ_DIST_PORT": str(self.dist_ports[node]),
-                   "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
-                   "RABBITMQ_LOG_BASE": str(d / "log"),
-                   "RABBITMQ_PID_FILE": str(d / "pid"),
-                   "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.base / "enabled_plugins"),
-                   "RABBITMQ_CONF_ENV_FILE": str(self.base / "rabbitmq-env.conf"),
-                   "RABBITMQ_CONFIG_FILE": str(self.base / "rabbitmq.conf"),
-                   "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.base / "advanced.config")}
-            with open(d / "startup.log", "wb") as out:
-                subprocess.run([self.tool("rabbitmq-server"), "-detached"], env=env,
-                               stdout=out, stderr=subprocess.STDOUT, timeout=120, check=True)
+            self.node_dir(node).mkdir()
+            self.launch(node)
         for node in RMQ_NODES:
             self.await_startup(node)
             self.pids[node] = self.read_pid(node)
@@ -257,6 +301,25 @@ class RabbitCluster:
             self.ctl(node, "start_app")
         self.ctl(RMQ_NODES[0], "await_online_nodes", str(len(RMQ_NODES)), "--timeout", "120")
         log(f"RabbitMQ cluster ready: beam.smp pids {self.pids}")
+
+    def launch(self, node: str) -> None:
+        """``rabbitmq-server -detached`` for ``node`` (its folder exists; its data is kept)."""
+        d = self.node_dir(node)
+        env = {**self.env(),
+               "RABBITMQ_NODENAME": node,
+               "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+               "RABBITMQ_NODE_PORT": str(self.ports[node]),
+               "RABBITMQ_DIST_PORT": str(self.dist_ports[node]),
+               "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+               "RABBITMQ_LOG_BASE": str(d / "log"),
+               "RABBITMQ_PID_FILE": str(d / "pid"),
+               "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.base / "enabled_plugins"),
+               "RABBITMQ_CONF_ENV_FILE": str(self.base / "rabbitmq-env.conf"),
+               "RABBITMQ_CONFIG_FILE": str(self.base / "rabbitmq.conf"),
+               "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.base / "advanced.config")}
+        with open(d / "startup.log", "ab") as out:
+            subprocess.run([self.tool("rabbitmq-server"), "-detached"], env=env,
+                           stdout=out, stderr=subprocess.STDOUT, timeout=120, check=True)
 
     def await_startup(self, node: str) -> None:
         # right after -detached the node is not registered yet: await_startup then fails
@@ -359,6 +422,69 @@ class RabbitCluster:
 
     def after_fault(self, queue: str, leader: str) -> dict:
         return {"new_leader": self.leader(queue, timeout=10)}
+
+    def kill_node(self, node: str) -> None:
+        """SIGKILL ``node``'s beam.smp, keeping its data (``restart_node`` brings it back)."""
+        os.kill(self.pids[node], signal.SIGKILL)
+        self.dead.add(node)
+
+    def restart_node(self, node: str) -> None:
+        """Start ``node`` again on its data (after ``kill_node``) and wait until it runs."""
+        self.launch(node)
+        self.await_startup(node)
+        self.pids[node] = self.read_pid(node)
+        self.dead.discard(node)
+
+    # -- a queue on a victim node (tests/benchmarks/failure_table.py) --
+    victim, observer = RMQ_NODES[2], RMQ_NODES[0]
+
+    @property
+    def url(self) -> str:
+        """Where the clients of failure_table.py connect: not the victim."""
+        return amqp_url(self.ports[self.observer])
+
+    def node_url(self, node: str) -> str:
+        return amqp_url(self.ports[node])
+
+    def place_on_victim(self, name: str, arguments: dict) -> tuple[str, str]:
+        """Declare ``name`` ({} gets 0) through the victim, which the client-local locators
+        make its home or leader (checked): (queue, victim)."""
+        queue = name.format(0)
+        declare(self.node_url(self.victim), queue, arguments)
+        column = "leader" if arguments.get("x-queue-type") == "quorum" else "pid"
+        out = self.ctl(self.observer, "list_queues", "name", column, "-q",
+                       "--no-table-headers", timeout=60)      # pid: <rabbit3@localhost.1.2.3>
+        home = next(line.split("\t")[1] for line in out.splitlines()
+                    if line.split("\t")[0] == queue)
+        if self.victim not in home:
+            raise RuntimeError(f"{queue} lives on {home}, not {self.victim}")
+        return queue, self.victim
+
+    def watch_down(self, node: str, timeout_s: float = 180.0):
+        """A poll function: (done, wall time the observer node got ``nodedown`` for ``node``
+        from ``erlang:monitor_node``, or None), and a close function."""
+        expr = (f"V = '{node}', erlang:monitor_node(V, true), receive {{nodedown, V}} -> "
+                f"{{down, os:system_time(millisecond)}} after {int(timeout_s * 1000)} -> "
+                f"timeout end.")
+        proc = subprocess.Popen([self.tool("rabbitmqctl"), "-n", self.observer, "eval", expr],
+                                env=self.env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        result: list = []
+
+        def poll() -> tuple[bool, float | None]:
+            if not result and proc.poll() is not None:
+                out = proc.stdout.read()
+                m = re.search(r"\{down,(\d+)\}", out)
+                result.append(int(m.group(1)) / 1000 if m else None)
+                if not m:
+                    log(f"nodedown watcher: {out.strip()[:200]}")
+            return (True, result[0]) if result else (False, None)
+        return poll, proc.kill
+
+    def partitions(self) -> dict:
+        out = self.ctl(self.observer, "eval", "rabbit_node_monitor:partitions().",
+                       timeout=60, check=False)
+        return {f"partitions seen by {self.observer}": out.strip()}
 
 
 # -- loads --------------------------------------------------------------------------------
