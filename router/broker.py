@@ -246,7 +246,8 @@ class Broker:
         for node_id, qs in by_node.items():
             link = self.links[node_id]
             if not link.up:
-                pending.failed = True
+                if not quorum.park(self, pending, ch.vhost, qs):
+                    pending.failed = True       # a classic queue's node: nacked
                 continue
             pending.waiting.add(node_id)
             link.send([TAG_PUBLISH, pid, ch.vhost, qs, ev.exchange, ev.routing_key, ev.header,

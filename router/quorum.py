@@ -83,7 +83,8 @@ def on_leader(broker: Any, data: list) -> None:
         return
     ql.leaders[key] = [node, term, data[4], data[5]]
     broker.set_queue_node(vhost, name, node)
-    ql.leader_changes += 1
+    if old is None or old[0] != node:
+        ql.leader_changes += 1
     ql._wake(key)
     if node not in broker.links or not broker.links[node].up:
         return
@@ -187,6 +188,12 @@ def node_down(broker: Any, node: str) -> set[int]:
     leader (parked) instead of failing. Returns the publish ids now handled."""
     handled: set[int] = set()
     ql = broker.quorum
+    for entry in ql.leaders.values():
+        if entry[0] == node:
+            # stale: its next announcement, even of the same leader (the node was only cut
+            # off, or this router was hung), sends what waits and registers the consumers
+            # again (the node forgot them with this router)
+            entry[1] = -1
     for pid, p in list(broker.publishes.items()):
         if pid != p.pid:
             continue
@@ -201,6 +208,19 @@ def node_down(broker: Any, node: str) -> set[int]:
                     p.waiting.add(("parked", n))
                 handled.add(pid)
     return handled
+
+
+def park(broker: Any, p: PendingPublish, vhost: str, names: list[str]) -> bool:
+    """``p`` is for ``names``, whose node's link is down: if they are all quorum queues,
+    wait for their leader's next announcement (a new leader, or the same one back) and return
+    True; else False (the publish is nacked)."""
+    ql = broker.quorum
+    if not all((vhost, n) in ql.leaders for n in names):
+        return False
+    for n in names:
+        ql.parked.setdefault((vhost, n), []).append(p)
+        p.waiting.add(("parked", n))
+    return True
 
 
 def is_quorum(broker: Any, vhost: str, name: str) -> bool:
@@ -227,15 +247,25 @@ def _move_consumers(broker: Any, vhost: str, name: str, node: str) -> None:
 
 
 async def _register(broker: Any, ch: Any, c: Any, node: str) -> None:
-    link = broker.links.get(node)
-    if link is None:
-        return
-    try:
-        available = await link.request(c.request)
-    except Exception as exc:  # noqa: BLE001 - MOVED, node down: the next leader event retries
-        log.info("consumer %s on quorum queue '%s' waits for its leader: %s",
-                 c.target.tag, c.queue, exc)
-        return
+    """Register consumer ``c`` at the leader ``node``; while that fails (MOVED: it does not
+    lead yet; its node is down), ask again at each leader announcement and at least once a
+    second, until the consumer ends or another announcement moved it elsewhere."""
+    vhost = c.target.vhost
+    while True:
+        link = broker.links.get(node)
+        if link is None:
+            return
+        try:
+            available = await link.request(c.request)
+            break
+        except Exception as exc:  # noqa: BLE001 - MOVED, node down: ask again
+            log.info("consumer %s on quorum queue '%s' waits for its leader: %s",
+                     c.target.tag, c.queue, exc)
+        if c.target.cancelled or ch.closed or c.node_id != node:
+            return
+        await broker.quorum.changed(vhost, c.queue, 1.0)
+        if c.target.cancelled or ch.closed or c.node_id != node:
+            return                  # ended, or moved (its new registration is under way)
     if c.target.cancelled or ch.closed or c.node_id != node:
         return
     if type(available) is int and available > 0:

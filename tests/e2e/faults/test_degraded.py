@@ -260,3 +260,41 @@ def _status(url: str) -> tuple[int, dict]:
             return resp.status, json.load(resp)
     except urllib.error.HTTPError as err:
         return err.code, json.load(err)
+
+
+def test_a_quorum_consumer_survives_its_router_hanging(procs):
+    """A router hung longer than link_heartbeat_timeout: the nodes forget it (releasing its
+    deliveries); when it wakes, its quorum queue consumer is registered again with the same
+    leader and publishes go on, without the client doing anything (the campaign found the
+    consumer left subscribed with nothing registered)."""
+    for n in procs.nodes.values():
+        n.start()
+    procs.start_router()
+    q = name_on("node-1", procs.node_ids, "qq")
+    conn = procs.connect(heartbeat=0)
+    ch = conn.channel()
+    ch.queue_declare(q, durable=True, arguments={"x-queue-type": "quorum"})
+    got: list[tuple[bytes, bool]] = []
+    cancelled: list = []
+    cons = conn.channel()
+    cons.add_on_cancel_callback(cancelled.append)
+    cons.basic_consume(q, lambda c, m, p, body: (got.append((body, m.redelivered)),
+                                                  c.basic_ack(m.delivery_tag)))
+    pub = conn.channel()
+    pub.confirm_delivery()
+    pub.basic_publish("", q, b"before", PERSISTENT)
+    wait_for("delivered before", lambda: conn.process_data_events(0.2) or got)
+    procs.routers[0].send(signal.SIGSTOP)
+    try:
+        # the nodes forget the silent router (FAST: 2 s), its links to them time out too
+        wait_for("the nodes forgot router-0", lambda: "silent" in procs.nodes[
+            "node-1"].log.read_text(errors="replace"), timeout=30)
+    finally:
+        procs.routers[0].send(signal.SIGCONT)
+    pub.basic_publish("", q, b"after", PERSISTENT)           # confirmed: raises on a nack
+    wait_for("delivered after", lambda: conn.process_data_events(0.2) or
+             b"after" in [body for body, _ in got])
+    assert cancelled == []                                   # the consumer was kept
+    before = [redelivered for body, redelivered in got if body == b"before"]
+    assert before[0] is False and all(before[1:])    # its ack may have been lost: flagged
+    conn.close()
