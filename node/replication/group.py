@@ -132,13 +132,10 @@ class QuorumGroup:
         result: Any = None
         if entry.kind == NORMAL and entry.data is not None:
             try:
-                result = self.machine.apply(entry.index, entry.data)
-                if result is True and self.leading and entry.term < self.raft.term and \
-                        entry.data[0] == "enq":
-                    # an older leader's entry: it may have applied and delivered it already
-                    e = self.machine.by_index.get(entry.index)
-                    if e is not None:
-                        e.redelivered = True
+                # an older leader's entry: it may have applied and delivered it already (the
+                # flag is set before the queue is told of the message, which may deliver it)
+                result = self.machine.apply(entry.index, entry.data,
+                                            self.leading and entry.term < self.raft.term)
             except Exception:  # noqa: BLE001 - a bad command must not stop the group
                 log.exception("quorum queue '%s': cannot apply entry %d", self.key[1],
                               entry.index)

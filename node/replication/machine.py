@@ -53,8 +53,10 @@ class QueueMachine:
     def index(self, entry: QueueEntry) -> int | None:
         return self.index_of.get(entry.entry_id)
 
-    def apply(self, index: int, cmd: Any) -> Any:
+    def apply(self, index: int, cmd: Any, older: bool = False) -> Any:
         """Apply one committed command; returns its result (see the module docstring).
+        ``older``: the entry is an older leader's, applied by this leader (that one may have
+        delivered it already: an ``enq`` is marked redelivered before any consumer is told).
         Raises nothing for a malformed command (it is logged by the caller and skipped)."""
         op = cmd[0]
         q = self.queue
@@ -62,7 +64,7 @@ class QueueMachine:
             e = q.enqueue(cmd[1], cmd[2], cmd[3], cmd[4], cmd[5])
             if e is None:
                 return False
-            if len(cmd) > 6 and cmd[6]:
+            if older or (len(cmd) > 6 and cmd[6]):
                 e.redelivered = True
             self._track(index, e)
             q.stats[0] += 1
