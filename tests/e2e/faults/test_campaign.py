@@ -70,7 +70,17 @@ def test_checker_finds_each_rule():
     assert _rules(_history(("pub", "p0-0", "q", "confirmed"), ("got", "p0-0", "q", False),
                            ("got", "p0-0", "q", False))) == [3]
     assert _rules(_history(("pub", "p0-0", "q", "confirmed"), ("pub", "p0-1", "q", "confirmed"),
-                           ("got", "p0-1", "q", False), ("got", "p0-0", "q", True))) == [4]
+                           ("got", "p0-1", "q", False), ("got", "p0-0", "q", False))) == [4]
+
+
+def test_checker_lets_a_redelivery_come_after_later_messages():
+    """p0-0 went to a consumer that lost it; the broker delivers it again, flagged, after
+    p0-1: a redelivery is not held to the order (spec 4.7), and is counted."""
+    h = _history(("pub", "p0-0", "q", "confirmed"), ("pub", "p0-1", "q", "confirmed"),
+                 ("got", "p0-1", "q", False), ("got", "p0-0", "q", True))
+    verdict = check(h)
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["order_after_lost_delivery"] == 1
 
 
 def test_checker_order_needs_a_confirm_before_the_publish():
