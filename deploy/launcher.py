@@ -80,6 +80,29 @@ class StartInterrupted(RuntimeError):
     """SIGINT/SIGTERM arrived while the cluster was starting (``Cluster.interrupt``)."""
 
 
+class StopFlag:
+    """Set by a signal handler, polled by the main thread. Not a ``threading.Event``: its
+    ``set()`` in a handler can deadlock when the signal lands while the same thread is inside
+    ``Event.wait()`` holding the event's lock (seen as a ``shoal serve`` that ignored SIGTERM,
+    about once in 7 runs on a loaded machine)."""
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """Until set or ``timeout`` s (polled every 50 ms); whether it is set."""
+        deadline = time.monotonic() + timeout
+        while not self._set and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self._set
+
+
 def _listeners(settings: Settings) -> list[tuple[str, int, str | None]]:
     """The fixed ports the routers of ``shoal serve`` will listen on (0 = any free one, not
     checked): ``(setting, port, flag of shoal serve or None)``."""
@@ -170,7 +193,7 @@ class Cluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.stopping = False
         #: set by SIGINT/SIGTERM: the start-up's waits give up (StartInterrupted)
-        self.interrupt = threading.Event()
+        self.interrupt = StopFlag()
         #: nodes that run inside router-0 (embed_node: node-0) rather than as processes
         self.embedded = 1 if settings.embed_node else 0
         #: the CPU of router i and of node process i (pin_cpus; empty lists: not pinned)
@@ -316,7 +339,7 @@ class Cluster:
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.data_dir / "cluster.json")
 
-    def supervise(self, stop: threading.Event) -> None:
+    def supervise(self, stop: StopFlag) -> None:
         """Restart children that die until ``stop`` is set."""
         while not stop.wait(0.5):
             for node in self.nodes:
@@ -360,7 +383,7 @@ class Cluster:
 
 def serve(settings: Settings, config_file: str | None) -> int:
     """Run a local cluster until SIGINT/SIGTERM. Returns the exit code (0 on a clean stop)."""
-    stop = threading.Event()
+    stop = StopFlag()
 
     def on_signal(signum, frame) -> None:
         stop.set()
