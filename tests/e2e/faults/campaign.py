@@ -58,6 +58,7 @@ PUBLISHERS, RATE = 4, 40.0          #: publisher threads, messages per second ea
 READY_TIMEOUT = 60.0                #: s for a (re)started process to print its ready line
 RECOVERY_TIMEOUT = 60.0             #: s for the cluster to serve every queue after a round
 STALL = 10.0                        #: s a consumer may get nothing while its queue confirms
+LOCK_TIMEOUT = 900.0                #: s to wait for another run on this machine to finish
 
 
 def say(text: str) -> None:
@@ -157,7 +158,7 @@ class Campaign:
     def __init__(self, run_dir: Path, seed: int, log=say) -> None:
         self.run_dir, self.seed, self.log = run_dir, seed, log
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.net = Net()
+        self.net, self.lock = Net(), netns.RunLock()
         self.procs: dict[str, Proc] = netns.make_procs(run_dir)
         self.node_ids = [self.procs[m].name for m in NODES]
         self.queues = queue_names(self.node_ids)
@@ -170,7 +171,9 @@ class Campaign:
 
     # ---- the cluster ---------------------------------------------------------------------
     def start(self) -> None:
-        """Network up, nodes, then routers, then the queues and the clients."""
+        """Network up, nodes, then routers, then the queues and the clients (after waiting for
+        another run on this machine, whose names these are, to finish)."""
+        self.lock.acquire(LOCK_TIMEOUT, self.log)
         left = Net.clean_leftovers()
         if left:
             self.log(f"campaign: removed leftovers of an earlier run: {', '.join(left)}")
@@ -221,7 +224,9 @@ class Campaign:
                 p.stop()
             except Exception as exc:  # noqa: BLE001 - go on removing the rest
                 self.log(f"campaign: stopping {p.name}: {exc!r}")
-        self.net.down()
+        if self.lock.fd is not None:        # never remove another run's network
+            self.net.down()
+        self.lock.release()
 
     def tails(self, lines: int = 30) -> str:
         return "\n".join(f"--- {p.name} ({p.log}) ---\n{p.tail(lines)}"

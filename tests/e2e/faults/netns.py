@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import fcntl
 import os
 import re
 import shutil
@@ -46,6 +47,9 @@ ROUTER_READY = "shoal router ready on"      #: a router's, once it accepts AMQP
 NODES, ROUTERS = ("n0", "n1", "n2"), ("r0", "r1")
 #: Every namespace this module may create; leftovers of a crashed run are removed at start.
 NAMESPACES = (HUB, *(f"shoal-{m}" for m in NODES + ROUTERS))
+#: Held (flock) by the run that owns the names above: a second run waits for it rather than
+#: taking the first one's namespaces for a crashed run's leftovers.
+LOCK_FILE = "/run/lock/shoal-campaign.lock"
 
 
 class NetError(RuntimeError):
@@ -101,6 +105,39 @@ def cut_rules(a: str, b: str, both: bool) -> list[Drop]:
     if a == CLIENTS:
         return [Drop(b, a, out=False)] + ([Drop(b, a, out=True)] if both else [])
     return [Drop(a, b, out=True)] + ([Drop(a, b, out=False)] if both else [])
+
+
+class RunLock:
+    """The machine-wide lock of a campaign run (:data:`LOCK_FILE`); the kernel drops it when
+    the holder dies, so a crashed run's leftovers are never mistaken for a live run."""
+
+    def __init__(self, path: str = LOCK_FILE) -> None:
+        self.path, self.fd = path, None
+
+    def acquire(self, timeout: float, log=print) -> None:
+        """Wait up to ``timeout`` s for another run to finish; raise NetError after."""
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline, said = time.monotonic() + timeout, False
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    self.fd = None
+                    raise NetError(f"another campaign run holds {self.path} (its namespaces "
+                                   f"are in use) after {timeout:.0f} s") from None
+                if not said:
+                    log(f"campaign: waiting for another run to finish ({self.path})")
+                    said = True
+                time.sleep(1.0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)           # closing the descriptor drops the flock
+            self.fd = None
 
 
 class Net:
