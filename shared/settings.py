@@ -367,7 +367,8 @@ OTHER_ENV = frozenset({
     "SHOAL_ENV_CHECKED",
 })
 #: Prefixes of such variables: the e2e harness, the fuzz and crash campaigns, CI, the base image.
-OTHER_ENV_PREFIXES = ("SHOAL_E2E_", "SHOAL_FUZZ_", "SHOAL_CRASH_", "SHOAL_CI_", "SHOAL_BASE_")
+OTHER_ENV_PREFIXES = ("SHOAL_E2E_", "SHOAL_FUZZ_", "SHOAL_CRASH_", "SHOAL_CI_", "SHOAL_BASE_",
+                      "SHOAL_CAMPAIGN_")
 #: What Kubernetes puts in every pod for a Service named ``shoal`` or ``shoal-*`` (its "service
 #: links": ``SHOAL_SERVICE_HOST``, ``SHOAL_PORT_5672_TCP_ADDR``, ``SHOAL_PORT=tcp://...``).
 _SERVICE_LINK = re.compile(r"SHOAL(_[A-Z0-9_]+?)?_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|"
