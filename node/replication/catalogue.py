@@ -59,6 +59,18 @@ class NodeEntry:
         self.queues: dict[tuple[str, str], int] = {}
         self.wanted_at = -WANT_AGAIN_MS
 
+    @classmethod
+    def whole(cls, seq: list, exchanges: list, bindings: list, queues: list) -> "NodeEntry":
+        """An entry at ``seq`` from a whole catalogue (PEER_CATALOGUE, or the file)."""
+        entry = cls(list(seq))
+        for data in exchanges:
+            entry.apply(EV_EXCHANGE_ADDED, data)
+        for data in bindings:
+            entry.apply(EV_BINDING_ADDED, data)
+        for vhost, name, durable in queues:
+            entry.queues[(vhost, name)] = int(durable)
+        return entry
+
     def apply(self, event: int, data: list) -> None:
         if event == EV_EXCHANGE_ADDED:
             self.exchanges[(data[0], data[1])] = data
@@ -117,14 +129,8 @@ class Catalogue:
             self._send(node, [_CATALOGUE, self.node_id, self.seq, exchanges, bindings, queues])
         elif tag == _CATALOGUE:
             _, _, seq, exchanges, bindings, queues = msg
-            entry = self.nodes[node] = NodeEntry(list(seq))
+            self.nodes[node] = NodeEntry.whole(seq, exchanges, bindings, queues)
             self.dirty = True
-            for data in exchanges:
-                entry.apply(EV_EXCHANGE_ADDED, data)
-            for data in bindings:
-                entry.apply(EV_BINDING_ADDED, data)
-            for vhost, name, durable in queues:
-                entry.queues[(vhost, name)] = int(durable)
         elif tag == _EVENT:
             _, _, seq, event, data = msg
             entry = self.nodes.get(node)
@@ -162,13 +168,7 @@ class Catalogue:
         """Entries :meth:`dump` wrote in an earlier run; each is refreshed when its node is
         heard from (its number is of an older run, or its incarnation changed)."""
         for node, exchanges, bindings, queues, seq in msgpack.unpackb(data):
-            entry = self.nodes[node] = NodeEntry(list(seq))
-            for ex in exchanges:
-                entry.apply(EV_EXCHANGE_ADDED, ex)
-            for b in bindings:
-                entry.apply(EV_BINDING_ADDED, b)
-            for vhost, name, durable in queues:
-                entry.queues[(vhost, name)] = int(durable)
+            self.nodes[node] = NodeEntry.whole(seq, exchanges, bindings, queues)
 
 
 def save(path: Path, data: bytes) -> None:

@@ -103,6 +103,13 @@ class Processes:
                     *(a for n in self.node_ids for a in ("--node", f"{n}={self.endpoints[n]}"))]
             self.routers.append(Proc(f"router-{i}", argv, base / f"router-{i}.log", self.env))
 
+    def start_all(self) -> None:
+        """Every node, then every router (each serving before the next starts)."""
+        for n in self.nodes.values():
+            n.start()
+        for i in range(len(self.routers)):
+            self.start_router(i)
+
     def start_router(self, i: int = 0) -> None:
         r = self.routers[i]
         r.start()

@@ -97,9 +97,7 @@ def test_a_router_serves_without_a_node_and_takes_it_in_later(procs):
 
 
 def test_a_dead_nodes_queues_answer_404_new_ones_go_elsewhere_and_all_heal(procs):
-    for n in procs.nodes.values():
-        n.start()
-    procs.start_router()
+    procs.start_all()
     ids = procs.node_ids
     old, new = name_on("node-0", ids, "old"), name_on("node-0", ids, "new")
     elsewhere, ex = name_on("node-1", ids, "q1"), name_on("node-0", ids, "x", kind="e")
@@ -165,9 +163,7 @@ def declared(procs: Processes, queue: str) -> list[int] | None:
 
 
 def test_a_hung_node_is_treated_as_down_and_heals_on_sigcont(procs):
-    for n in procs.nodes.values():
-        n.start()
-    procs.start_router()
+    procs.start_all()
     ids = procs.node_ids
     hung, fine = name_on("node-0", ids), name_on("node-1", ids)
     conn = procs.connect()
@@ -200,10 +196,7 @@ def test_a_hung_node_is_treated_as_down_and_heals_on_sigcont(procs):
 
 @pytest.mark.parametrize("procs", [2], indirect=True)
 def test_a_hung_routers_unacked_messages_go_to_other_consumers_flagged(procs):
-    for n in procs.nodes.values():
-        n.start()
-    procs.start_router(0)
-    procs.start_router(1)
+    procs.start_all()
     q = name_on("node-1", procs.node_ids)
     a = procs.connect(0, heartbeat=0)
     ch = a.channel()
@@ -267,9 +260,7 @@ def test_a_quorum_consumer_survives_its_router_hanging(procs):
     deliveries); when it wakes, its quorum queue consumer is registered again with the same
     leader and publishes go on, without the client doing anything (the campaign found the
     consumer left subscribed with nothing registered)."""
-    for n in procs.nodes.values():
-        n.start()
-    procs.start_router()
+    procs.start_all()
     q = name_on("node-1", procs.node_ids, "qq")
     conn = procs.connect(heartbeat=0)
     ch = conn.channel()
