@@ -14,8 +14,8 @@ from typing import Any, Protocol
 from shoal.shared.errors import ACCESS_REFUSED, COMMAND_INVALID, RESOURCE_ERROR, hard_error, \
     soft_error
 from shoal.shared.errors import AMQPError
-from shoal.shared.wire import (MOVED, OUTCOME_ACK, OUTCOME_REJECT, OUTCOME_REQUEUE,
-                               TAG_PUBLISH_MOVED, TAG_PUBLISH_RESULT, TAG_REPLY, T)
+from shoal.shared.wire import (MOVED, OUTCOME_ACK, OUTCOME_REJECT, OUTCOME_RELEASE,
+                               OUTCOME_REQUEUE, TAG_PUBLISH_MOVED, TAG_PUBLISH_RESULT, TAG_REPLY, T)
 
 from shoal.node.queues.consumer import QueueConsumer
 from shoal.node.queues.deadletter import delivery_count_header
@@ -235,10 +235,12 @@ def on_settle(shard: ShardCore, state: RouterPeer, msg: list) -> None:
             if e is not None:
                 e.queue.stats[2] += 1
                 e.queue.dequeue(e)
-    elif outcome == OUTCOME_REQUEUE:
+    elif outcome == OUTCOME_REQUEUE or outcome == OUTCOME_RELEASE:
         touched: dict[Queue, None] = {}
         for i in ids:
             e = unsettled.pop(i, None)
+            if e is not None and outcome == OUTCOME_RELEASE and e.delivery_count > 0:
+                e.delivery_count -= 1       # not a failed attempt (AMQP 1.0 released)
             if e is not None and e.queue.release(e):
                 touched[e.queue] = None
         for q in touched:
@@ -269,7 +271,7 @@ def settle_with_quorum(state: RouterPeer, outcome: int, ids: list) -> None:
             q.stats[2] += 1
             q.dequeue(e)
             op = "ack"
-        elif outcome == OUTCOME_REQUEUE:
+        elif outcome == OUTCOME_REQUEUE or outcome == OUTCOME_RELEASE:
             if q.release(e):
                 touched[q] = None
                 op = "requeue"

@@ -18,7 +18,7 @@ from pamqp import commands as C
 
 from shoal.shared import placement, wire
 from shoal.shared.definitions import Definitions, definitions_for
-from shoal.shared.errors import CONNECTION_FORCED, INTERNAL_ERROR, NO_ROUTE
+from shoal.shared.errors import CONNECTION_FORCED, INTERNAL_ERROR
 from shoal.shared.linkauth import connect_curve
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH, TAG_PUBLISH_MOVED, TAG_SETTLE
@@ -287,10 +287,8 @@ class Broker:
                        "returned" if p.ev.mandatory else "unroutable"] += 1
         if ch.closed:
             return
-        amqp = ch.client.amqp
         if p.ev.mandatory and p.routed == 0 and not p.failed:
-            amqp.send_return(ch.number, NO_ROUTE, "NO_ROUTE", p.ev.exchange, p.ev.routing_key,
-                             p.ev.header, p.ev.body)
+            ch.returned(p.ev)
         if p.seq:
             ch.confirmed(p.seq, not p.failed)
         self.mark_dirty(ch.client)

@@ -87,6 +87,19 @@ class ConsumerTarget:
         return [c.queue for c in self.consumers]
 
 
+@dataclass(slots=True, eq=False)
+class LinkTarget(ConsumerTarget):
+    """An AMQP 1.0 receiving link (router/frontend/amqp10_client.py): the limit is the link
+    credit the client gave (OASIS AMQP 1.0 part 2.6.7), not a prefetch count, and settling
+    a delivery frees none. ``credit``: what the client's flow left, less what reached it
+    (nodes' grants count against it); ``drain``: the client asked to drain; ``on_drained``
+    is called with the target once every node returned its credit after a drain."""
+    credit: int = 0
+    drain: bool = False
+    drain_sent: bool = False
+    on_drained: Any = None
+
+
 @dataclass(slots=True)
 class CreditPool:
     """The qos state of one channel (spec 1.8.3.13)."""
@@ -112,6 +125,8 @@ def credit_messages(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
     """
     if t.cancelled or pool.paused or not t.registered:
         return []
+    if type(t) is LinkTarget:
+        return _link_grants(pool, t)
     limited = not t.no_ack and (pool.prefetch_count > 0 or pool.global_prefetch > 0)
     if not limited:
         out = []
@@ -133,6 +148,8 @@ def credit_messages(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
 
 def room(pool: CreditPool, t: ConsumerTarget) -> int:
     """How many more deliveries ``t`` may be granted without breaking the invariant."""
+    if type(t) is LinkTarget:
+        return t.credit - t.granted
     free = 1 << 62
     if pool.prefetch_count > 0:
         free = pool.prefetch_count - t.unacked - t.granted
@@ -150,7 +167,7 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
     free = room(pool, t)
     if free <= 0:
         return out
-    limit = pool.prefetch_count or pool.global_prefetch
+    limit = t.credit if type(t) is LinkTarget else pool.prefetch_count or pool.global_prefetch
     active = sum(1 for c in t.consumers if c.has_work or c.draining)
     fair = -(-limit // active) if active > 1 else 1 << 62
     n = len(t.consumers)
@@ -173,6 +190,40 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
         c.has_work = False
         out.append((c, [TAG_CREDIT, c.consumer_id, grant, True]))
     return out
+
+
+def _link_grants(pool: CreditPool, t: LinkTarget) -> list[Grant]:
+    """An AMQP 1.0 link's grants: its free link credit as standing credit (one queue) or pull
+    shares (several); a drain sends each queue's node a drain grant of its share, and once
+    every node answered CREDIT_DRAINED the link's drain is over (``on_drained``)."""
+    if t.drain:
+        if not t.drain_sent:
+            t.drain_sent = True
+            free = max(0, t.credit - t.granted)
+            idle = [c for c in t.consumers if not c.draining]
+            out: list[Grant] = []
+            for i, c in enumerate(idle):
+                grant = free // len(idle) + (1 if i < free % len(idle) else 0)
+                c.granted += grant
+                c.last_grant = grant
+                c.draining = True
+                c.has_work = False
+                out.append((c, [TAG_CREDIT, c.consumer_id, grant, True]))
+            if out:
+                return out
+        if not any(c.draining for c in t.consumers):
+            t.drain = t.drain_sent = False
+            if t.on_drained is not None:
+                t.on_drained(t)
+        return []
+    if len(t.consumers) == 1:
+        c = t.consumers[0]
+        free = t.credit - t.granted
+        if free > 0:
+            c.granted += free
+            return [(c, [TAG_CREDIT, c.consumer_id, free, False])]
+        return []
+    return _pull(pool, t)
 
 
 def on_registered(t: ConsumerTarget, available: list) -> None:

@@ -108,6 +108,9 @@ class Settings:
     #: them here a few ms later (docs/consumers.md, "Delivery leases"; node/lease.py)
     users: dict[str, str] = field(default_factory=lambda: {"guest": "guest"})
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])  #: loopback-only users
+    anonymous_login_user: str = ""           #: the user an AMQP 1.0 client logging in with
+    #: SASL ANONYMOUS (or no SASL layer) becomes; "" = ANONYMOUS is not offered (RabbitMQ 4's
+    #: setting of that name; docs/amqp10.md)
     vhosts: list[str] = field(default_factory=lambda: ["/"])
     load_definitions: str = ""               #: a RabbitMQ definitions file (JSON: users with
     #: password hashes, vhosts, permissions, topic permissions, queues, exchanges, bindings;

@@ -268,6 +268,8 @@ OUTCOME_ACK = 1       # basic.ack: dequeue
 OUTCOME_REQUEUE = 2   # nack/reject requeue=true, channel closed: release to original position,
                       # redelivered=true
 OUTCOME_REJECT = 3    # nack/reject requeue=false: dead-letter if configured, else drop
+OUTCOME_RELEASE = 4   # AMQP 1.0 released: as REQUEUE, but not counted as a delivery attempt
+                      # toward a delivery limit (OASIS AMQP 1.0 part 3.4.4)
 
 # Binding destination kinds.
 DEST_QUEUE = "q"

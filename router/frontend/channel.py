@@ -19,8 +19,8 @@ from typing import Any
 from pamqp import commands as C
 
 from shoal.shared import wire
-from shoal.shared.errors import (ACCESS_REFUSED, INTERNAL_ERROR, NOT_ALLOWED, NOT_FOUND,
-                                 NOT_IMPLEMENTED, PRECONDITION_FAILED, AMQPError, InjectedFault,
+from shoal.shared.errors import (ACCESS_REFUSED, INTERNAL_ERROR, NO_ROUTE, NOT_ALLOWED,
+                                 NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED, AMQPError, InjectedFault,
                                  hard_error, injected_faults, soft_error)
 from shoal.shared.wire import T, TAG_SETTLE
 
@@ -159,11 +159,7 @@ class Channel:
         """
         b = self.broker
         b.stats["received"] += 1
-        seq = 0
-        if self.confirm:
-            self.publish_seq += 1
-            seq = self.publish_seq
-            self._unconfirmed.append(seq)
+        seq = self.next_confirm_seq() if self.confirm else 0
         if ev.immediate:
             raise hard_error(NOT_IMPLEMENTED, "immediate=true")
         acc = self.client.access
@@ -184,11 +180,23 @@ class Channel:
             return
         b.publish(self, seq, ev, queues)
 
+    def next_confirm_seq(self) -> int:
+        """The confirm sequence number of the publish being handled (spec 1.8.3: from 1)."""
+        self.publish_seq += 1
+        self._unconfirmed.append(self.publish_seq)
+        return self.publish_seq
+
     def confirmed(self, seq: int, ack: bool) -> None:
         """Publish ``seq`` is settled (every target queue accepted it, or one failed)."""
         self._confirmed[seq] = ack
         self.broker.stats["confirmed"] += ack
         self.broker.mark_dirty(self.client)
+
+    def returned(self, ev: Any) -> None:
+        """A mandatory publish reached no queue: basic.return 312 NO_ROUTE (spec 1.8.3.9),
+        sent before its confirm."""
+        self.client.amqp.send_return(self.number, NO_ROUTE, "NO_ROUTE", ev.exchange,
+                                     ev.routing_key, ev.header, ev.body)
 
     def flush_confirms(self) -> None:
         """Write this turn's confirms: the run of acks at the front of the unconfirmed
@@ -251,10 +259,25 @@ class Channel:
         tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
         if tag in self.pool.targets:
             raise hard_error(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        t = ConsumerTarget(tag, self.number, self.vhost, m.no_ack, registered=False)
+        await self.consume(t, queues, m.exclusive, args)
+        if self.closed or t.cancelled:
+            return
+        if not m.nowait:
+            self.send(C.Basic.ConsumeOk(tag))
+        b.replenish(self, t)
+
+    async def consume(self, t: ConsumerTarget, queues: list[str], exclusive: bool,
+                      args: dict) -> None:
+        """Register target ``t`` (a basic.consume, or an AMQP 1.0 receiving link) with the
+        node of each of ``queues``; credit may flow once this returns. Raises 530 (hard) when
+        the channel holds ``consumer_max_per_channel`` consumers, and whatever a node answers
+        (404, 405, 403; no part stays registered then)."""
+        b = self.broker
+        tag = t.tag
         cap = b.settings.consumer_max_per_channel
         if cap and len(self.pool.targets) >= cap:     # RabbitMQ's consumer_max_per_channel
             raise hard_error(NOT_ALLOWED, f"reached maximum ({cap}) of consumers per channel")
-        t = ConsumerTarget(tag, self.number, self.vhost, m.no_ack, registered=False)
         for q in queues:
             link = b.queue_link(self.vhost, q)
             t.consumers.append(Consumer(b.new_consumer_id(), q, link.node_id, t))
@@ -263,7 +286,7 @@ class Channel:
             b.consumers[c.consumer_id] = (self, c)
         results = await asyncio.gather(*(
             b.consume_request(c, self.vhost, [T.CONSUME, c.consumer_id, self.vhost, c.queue,
-                                              tag, m.no_ack, m.exclusive, args,
+                                              tag, t.no_ack, exclusive, args,
                                               self.client.owner])
             for c in t.consumers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -276,9 +299,6 @@ class Channel:
         if self.closed or t.cancelled:
             return
         credit.on_registered(t, results)
-        if not m.nowait:
-            self.send(C.Basic.ConsumeOk(tag))
-        b.replenish(self, t)
 
     async def on_basic_cancel(self, m: C.Basic.Cancel) -> None:
         """basic.cancel (spec 1.8.3.5): cancel-ok once every node forgot the consumer, so

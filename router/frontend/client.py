@@ -18,6 +18,7 @@ from shoal.shared.wire import T
 from shoal.router.amqp import events as E
 from shoal.router.access.users import VhostAccess
 from shoal.router.amqp.connection import AMQPConnection
+from shoal.router.frontend.amqp10_client import AMQP10Connection
 from shoal.router.frontend.tls import peer_identity
 from shoal.router.broker import Broker
 from shoal.router.frontend.channel import Channel
@@ -75,6 +76,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         # (thousands of idle or small-message connections must stay cheap).
         self._rbuf = memoryview(bytearray(READ_START))
         self._rview = self._rbuf    # what get_buffer hands out: its length is the read size
+        self._head = b""        #: the protocol header's first octets, until it picks a codec
+        self._sniffing = True   #: the protocol header has not been read yet
         self._published = 0     #: publishes completed (counted in _handle)
         self._unmeasured = 0    #: bytes read since the last read that completed a publish
 
@@ -122,6 +125,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         return self.broker.limits.admit_channel(user, open_channels)
 
     def data_received(self, data: bytes) -> None:
+        if self._sniffing and not self._sniff(data):
+            return
         try:
             self._handle(self.amqp.receive_data(data))
         except Exception:
@@ -129,6 +134,28 @@ class ClientConnection(asyncio.BufferedProtocol):
             log.exception("internal error on connection %s", self.owner)
             self.fail(0, AMQPError(INTERNAL_ERROR, "internal error", soft=False))
         self.flush()
+
+    def _sniff(self, data: bytes) -> bool:
+        """The protocol header picks the codec (as RabbitMQ and Qpid Broker-J do): AMQP 1.0's
+        (``AMQP`` 0|2|3 1 0 0) hands this socket to an AMQP10Connection
+        (router/frontend/amqp10_client.py). Returns whether ``data`` is still ours."""
+        head = self._head + data
+        if len(head) < 6 and head[:4] == b"AMQP"[:len(head[:4])]:
+            self._head = head           # too short to tell: wait for more
+            return False
+        self._sniffing = False
+        self._head = b""
+        if head[:4] == b"AMQP" and head[5] == 1:
+            self._done = True
+            self.broker.connections.discard(self)
+            conn = AMQP10Connection(self.broker, self.transport, self.tls, self.owner)
+            self.transport.set_protocol(conn)
+            conn.data_received(head)
+            return False
+        if len(head) > len(data):       # the octets held back go to the 0-9-1 codec
+            self.data_received(head)
+            return False
+        return True
 
     # asyncio.BufferedProtocol: the socket is read into our buffer, len(_rview) at most.
     def get_buffer(self, sizehint: int) -> memoryview:

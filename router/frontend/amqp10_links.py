@@ -1,0 +1,355 @@
+"""An AMQP 1.0 session as the broker sees it: a :class:`LinkChannel`, the Channel subclass whose
+links publish and consume (docs/amqp10.md).
+
+The broker talks to channels (router/session.py's BrokerChannel); a 1.0 session is one, so
+publishing, routing, confirms, consuming, credit and settlement are the 0-9-1 channel's own
+code. What differs is the protocol's side, here:
+
+* a client's sending link publishes: an unsettled transfer is confirmed (settled
+  ``accepted``) once its queues' nodes have it, ``released`` when it reached no queue
+  (RabbitMQ 4), ``rejected`` when a node refused it; a pre-settled one is fire-and-forget;
+* a client's receiving link consumes through a :class:`~shoal.router.consumers.LinkTarget`:
+  its link credit is the node consumers' credit (OASIS AMQP 1.0 part 2.6.7), drain included;
+* outcomes (part 3.4) settle deliveries: accepted = ack, released = requeue not counted as a
+  delivery attempt, rejected = reject (dead-letter), modified with delivery-failed = requeue
+  counted toward the queue's delivery limit.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+
+from pamqp import commands as C
+
+from shoal.shared import wire
+from shoal.shared.errors import AMQPError
+
+from shoal.router import consumers as credit
+from shoal.router.amqp.events import MessagePublished
+from shoal.router.amqp10 import address, convert
+from shoal.router.amqp10.codec import DecodeError, Described, Symbol
+from shoal.router.amqp10.engine import Link
+from shoal.router.amqp10.frames import (Accepted, Modified, Rejected, Released, Source, Target,
+                                        error)
+from shoal.router.access.users import READ, WRITE
+from shoal.router.consumers import LinkTarget
+from shoal.router.frontend import topology_methods
+from shoal.router.frontend.channel import Channel
+from shoal.router.session import Delivery
+
+log = logging.getLogger("shoal.router.frontend.amqp10")
+
+PUBLISH_CREDIT = 256        #: credit a client's sending link gets at a time (messages)
+#: AMQP 0-9-1 reply code -> AMQP 1.0 error condition (part 2.8.15, 3.x plugin's choices)
+CONDITIONS = {311: "amqp:link:message-size-exceeded", 312: "amqp:not-found",
+              403: "amqp:unauthorized-access", 404: "amqp:not-found",
+              405: "amqp:resource-locked", 406: "amqp:precondition-failed",
+              506: "amqp:resource-limit-exceeded", 530: "amqp:not-allowed",
+              540: "amqp:not-implemented", 541: "amqp:internal-error"}
+#: the JMS selector filter's descriptor (Apache Qpid's, AMQP filters registry)
+SELECTOR_FILTER = (Symbol("apache.org:selector-filter:string"), 0x0000468C00000004)
+
+
+def condition(err: AMQPError) -> str:
+    return CONDITIONS.get(err.reply_code, "amqp:internal-error")
+
+
+def _text(err: AMQPError) -> str:
+    text = err.reply_text or ""
+    return text.split(" - ", 1)[1] if " - " in text else text
+
+
+class PublishLink:
+    """A client's sending link: where its messages go (None: each message's ``to``)."""
+    __slots__ = ("target", "settled")
+
+    def __init__(self, target: address.Target | None) -> None:
+        self.target = target
+        self.settled: list[tuple[int, Any]] = []     #: (delivery id, state) this turn
+
+
+class LinkChannel(Channel):
+    """AMQP 1.0 session ``number`` of a client connection (router/frontend/amqp10_client.py)."""
+
+    def __init__(self, client: Any, number: int, broker: Any, session: Any) -> None:
+        super().__init__(client, number, broker)
+        self.session = session
+        self.confirm = True
+        self._publishing: tuple[Link, int] | None = None   #: the transfer being published
+        self._by_seq: dict[int, tuple[Link, int]] = {}
+        self._returned = False
+        self.links: dict[str, Link] = {}                    #: consumer tag -> receiving link
+        self.dirty: set[Link] = set()                       #: links with settlements to send
+
+    # ---- publishing --------------------------------------------------------------------------
+    def next_confirm_seq(self) -> int:
+        self.publish_seq += 1
+        self._by_seq[self.publish_seq] = self._publishing
+        return self.publish_seq
+
+    def returned(self, ev: Any) -> None:
+        self._returned = True       # the confirm that follows settles it released
+
+    def confirmed(self, seq: int, ack: bool) -> None:
+        link, did = self._by_seq.pop(seq, (None, 0))
+        state = (Released() if self._returned else Accepted()) if ack else \
+            Rejected(error("amqp:internal-error", "a queue's node could not take the message"))
+        self._returned = False
+        self.broker.stats["confirmed"] += ack
+        if link is not None and not link.detached:
+            link.context.settled.append((did, state))
+            self.dirty.add(link)
+            self.broker.mark_dirty(self.client)
+
+    def flush_confirms(self) -> None:
+        """Send this turn's settlements of published transfers: one disposition per run."""
+        engine = self.client.engine
+        for link in self.dirty:
+            by_state: dict[Any, list[int]] = {}
+            states: dict[Any, Any] = {}
+            for did, state in link.context.settled:
+                key = type(state)
+                by_state.setdefault(key, []).append(did)
+                states[key] = state
+            link.context.settled.clear()
+            for key, ids in by_state.items():
+                engine.settle_received(link, ids, states[key])
+            if not link.detached and link.credit < PUBLISH_CREDIT // 2 and \
+                    not self.broker.congested:
+                engine.give_credit(link, PUBLISH_CREDIT)
+        self.dirty.clear()
+
+    def publish_message(self, link: Link, delivery_id: int, settled: bool,
+                        payload: bytes) -> None:
+        """A whole message from a client's sending link: convert, route, publish."""
+        engine = self.client.engine
+        try:
+            msg = convert.to_091(payload)
+        except DecodeError as exc:
+            self._settle_now(link, delivery_id, settled,
+                             Rejected(error("amqp:decode-error", str(exc))))
+            return
+        target = link.context.target
+        if target is None:                       # anonymous relay: the message's "to"
+            try:
+                target = address.target(msg.to)
+            except address.BadAddress as exc:
+                self._settle_now(link, delivery_id, settled,
+                                 Rejected(error("amqp:invalid-field", str(exc))))
+                return
+        key = target.routing_key if target.routing_key is not None else msg.subject
+        if key is None:
+            self._settle_now(link, delivery_id, settled, Rejected(error(
+                "amqp:invalid-field", "no routing key: the address has none and the message "
+                                      "no subject")))
+            return
+        ev = MessagePublished(self.number, target.exchange, key, not settled, False,
+                              msg.header, msg.body)
+        self.confirm = not settled
+        self._publishing = (link, delivery_id)
+        try:
+            self.publish(ev)
+        except AMQPError as err:
+            if not settled:
+                self._by_seq.pop(self.publish_seq, None)
+            self._settle_now(link, delivery_id, settled,
+                             Rejected(error(condition(err), _text(err))))
+            if err.reply_code in (403, 404):       # as RabbitMQ 4: the link is detached
+                engine.detach(link, condition(err), _text(err))
+        finally:
+            self._publishing = None
+        if settled and link.credit < PUBLISH_CREDIT // 2 and not self.broker.congested:
+            engine.give_credit(link, PUBLISH_CREDIT)
+
+    def _settle_now(self, link: Link, delivery_id: int, settled: bool, state: Any) -> None:
+        if not settled:
+            link.context.settled.append((delivery_id, state))
+            self.dirty.add(link)
+            self.broker.mark_dirty(self.client)
+
+    # ---- consuming ---------------------------------------------------------------------------
+    def deliver(self, c: credit.Consumer, delivery_id: int, redelivered: bool, exchange: str,
+                routing_key: str, header: bytes, body: bytes) -> None:
+        """One delivery for link target ``c.target``: a transfer on its link."""
+        t = c.target
+        link = self.links.get(t.tag)
+        tag = self.next_tag
+        self.next_tag += 1
+        credit.on_delivered(self.pool, c)
+        d = Delivery(c.node_id, delivery_id, c)
+        if not t.no_ack:
+            self.unacked[tag] = d
+        if link is None or link.detached or link.credit <= 0:
+            # past the link's credit (the client lowered it): back to the queue
+            if not t.no_ack:
+                self.settle([(tag, self.unacked.pop(tag))], wire.OUTCOME_RELEASE)
+            return
+        payload = convert.to_amqp10(header, body, exchange, routing_key, redelivered)
+        self.client.engine.send_message(link, payload, tag)
+        t.credit = link.credit
+
+    def settle_deliveries(self, pairs: list, state: Any) -> None:
+        """The client settled deliveries (``(delivery id, delivery tag)`` pairs) with
+        ``state`` (an outcome, part 3.4)."""
+        t = type(state)
+        if t is Accepted:
+            outcome = wire.OUTCOME_ACK
+        elif t is Rejected:
+            outcome = wire.OUTCOME_REJECT
+        elif t is Modified and state.delivery_failed:
+            outcome = wire.OUTCOME_REQUEUE
+        elif t in (Released, Modified):
+            outcome = wire.OUTCOME_RELEASE
+        else:                   # received (not an outcome): nothing to do yet
+            return
+        taken = [(tag, self.unacked.pop(tag)) for _, tag in pairs if tag in self.unacked]
+        if taken:
+            self.settle(taken, outcome)
+
+    def credit_changed(self, link: Link) -> None:
+        t = link.context
+        if not isinstance(t, LinkTarget):
+            return
+        t.credit = link.credit
+        if link.drain and not t.drain:
+            t.drain = True
+            t.drain_sent = False
+        self.broker.replenish(self, t)
+
+    def _drained(self, t: LinkTarget) -> None:
+        link = self.links.get(t.tag)
+        if link is not None and not link.detached:
+            self.client.engine.drained(link)
+            t.credit = 0
+            self.broker.mark_dirty(self.client)
+
+    async def attach_receiver(self, link: Link) -> None:
+        """A client's receiving link: consume its source (a queue, a dynamic queue, an
+        exchange through a temporary queue, or ``x-multiqueue``'s queues)."""
+        engine = self.client.engine
+        src = link.source if isinstance(link.source, Source) else Source()
+        try:
+            queues, addr = await self._source_queues(link, src)
+            for q in queues:
+                self.check_access(READ, "queue", q)
+            args = _consume_args(link, src)
+        except address.BadAddress as exc:
+            engine.refuse_link(link, "amqp:invalid-field", str(exc))
+            return
+        except AMQPError as err:
+            engine.refuse_link(link, condition(err), _text(err))
+            return
+        tag = f"amq.ctag-{secrets.token_urlsafe(12)}"
+        t = LinkTarget(tag, self.number, self.vhost, link.settled_mode, registered=False,
+                       credit=link.credit, on_drained=self._drained)
+        link.context = t
+        self.links[tag] = link
+        try:
+            await self.consume(t, queues, False, args)
+        except AMQPError as err:
+            self.links.pop(tag, None)
+            engine.refuse_link(link, condition(err), _text(err))
+            self.client.flush()
+            return
+        if link.detached or self.closed:
+            self.broker.cancel_consumer(self, t)
+            return
+        source = Source(addr, src.durable, src.expiry_policy, src.timeout, src.dynamic,
+                        None, None, src.filter, src.default_outcome, src.outcomes,
+                        src.capabilities)
+        engine.accept_link(link, source=source)
+        t.credit = link.credit
+        self.broker.replenish(self, t)
+        self.client.flush()
+
+    async def _source_queues(self, link: Link, src: Source) -> tuple[list[str], str | None]:
+        multi = link.properties.get(Symbol("x-multiqueue")) or link.properties.get("x-multiqueue")
+        if multi is not None:
+            return credit.multiqueue_names(multi), src.address
+        if src.dynamic:
+            name = await self._declare("", exclusive=True, auto_delete=True)
+            return [name], address.queue_address(name)
+        where = address.source(src.address)
+        if where.queue is None:         # v1 /exchange/X/K, /topic/K: a temporary queue
+            name = await self._declare("", exclusive=True, auto_delete=True)
+            await topology_methods.on_queue_bind(self, C.Queue.Bind(
+                queue=name, exchange=where.exchange, routing_key=where.binding_key,
+                nowait=True))
+            return [name], src.address
+        if where.declare:
+            await self._declare(where.queue, durable=True)
+        return [where.queue], src.address
+
+    async def _declare(self, name: str, **flags: Any) -> str:
+        await topology_methods.on_queue_declare(self, C.Queue.Declare(
+            queue=name, nowait=True, **flags))
+        return self.last_queue
+
+    async def attach_sender(self, link: Link) -> None:
+        """A client's sending link: check its target (exchange, queue) and give credit."""
+        engine = self.client.engine
+        tgt = link.target if isinstance(link.target, Target) else Target()
+        try:
+            where = None if tgt.address is None else address.target(tgt.address)
+            if where is not None:
+                if self.broker.topology.get(self.vhost, where.exchange) is None:
+                    engine.refuse_link(link, "amqp:not-found",
+                                       f"no exchange '{where.exchange}' in vhost '{self.vhost}'")
+                    return
+                acc = self.client.access
+                if acc is not None:
+                    acc.check(WRITE, "exchange", where.exchange)
+                if where.queue is not None:
+                    await topology_methods.on_queue_declare(self, C.Queue.Declare(
+                        queue=where.queue, passive=True, nowait=True))
+        except address.BadAddress as exc:
+            engine.refuse_link(link, "amqp:invalid-field", str(exc))
+            return
+        except AMQPError as err:
+            engine.refuse_link(link, condition(err), _text(err))
+            return
+        if link.detached:
+            return
+        link.context = PublishLink(where)
+        engine.accept_link(link, credit=0 if self.broker.congested else PUBLISH_CREDIT)
+        self.client.flush()
+
+    def link_detached(self, link: Link) -> None:
+        """The link is gone: a consumer is cancelled and its unsettled deliveries requeued."""
+        t = link.context
+        if isinstance(t, LinkTarget):
+            self.links.pop(t.tag, None)
+            self.broker.cancel_consumer(self, t)
+            back = [(tag, d) for tag, d in self.unacked.items()
+                    if d.consumer is not None and d.consumer.target is t]
+            for tag, _ in back:
+                del self.unacked[tag]
+            if back:
+                self.settle(back, wire.OUTCOME_REQUEUE)
+
+    def send(self, method: Any) -> None:
+        """The broker cancelled a consumer (its queue deleted, its node lost): detach its
+        link with amqp:resource-deleted, as RabbitMQ 4 does. Other 0-9-1 methods have no
+        AMQP 1.0 form and are dropped."""
+        if isinstance(method, C.Basic.Cancel) and not self.closed:
+            link = self.links.pop(method.consumer_tag, None)
+            if link is not None:
+                self.client.engine.detach(link, "amqp:resource-deleted",
+                                          "the queue was deleted or its node is unreachable")
+
+
+def _consume_args(link: Link, src: Source) -> dict:
+    """basic.consume arguments from the link: a JMS selector filter (x-filter-jms-selector),
+    ``rabbitmq:priority`` (x-priority)."""
+    args: dict = {}
+    if isinstance(src.filter, dict):
+        for value in src.filter.values():
+            if isinstance(value, Described) and value.descriptor in SELECTOR_FILTER:
+                if not isinstance(value.value, str):
+                    raise address.BadAddress("the selector filter is not a string")
+                args["x-filter-jms-selector"] = value.value
+    prio = link.properties.get(Symbol("rabbitmq:priority"))
+    if type(prio) is int:
+        args["x-priority"] = prio
+    return args
