@@ -62,11 +62,13 @@ def report(broker: Broker) -> dict[str, list[dict]]:
         conns.append({
             "name": c.name, "node": broker.router_id, "user": user, "vhost": c.vhost,
             "state": "blocked" if c.blocked else ("running" if user else "starting"),
-            "channels": len(c.channels), "protocol": "AMQP 0-9-1", "ssl": c.tls,
+            "channels": len(c.channels), "ssl": c.tls,
+            "protocol": getattr(c, "protocol", "AMQP 0-9-1"),
             "peer_host": c.peer[0], "peer_port": c.peer[1], "host": c.local[0],
             "port": c.local[1], "connected_at": c.connected_at,
             "client_properties": json_safe(c.client_properties),
-            "type": "network", "auth_mechanism": "PLAIN"})
+            "type": "network",
+            "auth_mechanism": getattr(c, "auth_mechanism", "") or "PLAIN"})
         for ch in list(c.channels.values()):
             ch_name = f"{c.name} ({ch.number})"
             details = {"name": ch_name, "number": ch.number, "connection_name": c.name,

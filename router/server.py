@@ -139,7 +139,7 @@ async def serve(settings: Settings, host_node: HostNode | None = None,
             servers.append(await listen("tls_port", settings.tls_port, loop.create_server(
                 lambda: ClientConnection(broker, tls=True), settings.host, settings.tls_port,
                 ssl=tls_ctx, ssl_handshake_timeout=10.0, reuse_port=reuse, backlog=1024)))
-            log.info("router %s accepting AMQP 0-9-1 over TLS on %s:%s", broker.router_id,
+            log.info("router %s accepting AMQP 0-9-1 and 1.0 over TLS on %s:%s", broker.router_id,
                      settings.host, servers[-1].sockets[0].getsockname()[1])
             reloader = asyncio.ensure_future(tls.reload_loop(tls_ctx, settings))
         if settings.management_port:
@@ -163,7 +163,7 @@ async def serve(settings: Settings, host_node: HostNode | None = None,
         await _stop_hosted(hosted, ctx)
         return exc.exit_code
     print(f"shoal router ready on {host}:{port}{direct}", flush=True)
-    log.info("router %s accepting AMQP 0-9-1 on %s:%s, %d nodes", broker.router_id, host, port,
+    log.info("router %s accepting AMQP 0-9-1 and 1.0 on %s:%s, %d nodes", broker.router_id, host, port,
              len(broker.links))
     ticker = asyncio.ensure_future(heartbeat_loop(broker))
     reports = asyncio.ensure_future(live.report_loop(broker))   # for any router's API

@@ -546,10 +546,15 @@ class Engine:
                                    MAX_WINDOW))
 
     def _link_flow(self, link: Link, drain: bool = False) -> None:
+        """Our flow for ``link``. Behind transfers still waiting for the client's session
+        window it waits too: its delivery-count counts them (part 2.6.7)."""
         s = link.session
-        self._send(s.channel, Flow(s.next_incoming_id, s.incoming_window, s.next_outgoing_id,
-                                   MAX_WINDOW, link.handle, link.delivery_count, link.credit,
-                                   None, drain or link.drain))
+        flow = Flow(s.next_incoming_id, s.incoming_window, s.next_outgoing_id, MAX_WINDOW,
+                    link.handle, link.delivery_count, link.credit, None, drain or link.drain)
+        if s.pending:
+            s.pending.append((link, flow, b""))
+        else:
+            self._send(s.channel, flow)
 
     def give_credit(self, link: Link, credit: int) -> None:
         """Let the client send ``credit`` more transfers on ``link`` (ours a receiver)."""
@@ -661,9 +666,12 @@ class Engine:
         self._send(s.channel, t, payload)
 
     def _send_pending(self, s: Session) -> None:
-        while s.pending and s.remote_incoming_window > 0:
+        while s.pending and (s.remote_incoming_window > 0 or type(s.pending[0][1]) is Flow):
             link, t, payload = s.pending.popleft()
             if link.detached:
+                continue
+            if type(t) is Flow:
+                self._send(s.channel, t)
                 continue
             s.remote_incoming_window -= 1
             s.next_outgoing_id = (s.next_outgoing_id + 1) & 0xFFFFFFFF

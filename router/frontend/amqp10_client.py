@@ -36,7 +36,7 @@ PRODUCT = "Shoal"
 class AMQP10Connection(asyncio.Protocol):
     """The asyncio side of one AMQP 1.0 client connection (a BrokerClient: router/session.py).
     """
-    protocol = "AMQP 1.0"
+    protocol = "AMQP 1-0"          #: as RabbitMQ's management API names it
 
     def __init__(self, broker: Broker, transport: asyncio.Transport, tls: bool,
                  owner: str) -> None:
