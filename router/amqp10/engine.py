@@ -161,8 +161,12 @@ class Engine:
 
     def __init__(self, login: sasl.Login, mechanisms: list[str], idle_timeout_ms: int = 60000,
                  max_frame_size: int = MAX_FRAME_SIZE, max_message_size: int = 0,
-                 anonymous_user: str | None = None) -> None:
+                 anonymous_user: str | None = None,
+                 admit_session: Any = None) -> None:
+        """``admit_session()`` -> None, or why a new session is refused (a channel limit:
+        the session is begun, then ended with amqp:resource-limit-exceeded)."""
         self._login, self._mechanisms = login, mechanisms
+        self._admit_session = admit_session
         self._anonymous_user = anonymous_user
         self._in = bytearray()
         self._out = bytearray()
@@ -410,9 +414,13 @@ class Engine:
         if channel in self.sessions or channel > self.remote_channel_max:
             raise ProtocolError("amqp:connection:framing-error",
                                 f"channel {channel} is in use or above channel-max")
+        refusal = self._admit_session() if self._admit_session is not None else None
         s = self.sessions[channel] = Session(channel, channel, b)
         self._send(channel, Begin(channel, s.next_outgoing_id, s.incoming_window, MAX_WINDOW,
                                   HANDLE_MAX))
+        if refusal is not None:
+            s.ended = True
+            self._send(channel, End(error("amqp:resource-limit-exceeded", refusal)))
 
     def _on_end(self, channel: int, e: End) -> None:
         s = self.sessions.pop(channel, None)

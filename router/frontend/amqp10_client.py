@@ -75,7 +75,8 @@ class AMQP10Connection(asyncio.Protocol):
         if anonymous:
             mechanisms.append("ANONYMOUS")
         self.engine = Engine(self._login, mechanisms, idle_timeout_ms=s.heartbeat * 1000,
-                             max_message_size=s.max_message_size, anonymous_user=anonymous)
+                             max_message_size=s.max_message_size, anonymous_user=anonymous,
+                             admit_session=self._admit_session)
         self.amqp = self.engine     #: what live.py and access_sync.py read (user, is_closed)
         broker.connections.add(self)
 
@@ -96,6 +97,15 @@ class AMQP10Connection(asyncio.Protocol):
         if mechanism == "ANONYMOUS":
             return self.broker.settings.anonymous_login_user or None
         return None
+
+    def _admit_session(self) -> str | None:
+        """A new session counts as a channel toward the user's channel limit (RabbitMQ 4)."""
+        user = self.engine.user
+
+        def open_channels() -> int:
+            return sum(c.amqp.open_channels for c in self.broker.connections
+                       if c.amqp is not None and c.amqp.user == user)
+        return self.broker.limits.admit_channel(user, open_channels)
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:

@@ -289,6 +289,10 @@ class LinkChannel(Channel):
     async def attach_sender(self, link: Link) -> None:
         """A client's sending link: check its target (exchange, queue) and give credit."""
         engine = self.client.engine
+        if link.target is not None and not isinstance(link.target, Target):
+            engine.refuse_link(link, "amqp:not-implemented",
+                               "transactions (coordinator links) are not supported")
+            return
         tgt = link.target if isinstance(link.target, Target) else Target()
         try:
             where = None if tgt.address is None else address.target(tgt.address)
