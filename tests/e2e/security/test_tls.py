@@ -153,3 +153,42 @@ def test_a_renewed_certificate_is_served_without_a_restart(tls_cluster):
     assert conn.is_open
     conn.channel().queue_declare("", exclusive=True)
     conn.close()
+
+
+def _proton_tls(cluster, cert=None, mechs="PLAIN", **kw):
+    """A python-qpid-proton (AMQP 1.0) connection over amqps (docs/amqp10.md)."""
+    proton = pytest.importorskip("proton", reason="python-qpid-proton is a test dependency")
+    from proton.utils import BlockingConnection
+    domain = proton.SSLDomain(proton.SSLDomain.MODE_CLIENT)
+    domain.set_trusted_ca_db(str(cluster.ca.ca_file))
+    domain.set_peer_authentication(proton.SSLDomain.VERIFY_PEER)
+    if cert is not None:
+        domain.set_credentials(str(cert[0]), str(cert[1]), None)
+    return BlockingConnection(f"amqps://127.0.0.1:{cluster.tls_port}", ssl_domain=domain,
+                              allowed_mechs=mechs, timeout=10, **kw)
+
+
+def test_amqp10_over_tls_with_plain(tls_cluster, uid):
+    conn = _proton_tls(tls_cluster, user="guest", password="guest")
+    queue = f"tls10-{uid}"
+    with pika_tls(tls_cluster, client_context(tls_cluster.ca)) as p:
+        p.channel().queue_declare(queue)
+    from proton import Message
+    conn.create_sender(f"/queues/{queue}").send(Message(body="over amqps"))
+    assert conn.create_receiver(f"/queues/{queue}").receive(timeout=10).body == "over amqps"
+    conn.close()
+
+
+def test_amqp10_external_logs_in_as_the_certificates_common_name(tls_cluster):
+    cert = tls_cluster.ca.issue("client10", "tls-client", server=False)
+    conn = _proton_tls(tls_cluster, cert, mechs="EXTERNAL")
+    receiver = conn.create_receiver(None, dynamic=True)     # a temporary queue: logged in
+    assert receiver.link.remote_source.address.startswith("/queues/amq.gen-")
+    conn.close()
+
+
+def test_amqp10_external_for_a_certificate_of_no_user_is_refused(tls_cluster):
+    from proton import ConnectionException
+    cert = tls_cluster.ca.issue("stranger10", "nobody-here-10", server=False)
+    with pytest.raises(ConnectionException, match="unauthorized-access"):
+        _proton_tls(tls_cluster, cert, mechs="EXTERNAL")
