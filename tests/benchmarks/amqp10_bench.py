@@ -1,0 +1,635 @@
+"""AMQP 1.0 side by side: Shoal against RabbitMQ 3.10's ``rabbitmq_amqp1_0`` plugin (issue 37).
+
+    python tests/benchmarks/amqp10_bench.py [--rate 5000] [--time 30] [--warmup 5]
+        [--repeat 3] [--brokers shoal,rabbitmq] [--nodes 2] [--embed] [--local-link unix]
+
+One queue, one python-qpid-proton sender and one proton receiver, each in its own process
+(``multiprocessing``, spawn), so that the clients' CPU is neither counted in the broker's
+figure nor starving the process that samples it.
+
+- The queue: declared with pika (AMQP 0-9-1, non-durable, a fresh name per run), deleted after.
+  Addresses: RabbitMQ 3.10 (v1) ``/amq/queue/NAME``; Shoal ``/queues/NAME`` (the v2 form).
+- Sender: unsettled transfers (at-least-once; the broker settles each with ``accepted``),
+  100-byte body in one data section, application properties ``seq`` and ``ts`` (the send
+  time, ``time.monotonic_ns()``, one clock for every process of the machine). Paced by a fixed
+  schedule: message ``i`` is due at ``t0 + i / rate``; every ``--tick-ms`` (1 ms) the sender
+  sends every message that is due (as far as link credit allows: a sender that falls behind
+  catches up, and the lag shows in the achieved rate).
+- Receiver: link credit window ``--credit`` (200, proton's prefetch: topped up as messages are
+  processed), accepts each message (``accepted`` disposition, settled).
+- The measured window: ``--warmup`` seconds after ``t0`` to ``--warmup + --time``. Broker CPU:
+  utime+stime (/proc/PID/stat) of the broker's processes, sampled at the window's two ends
+  (RabbitMQ: beam.smp; Shoal: the ``shoal serve`` launcher, its routers and nodes, each pid
+  once), divided by the messages sent in the window. Latency: receive time minus ``ts`` of
+  every message sent in the window, p50/p99. Achieved rate: messages sent in the window / its
+  length (and received of those).
+- Each broker runs ``--repeat`` times, the brokers alternating (Shoal, RabbitMQ, Shoal, ...),
+  a fresh ``shoal serve`` per Shoal run; the table gives every run, the median per broker,
+  and the Shoal/RabbitMQ ratios of CPU per message and p99 per pair (Shoal run i against
+  RabbitMQ run i) with their median. Read the ratios, not the absolute figures (the machine
+  is shared).
+
+RabbitMQ: started if 5672 is closed (``rabbitmq-server -detached``; ``rabbitmqctl
+await_startup``), ``rabbitmq_amqp1_0`` enabled and ``rabbitmq_management`` /
+``rabbitmq_prometheus`` disabled (``rabbitmq-plugins``); left running at the end unless
+``--stop-rabbitmq``. Shoal: ``shoal serve --port P --nodes N`` as compare_rabbitmq.py starts it
+(management and Prometheus ports off, as RabbitMQ's plugins are), ``--embed`` adds
+``--embed-node`` and puts the queue on node-0.
+
+Not collected by pytest (no ``test_`` prefix): a benchmark asserts no speed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cluster import name_on, stop_serve  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+BODY = b"x" * 100
+
+
+def log(msg: str) -> None:
+    print(f"[amqp10 {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """Sum of utime+stime (s) of ``pids`` (/proc/PID/stat fields 14 and 15)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / TICKS
+
+
+def percentile(sorted_values: list[int], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    k = min(len(sorted_values) - 1, max(0, int(round(q * len(sorted_values) + 0.5)) - 1))
+    return sorted_values[k]
+
+
+# -- clients (each in its own process) ------------------------------------------------------
+#: the message: one data section of 100 bytes (no header, no properties), whose first 16
+#: bytes carry the sequence number and the send time (``>QQ``); built by hand so that the
+#: client's CPU goes to the protocol, not to ``proton.Message`` objects
+DATA_SECTION = b"\x00\x53\x75\xa0" + bytes([len(BODY)])
+STAMP = struct.Struct(">QQ")
+
+
+def stamp_of(payload: bytes) -> tuple[int, int] | None:
+    """(seq, ts) from a received message: the brokers may add a header or annotations, so
+    the data section is looked up from the end."""
+    at = payload.rfind(DATA_SECTION)
+    if at < 0:
+        return None
+    return STAMP.unpack_from(payload, at + len(DATA_SECTION))
+
+
+def _connect(container, url: str):
+    return container.connect(url, allowed_mechs="PLAIN", allow_insecure_mechs=True)
+
+
+def sender_main(url: str, address: str, rate: int, t0_ns: int, warmup_s: float, time_s: float,
+                tick_ms: float, ready, out) -> None:
+    """The sender process: proton's reactor with a plain handler (no MessagingHandler, no
+    Message objects): ``delivery(tag)``, ``send(bytes)``, ``advance()``; counts the broker's
+    outcomes and settles them."""
+    from proton import Delivery
+    from proton.reactor import Container
+
+    total = int(rate * (warmup_s + time_s))
+    win_lo, win_hi = t0_ns + int(warmup_s * 1e9), t0_ns + int((warmup_s + time_s) * 1e9)
+    interval_ns = 1e9 / rate
+    pad = BODY[STAMP.size:]
+
+    class Sender:
+        def __init__(self) -> None:
+            self.seq = 0
+            self.sent_in_window = 0
+            self.accepted = self.rejected = self.released = self.other = 0
+            self.max_lag_ns = 0
+            self.no_credit_ticks = 0
+            self.snd = self.conn = None
+            self.started = False
+            self.error = ""
+
+        def on_reactor_init(self, event):
+            self.conn = _connect(event.container, url)
+            self.snd = event.container.create_sender(self.conn, target=address)
+
+        def on_link_remote_open(self, event):
+            if event.link.is_sender and not self.started:
+                self.started = True
+                ready.set()
+                event.container.schedule(max(0.0, (t0_ns - time.monotonic_ns()) / 1e9), self)
+
+        def on_timer_task(self, event):
+            if self.error:
+                return
+            self.pump()
+            if self.seq < total:
+                event.container.schedule(tick_ms / 1000, self)
+            else:
+                event.container.schedule(0.05, _Waiter(self))
+
+        def on_link_flow(self, event):
+            if self.started and time.monotonic_ns() >= t0_ns:
+                self.pump()
+
+        def pump(self) -> None:
+            snd = self.snd
+            now = time.monotonic_ns()
+            due = min(total, int((now - t0_ns) / interval_ns) + 1)
+            if self.seq < due and snd.credit <= 0:
+                self.no_credit_ticks += 1
+            while self.seq < due and snd.credit > 0:
+                ts = time.monotonic_ns()
+                lag = ts - (t0_ns + self.seq * interval_ns)
+                if lag > self.max_lag_ns:
+                    self.max_lag_ns = lag
+                snd.delivery(b"%x" % self.seq)
+                snd.send(DATA_SECTION + STAMP.pack(self.seq, ts) + pad)
+                snd.advance()
+                if win_lo <= ts < win_hi:
+                    self.sent_in_window += 1
+                self.seq += 1
+
+        def on_delivery(self, event):
+            d = event.delivery
+            if not d.updated:
+                return
+            state = d.remote_state
+            if state == Delivery.ACCEPTED:
+                self.accepted += 1
+            elif state == Delivery.REJECTED:
+                self.rejected += 1
+            elif state == Delivery.RELEASED:
+                self.released += 1
+            else:
+                self.other += 1
+            d.settle()
+
+        def on_link_remote_close(self, event):
+            self.error = self.error or f"link closed: {event.link.remote_condition}"
+            event.connection.close()
+
+        def on_connection_remote_close(self, event):
+            if event.connection.remote_condition or not event.connection.state & 4:
+                # a close we did not start (4 = Endpoint.LOCAL_CLOSED)
+                self.error = self.error or \
+                    f"connection closed: {event.connection.remote_condition}"
+            event.connection.close()
+
+        def on_transport_error(self, event):
+            self.error = self.error or f"transport: {event.transport.condition}"
+
+    class _Waiter:
+        """After the last send: close once every transfer has an outcome (or after 15 s)."""
+        def __init__(self, s: Sender) -> None:
+            self.s, self.deadline = s, time.monotonic() + 15
+
+        def on_timer_task(self, event):
+            s = self.s
+            done = s.accepted + s.rejected + s.released + s.other
+            if done >= s.seq or time.monotonic() > self.deadline or s.error:
+                s.conn.close()
+            else:
+                event.container.schedule(0.05, self)
+
+    h = Sender()
+    try:
+        Container(h).run()
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        h.error = h.error or repr(e)
+    out.put({"role": "sender", "sent": h.seq, "sent_in_window": h.sent_in_window,
+             "accepted": h.accepted, "rejected": h.rejected, "released": h.released,
+             "other_outcome": h.other, "max_lag_ms": round(h.max_lag_ns / 1e6, 3),
+             "no_credit_ticks": h.no_credit_ticks, "cpu_s": round(time.process_time(), 3),
+             "error": h.error})
+
+
+def receiver_main(url: str, address: str, credit: int, rate: int, warmup_s: float,
+                  time_s: float, t0_box, ready, out) -> None:
+    """The receiver process: a plain handler that grants ``credit`` and tops it back up after
+    each delivery (as proton's own flow controller does), reads each delivery's bytes, accepts
+    and settles it."""
+    from proton import Delivery
+    from proton.reactor import Container
+
+    total = int(rate * (warmup_s + time_s))
+    lo, hi = int(rate * warmup_s), total
+
+    class Receiver:
+        def __init__(self) -> None:
+            self.lat: list[int] = []
+            self.received = 0
+            self.seen = bytearray(total)
+            self.dups = self.unreadable = 0
+            self.conn = self.rcv = None
+            self.opened = False
+            self.error = ""
+
+        def on_reactor_init(self, event):
+            self.conn = _connect(event.container, url)
+            self.rcv = event.container.create_receiver(self.conn, source=address)
+            self.rcv.flow(credit)
+            event.container.schedule(1.0, self)
+
+        def on_link_remote_open(self, event):
+            if event.link.is_receiver and not self.opened:
+                self.opened = True
+                ready.set()
+
+        def on_delivery(self, event):
+            d = event.delivery
+            if not d.readable or d.partial:
+                return
+            link = d.link
+            data = link.recv(d.pending)
+            now = time.monotonic_ns()
+            link.advance()      # before settle(): settling the current delivery advances too
+            d.update(Delivery.ACCEPTED)
+            d.settle()
+            if link.credit < credit:
+                link.flow(credit - link.credit)
+            self.received += 1
+            st = stamp_of(data)
+            if st is None:
+                self.unreadable += 1
+                return
+            seq, ts = st
+            if 0 <= seq < total:
+                if self.seen[seq]:
+                    self.dups += 1
+                self.seen[seq] = 1
+            if lo <= seq < hi:
+                self.lat.append(now - ts)
+
+        def on_timer_task(self, event):
+            t0 = t0_box.value
+            late = t0 and time.monotonic_ns() > t0 + (warmup_s + time_s + 20) * 1e9
+            if (t0 and self.received >= total) or late or self.error:
+                self.conn.close()
+            else:
+                event.container.schedule(0.2, self)
+
+        def on_link_remote_close(self, event):
+            self.error = self.error or f"link closed: {event.link.remote_condition}"
+            event.connection.close()
+
+        def on_connection_remote_close(self, event):
+            if event.connection.remote_condition or not event.connection.state & 4:
+                # a close we did not start (4 = Endpoint.LOCAL_CLOSED)
+                self.error = self.error or \
+                    f"connection closed: {event.connection.remote_condition}"
+            event.connection.close()
+
+        def on_transport_error(self, event):
+            self.error = self.error or f"transport: {event.transport.condition}"
+
+    h = Receiver()
+    try:
+        Container(h).run()
+    except Exception as e:  # noqa: BLE001
+        h.error = h.error or repr(e)
+    out.put({"role": "receiver", "received": h.received, "window_received": sum(h.seen[lo:hi]),
+             "dups": h.dups, "unreadable": h.unreadable, "lat_ns": sorted(h.lat),
+             "cpu_s": round(time.process_time(), 3), "error": h.error})
+
+
+# -- brokers --------------------------------------------------------------------------------
+class RabbitMQ:
+    label = "RabbitMQ"
+    port = 5672
+
+    def ensure(self) -> None:
+        if not shutil.which("rabbitmq-server"):
+            raise SystemExit("amqp10_bench: rabbitmq-server is not installed "
+                             "(compare_rabbitmq.py installs it)")
+        if not port_open(5672):
+            log("starting RabbitMQ")
+            subprocess.run(["rabbitmq-server", "-detached"], check=True)
+        deadline = time.monotonic() + 180
+        while subprocess.run(["rabbitmqctl", "await_startup", "--timeout", "120"], check=False,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode:
+            if time.monotonic() > deadline:
+                raise RuntimeError("RabbitMQ did not start (see /var/log/rabbitmq)")
+            time.sleep(2)
+        for cmd in (["rabbitmq-plugins", "enable", "rabbitmq_amqp1_0"],
+                    ["rabbitmq-plugins", "disable", "rabbitmq_management",
+                     "rabbitmq_prometheus"]):
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        out = subprocess.run(["rabbitmqctl", "eval", "list_to_integer(os:getpid())."],
+                             check=True, capture_output=True, text=True).stdout
+        self.pid = int(out.strip().splitlines()[-1])
+        self.version = subprocess.run(["rabbitmqctl", "version"], capture_output=True,
+                                      text=True).stdout.strip()
+        log(f"RabbitMQ {self.version} ready (beam.smp pid {self.pid}), rabbitmq_amqp1_0 on")
+
+    def url(self) -> str:
+        return "amqp://guest:guest@127.0.0.1:5672"
+
+    def address(self, q: str) -> str:
+        return f"/amq/queue/{q}"
+
+    def queue_name(self) -> str:
+        return f"amqp10-bench-{uuid.uuid4().hex[:8]}"
+
+    def pids(self) -> list[int]:
+        return [self.pid]
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        subprocess.run(["rabbitmqctl", "stop"], check=False, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        log("RabbitMQ stopped")
+
+
+class Shoal:
+    """A fresh ``shoal serve`` per run."""
+
+    def __init__(self, port: int, nodes: int, work: Path, embed: bool, local_link: str,
+                 src: str = "") -> None:
+        self.port, self.nodes, self.work = port, nodes, work
+        self.embed, self.local_link = embed, local_link
+        self.label = f"Shoal ({nodes} nodes{', embed' if embed else ''}" \
+                     f"{', ' + local_link if local_link else ''})"
+        self.env = {**os.environ, "SHOAL_MANAGEMENT_PORT": "0", "SHOAL_PROMETHEUS_PORT": "0"}
+        self.proc: subprocess.Popen | None = None
+
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}"
+
+    def address(self, q: str) -> str:
+        return f"/queues/{q}"
+
+    def queue_name(self) -> str:
+        pattern = f"amqp10-bench-{uuid.uuid4().hex[:8]}"
+        return name_on("node-0", self.nodes, pattern + "-{}") if self.embed else pattern
+
+    def start(self) -> None:
+        data = Path(tempfile.mkdtemp(prefix="shoal-", dir=self.work))
+        self.data = data
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shoal.cli", "serve", "--port", str(self.port),
+             "--nodes", str(self.nodes), "--data-dir", str(data), "--log-level", "warning",
+             *(["--embed-node"] if self.embed else []),
+             *(["--local-link", self.local_link] if self.local_link else [])],
+            stdout=subprocess.PIPE, stderr=open(data / "serve.log", "wb"), text=True,
+            start_new_session=True, env=self.env)
+        deadline = time.monotonic() + 60
+        for line in self.proc.stdout:
+            if "shoal ready" in line:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("shoal serve did not get ready")
+        else:
+            raise RuntimeError(f"shoal serve exited: see {data / 'serve.log'}")
+        info = json.loads((data / "cluster.json").read_text())
+        pids = [r["pid"] for r in info.get("routers", [])] or [info["router"]["pid"]]
+        self.child_pids = list(dict.fromkeys(pids + [n["pid"] for n in info["nodes"]]))
+
+    def pids(self) -> list[int]:
+        return [self.proc.pid, *self.child_pids]
+
+    def stop(self) -> None:
+        stop_serve(self.proc)
+        self.proc = None
+
+    def shutdown(self) -> None:
+        self.stop()
+
+
+def declare(port: int, q: str, delete: bool = False) -> None:
+    import pika
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    ch = conn.channel()
+    if delete:
+        ch.queue_delete(q)
+    else:
+        ch.queue_declare(q, durable=False)
+    conn.close()
+
+
+# -- one run --------------------------------------------------------------------------------
+def run_once(broker, args) -> dict:
+    ctx = mp.get_context("spawn")
+    broker.start()
+    q = broker.queue_name()
+    procs = []
+    try:
+        declare(broker.port, q)
+        out = ctx.Queue()
+        t0_box = ctx.Value("q", 0)
+        r_ready, s_ready = ctx.Event(), ctx.Event()
+        rp = ctx.Process(target=receiver_main, args=(broker.url(), broker.address(q),
+                                                      args.credit, args.rate, args.warmup,
+                                                      args.time, t0_box, r_ready, out))
+        rp.start()
+        procs.append(rp)
+        if not r_ready.wait(30):
+            raise RuntimeError("receiver did not attach: " + _drain_error(out))
+        # the sender starts its schedule at t0 (it is passed the time before it connects)
+        t0 = time.monotonic_ns() + int(2e9)
+        t0_box.value = t0
+        sp = ctx.Process(target=sender_main, args=(broker.url(), broker.address(q), args.rate,
+                                                    t0, args.warmup, args.time, args.tick_ms,
+                                                    s_ready, out))
+        sp.start()
+        procs.append(sp)
+        if not s_ready.wait(30):
+            raise RuntimeError("sender did not attach: " + _drain_error(out))
+        pids = broker.pids()
+        lo, hi = t0 + int(args.warmup * 1e9), t0 + int((args.warmup + args.time) * 1e9)
+        time.sleep(max(0.0, (lo - time.monotonic_ns()) / 1e9))
+        cpu0, w0 = cpu_seconds(pids), time.monotonic_ns()
+        time.sleep(max(0.0, (hi - time.monotonic_ns()) / 1e9))
+        cpu1, w1 = cpu_seconds(pids), time.monotonic_ns()
+        results = {}
+        deadline = time.monotonic() + args.time + args.warmup + 60
+        while len(results) < 2 and time.monotonic() < deadline:
+            try:
+                r = out.get(timeout=1)
+                results[r["role"]] = r
+            except queue_mod.Empty:
+                if all(not p.is_alive() for p in procs) and out.empty():
+                    break
+        for p in procs:
+            p.join(10)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+        try:
+            declare(broker.port, q, delete=True)
+        except Exception:  # noqa: BLE001 - the broker may be gone
+            pass
+        broker.stop()
+    s, r = results.get("sender", {}), results.get("receiver", {})
+    cpu = cpu1 - cpu0
+    window_s = (w1 - w0) / 1e9
+    n = s.get("sent_in_window") or 0
+    lat = r.get("lat_ns") or []
+    res = {"broker": broker.label, "queue": q, "cpu_s": round(cpu, 3),
+           "window_s": round(window_s, 3), "sent_in_window": n,
+           "cpu_us_per_msg": round(cpu / n * 1e6, 2) if n else None,
+           "sent_rate": round(n / args.time, 1),
+           "recv_rate": round((r.get("window_received") or 0) / args.time, 1),
+           "p50_ms": _ms(percentile(lat, 0.50)), "p99_ms": _ms(percentile(lat, 0.99)),
+           "max_ms": _ms(lat[-1] if lat else None),
+           "sent": s.get("sent"), "accepted": s.get("accepted"), "rejected": s.get("rejected"),
+           "released": s.get("released"), "received": r.get("received"), "dups": r.get("dups"),
+           "sender_max_lag_ms": s.get("max_lag_ms"), "no_credit_ticks": s.get("no_credit_ticks"),
+           # whole-process CPU of each client (connect to close), per message sent
+           "sender_cpu_us_per_msg": _per(s.get("cpu_s"), s.get("sent")),
+           "receiver_cpu_us_per_msg": _per(r.get("cpu_s"), r.get("received")),
+           "errors": [e for e in (s.get("error"), r.get("error")) if e]}
+    if len(results) < 2:
+        res["errors"].append(f"missing client results: {sorted(results)}")
+    log(f"{broker.label:<24} cpu {res['cpu_us_per_msg']} us/msg, p50/p99 {res['p50_ms']}/"
+        f"{res['p99_ms']} ms, sent {res['sent_rate']}/s recv {res['recv_rate']}/s, "
+        f"accepted {res['accepted']}/{res['sent']}, received {res['received']} "
+        f"(dups {res['dups']}), lag max {res['sender_max_lag_ms']} ms, client CPU "
+        f"{res['sender_cpu_us_per_msg']}/{res['receiver_cpu_us_per_msg']} us/msg"
+        + (f" ERRORS {res['errors']}" if res["errors"] else ""))
+    return res
+
+
+def _per(cpu_s, n) -> float | None:
+    return round(cpu_s / n * 1e6, 1) if cpu_s is not None and n else None
+
+
+def _ms(ns) -> float | None:
+    return None if ns is None else round(ns / 1e6, 3)
+
+
+def _drain_error(out) -> str:
+    try:
+        return str(out.get(timeout=1))
+    except queue_mod.Empty:
+        return "(no report)"
+
+
+def med(values):
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 3) if values else None
+
+
+def table(runs: dict[str, list[dict]], shoal_label: str | None, rabbit_label: str | None
+          ) -> str:
+    lines = ["| broker | run | CPU us/msg | p50 ms | p99 ms | sent/s | recv/s | errors |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, rs in runs.items():
+        for i, r in enumerate(rs, 1):
+            lines.append(f"| {label} | {i} | {r['cpu_us_per_msg']} | {r['p50_ms']} | "
+                         f"{r['p99_ms']} | {r['sent_rate']} | {r['recv_rate']} | "
+                         f"{'; '.join(r['errors']) or '-'} |")
+        lines.append(f"| {label} | median | {med([r['cpu_us_per_msg'] for r in rs])} | "
+                     f"{med([r['p50_ms'] for r in rs])} | {med([r['p99_ms'] for r in rs])} | "
+                     f"{med([r['sent_rate'] for r in rs])} | {med([r['recv_rate'] for r in rs])}"
+                     f" | |")
+    if shoal_label in runs and rabbit_label in runs:
+        cpu_r, p99_r = [], []
+        for s, r in zip(runs[shoal_label], runs[rabbit_label]):
+            if s["cpu_us_per_msg"] and r["cpu_us_per_msg"]:
+                cpu_r.append(round(s["cpu_us_per_msg"] / r["cpu_us_per_msg"], 3))
+            if s["p99_ms"] and r["p99_ms"]:
+                p99_r.append(round(s["p99_ms"] / r["p99_ms"], 3))
+        lines += ["", "Shoal/RabbitMQ per pair (Shoal run i, RabbitMQ run i):",
+                  f"- CPU per message: {cpu_r} -> median {med(cpu_r)}",
+                  f"- p99 latency:     {p99_r} -> median {med(p99_r)}"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=int, default=5000)
+    p.add_argument("--time", type=float, default=30.0, help="measured seconds")
+    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--credit", type=int, default=200, help="receiver's link credit window")
+    p.add_argument("--tick-ms", type=float, default=1.0, help="sender's pacing tick")
+    p.add_argument("--brokers", default="shoal,rabbitmq")
+    p.add_argument("--nodes", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--shoal-port", type=int, default=5673)
+    p.add_argument("--embed", action="store_true",
+                   help="shoal serve --embed-node, the queue on node-0")
+    p.add_argument("--local-link", choices=["zmq", "unix"], default="")
+    p.add_argument("--stop-rabbitmq", action="store_true", help="rabbitmqctl stop at the end")
+    p.add_argument("--out", default="", help="write the results as JSON here")
+    args = p.parse_args(argv)
+
+    def _exit(signum, _frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGINT, _exit)
+    names = [b.strip() for b in args.brokers.split(",") if b.strip()]
+    work = Path(tempfile.mkdtemp(prefix="amqp10-bench-"))
+    brokers = []
+    shoal = rabbit = None
+    for name in names:
+        if name == "shoal":
+            if port_open(args.shoal_port):
+                print(f"amqp10_bench: port {args.shoal_port} is in use", file=sys.stderr)
+                return 2
+            shoal = Shoal(args.shoal_port, args.nodes, work, args.embed, args.local_link)
+            brokers.append(shoal)
+        elif name == "rabbitmq":
+            rabbit = RabbitMQ()
+            rabbit.ensure()
+            brokers.append(rabbit)
+        else:
+            p.error(f"unknown broker {name!r}")
+    runs: dict[str, list[dict]] = {b.label: [] for b in brokers}
+    try:
+        for _ in range(args.repeat):
+            for b in brokers:
+                runs[b.label].append(run_once(b, args))
+    finally:
+        if shoal:
+            shoal.stop()
+        if rabbit and args.stop_rabbitmq:
+            rabbit.shutdown()
+    print(f"\nAMQP 1.0, 1 queue, {args.rate} msg/s, {len(BODY)} B, credit {args.credit}, "
+          f"{args.time:g} s measured after {args.warmup:g} s; "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+    print(table(runs, shoal.label if shoal else None, rabbit.label if rabbit else None))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
