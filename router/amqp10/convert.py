@@ -24,8 +24,8 @@ from typing import Any
 from pamqp import commands as C
 from pamqp.header import ContentHeader
 
-from shoal.router.amqp10.codec import (DecodeError, Described, Symbol, Timestamp, Typed,
-                                       _var_out, decode, encode)
+from shoal.router.amqp10.codec import (_I, DecodeError, Described, Symbol, Timestamp, Typed,
+                                       _enc, _pII, _uint, _var_out, decode, encode)
 
 HEADER, DELIVERY_ANN, MESSAGE_ANN, PROPERTIES, APP_PROPERTIES = 0x70, 0x71, 0x72, 0x73, 0x74
 DATA, SEQUENCE, VALUE, FOOTER = 0x75, 0x76, 0x77, 0x78
@@ -44,21 +44,42 @@ class Incoming:
         self.header, self.body, self.to, self.subject = header, body, to, subject
 
 
-def sections(payload: bytes) -> list[tuple[int, Any, int, int]]:
-    """The message's sections in order: ``(code, value, start, end)``. Raises DecodeError."""
+def sections(payload: bytes) -> list[tuple[int, int, int, int]]:
+    """The message's sections in order: ``(code, start, start of its value, end)``, found by
+    their sizes without decoding them. Raises DecodeError."""
     out = []
     pos, n = 0, len(payload)
     while pos < n:
-        start = pos
-        value, pos = decode(payload, pos)
-        if type(value) is not Described:
+        if payload[pos] != 0x00:
             raise DecodeError("message section is not a described value")
-        d = value.descriptor
-        code = d if type(d) is int else _SYMBOLIC.get(d)
+        if payload[pos + 1:pos + 2] == b"\x53" and pos + 2 < n:
+            code, vstart = payload[pos + 2], pos + 3
+        else:
+            descriptor, vstart = decode(payload, pos + 1)
+            code = descriptor if type(descriptor) is int else _SYMBOLIC.get(descriptor)
         if code not in _SECTION_NAMES:
-            raise DecodeError(f"unknown message section {d!r}")
-        out.append((code, value.value, start, pos))
+            raise DecodeError(f"unknown message section 0x{code or 0:x}")
+        end = _skip(payload, vstart, n)
+        out.append((code, pos, vstart, end))
+        pos = end
     return out
+
+
+def _skip(buf: bytes, pos: int, n: int) -> int:
+    """Where the value at ``pos`` ends: compound and variable-width values by their size
+    octets, others by decoding."""
+    if pos >= n:
+        raise DecodeError("message section without a value")
+    c = buf[pos]
+    if c in (0xa0, 0xa1, 0xa3, 0xc0, 0xc1, 0xe0):
+        end = pos + 2 + buf[pos + 1] if pos + 1 < n else n + 1
+    elif c in (0xb0, 0xb1, 0xb3, 0xd0, 0xd1, 0xf0):
+        end = pos + 5 + _I(buf, pos + 1)[0] if pos + 4 < n else n + 1
+    else:
+        return decode(buf, pos, n)[1]
+    if end > n:
+        raise DecodeError("message section runs past the end of the message")
+    return end
 
 
 _SYMBOLIC = {Symbol("amqp:header:list"): 0x70, Symbol("amqp:delivery-annotations:map"): 0x71,
@@ -95,20 +116,53 @@ def _id_text(v: Any) -> tuple[str | None, Any]:
 
 def to_091(payload: bytes) -> Incoming:
     """An AMQP 1.0 message (a transfer's joined payload) as 0-9-1 header and body."""
-    secs = sections(payload)
-    header = props = app = ann = None
+    head_raw = props_raw = b""
+    app = ann = None
     body_parts = []
-    for code, value, start, end in secs:
+    for code, at, start, end in sections(payload):
         if code == HEADER:
-            header = value
+            head_raw = payload[start:end]
         elif code == PROPERTIES:
-            props = value
+            props_raw = payload[start:end]
         elif code == APP_PROPERTIES:
-            app = value
+            app = decode(payload, start, end)[0]
         elif code == MESSAGE_ANN:
-            ann = value
-        elif code in (DATA, SEQUENCE, VALUE):
-            body_parts.append((code, value, start, end))
+            ann = decode(payload, start, end)[0]
+        elif code == DATA or code == SEQUENCE or code == VALUE:
+            body_parts.append((code, at, start, end))
+    fixed, extra, to, subject = _mapped(head_raw, props_raw)
+    p = dict(fixed)
+    headers = dict(extra)
+    if isinstance(ann, dict):
+        for k, v in ann.items():
+            if isinstance(k, str) and k.startswith("x-") and _shortstr(k) and \
+                    k not in ("x-exchange", "x-routing-key"):
+                headers[str(k)] = _to_field(v)
+    if isinstance(app, dict):
+        for k, v in app.items():
+            if isinstance(k, str) and _shortstr(k):
+                headers[str(k)] = _to_field(v)
+    if len(body_parts) == 1 and body_parts[0][0] == DATA:
+        body = decode(payload, body_parts[0][2], body_parts[0][3])[0]
+        if not isinstance(body, bytes):
+            raise DecodeError("a data section that is not binary")
+    else:       # amqp-value, amqp-sequence, several data sections: kept AMQP-encoded
+        body = b"".join(payload[at:e] if payload[at + 1] == 0x53 else
+                        encode(Described(code, decode(payload, s, e)[0]))
+                        for code, at, s, e in body_parts)
+        p["message_type"] = AMQP10_TYPE
+    if headers:
+        p["headers"] = headers
+    head = ContentHeader(0, len(body), C.Basic.Properties(**p)).marshal()
+    return Incoming(head, body, to, subject)
+
+
+@lru_cache(maxsize=1024)
+def _mapped(head_raw: bytes, props_raw: bytes) -> tuple[dict, dict, Any, Any]:
+    """The 0-9-1 properties (and x- headers) from a message's header and properties
+    sections, as encoded: publishers repeat theirs, so this is cached."""
+    header = decode(head_raw)[0] if head_raw else None
+    props = decode(props_raw)[0] if props_raw else None
     headers: dict[str, Any] = {}
     p: dict[str, Any] = {}
     if type(header) is list:
@@ -155,25 +209,7 @@ def to_091(payload: bytes) -> Incoming:
         group = _shortstr(_at(props, 10))
         if group is not None:
             p["app_id"] = group
-    if isinstance(ann, dict):
-        for k, v in ann.items():
-            if isinstance(k, str) and k.startswith("x-") and _shortstr(k) and \
-                    k not in ("x-exchange", "x-routing-key"):
-                headers[str(k)] = _to_field(v)
-    if isinstance(app, dict):
-        for k, v in app.items():
-            if isinstance(k, str) and _shortstr(k):
-                headers[str(k)] = _to_field(v)
-    if len(body_parts) == 1 and body_parts[0][0] == DATA and \
-            isinstance(body_parts[0][1], bytes):
-        body = body_parts[0][1]
-    else:       # amqp-value, amqp-sequence, several data sections: kept AMQP-encoded
-        body = b"".join(payload[s:e] for _, _, s, e in body_parts)
-        p["message_type"] = AMQP10_TYPE
-    if headers:
-        p["headers"] = headers
-    head = ContentHeader(0, len(body), C.Basic.Properties(**p)).marshal()
-    return Incoming(head, body, to, subject)
+    return p, headers, to, subject
 
 
 def _to_field(v: Any) -> Any:
@@ -200,8 +236,9 @@ def _to_field(v: Any) -> Any:
 def to_amqp10(header: bytes, body: bytes, exchange: str, routing_key: str,
               redelivered: bool) -> bytes:
     """The AMQP 1.0 message sections for a delivery of a 0-9-1 message."""
-    head, rest, raw = _prefix(header, exchange, routing_key)
-    out = bytearray(head[1] if redelivered else head[0])
+    first, again, ann, count, rest, raw = _from_header(header)
+    out = bytearray(again if redelivered else first)
+    out += _annotations(exchange, routing_key, ann, count)
     out += rest
     if raw:
         out += body
@@ -211,40 +248,75 @@ def to_amqp10(header: bytes, body: bytes, exchange: str, routing_key: str,
     return bytes(out)
 
 
+@lru_cache(maxsize=1024)
+def _annotations(exchange: str, routing_key: str, items: bytes, count: int) -> bytes:
+    """The message-annotations section: ``x-exchange``, ``x-routing-key`` and ``items``
+    (``count`` more keys and values, encoded)."""
+    body = bytearray()
+    _enc(body, Symbol("x-exchange"))
+    _enc(body, exchange)
+    _enc(body, Symbol("x-routing-key"))
+    _enc(body, routing_key)
+    body += items
+    n = 4 + 2 * count
+    if len(body) + 1 < 256 and n < 256:
+        return b"\x00\x53\x72\xc1" + bytes((len(body) + 1, n)) + body
+    return b"\x00\x53\x72\xd1" + _pII(len(body) + 4, n) + body
+
+
+def _header_section(durable: bool, priority: int | None, ttl: int | None, first: bool,
+                    count: int) -> bytes:
+    b = bytearray((0x41 if durable else 0x42,))
+    if priority is None:
+        b.append(0x40)
+    else:
+        b += bytes((0x50, priority & 0xFF))
+    if ttl is None:
+        b.append(0x40)
+    else:
+        _uint(b, ttl)
+    b.append(0x41 if first else 0x42)
+    _uint(b, count)
+    return b"\x00\x53\x70\xc0" + bytes((len(b) + 1, 5)) + b
+
+
 @lru_cache(maxsize=2048)
-def _prefix(header: bytes, exchange: str, routing_key: str) -> tuple[tuple[bytes, bytes],
-                                                                     bytes, bool]:
-    """Everything before the body, for header bytes seen before (publishers repeat theirs):
-    the header section (first delivery, redelivery), the other sections, whether the body is
-    already AMQP-encoded sections."""
+def _from_header(header: bytes) -> tuple[bytes, bytes, bytes, int, bytes, bool]:
+    """What a content header gives every delivery of it (publishers repeat theirs): the header
+    section for a first delivery and a redelivery, the message annotations from its ``x-``
+    headers and type (encoded items, and how many), the properties and application-properties
+    sections, and whether the body is already AMQP 1.0 sections."""
     ch = ContentHeader()
     ch.unmarshal(header)
     pr = ch.properties
     headers = pr.headers if isinstance(pr.headers, dict) else {}
-    durable = pr.delivery_mode == 2
     ttl = None
     if pr.expiration:
         try:
-            ttl = Typed("uint", max(0, int(pr.expiration)))
+            ttl = min(max(0, int(pr.expiration)), 0xFFFFFFFF)
         except ValueError:
             ttl = None
     count = headers.get("x-delivery-count")
-    heads = tuple(encode(Described(HEADER, [durable, Typed("ubyte", pr.priority)
-                                            if pr.priority is not None else None, ttl,
-                                            not again,
-                                            Typed("uint", count if type(count) is int
-                                                  else int(again))]))
-                  for again in (False, True))
-    ann: dict = {Symbol("x-exchange"): exchange, Symbol("x-routing-key"): routing_key}
+    durable = pr.delivery_mode == 2
+    first = _header_section(durable, pr.priority, ttl, True,
+                            count if type(count) is int else 0)
+    again = _header_section(durable, pr.priority, ttl, False,
+                            count if type(count) is int else 1)
+    ann = bytearray()
+    n = 0
     if pr.message_type and pr.message_type != AMQP10_TYPE:
-        ann[Symbol("x-basic-type")] = pr.message_type
+        _enc(ann, Symbol("x-basic-type"))
+        _enc(ann, pr.message_type)
+        n += 1
     app: dict = {}
     for k, v in headers.items():
         if k.startswith("x-"):
-            ann[Symbol(k)] = _from_field(v)
+            _enc(ann, Symbol(k))
+            _enc(ann, _from_field(v))
+            n += 1
         elif not isinstance(v, (dict, list)):
             app[k] = _from_field(v)
-    rest = bytearray(encode(Described(MESSAGE_ANN, ann)))
+    rest = bytearray()
     props = [_id_value(pr.message_id), pr.user_id.encode() if pr.user_id else None, None, None,
              pr.reply_to or None, _id_value(pr.correlation_id),
              Symbol(pr.content_type) if pr.content_type else None,
@@ -255,10 +327,12 @@ def _prefix(header: bytes, exchange: str, routing_key: str) -> tuple[tuple[bytes
     while props and props[-1] is None:
         props.pop()
     if props:
-        rest += encode(Described(PROPERTIES, props))
+        rest += b"\x00\x53\x73"
+        _enc(rest, props)
     if app:
-        rest += encode(Described(APP_PROPERTIES, app))
-    return heads, bytes(rest), pr.message_type == AMQP10_TYPE
+        rest += b"\x00\x53\x74"
+        _enc(rest, app)
+    return first, again, bytes(ann), n, bytes(rest), pr.message_type == AMQP10_TYPE
 
 
 def _id_value(v: str | None) -> Any:

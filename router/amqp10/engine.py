@@ -27,7 +27,7 @@ from shoal.router.amqp10.frames import (
     EMPTY_FRAME, FRAME_AMQP, FRAME_SASL, HEADER_AMQP, HEADER_SASL, MIN_MAX_FRAME_SIZE,
     RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_SETTLED, SND_UNSETTLED, Accepted, Attach, Begin,
     Close, Detach, Disposition, End, Flow, Open, Performative, SaslInit, Transfer, error, frame,
-    parse_body)
+    parse_body, transfer_frame)
 
 _HEAD = struct.Struct(">IBBH").unpack_from
 MAX_FRAME_SIZE = 131072         #: ours (RabbitMQ's frame_max default)
@@ -653,7 +653,13 @@ class Engine:
         room = self.remote_max_frame_size - 64      # frame header and transfer performative
         tag = did.to_bytes(4, "big")
         if len(payload) <= room:
-            self._queue(s, link, Transfer(link.handle, did, tag, 0, settled), payload)
+            if s.pending or s.remote_incoming_window <= 0:
+                s.pending.append((link, Transfer(link.handle, did, tag, 0, settled), payload))
+            else:
+                s.remote_incoming_window -= 1
+                s.next_outgoing_id = (s.next_outgoing_id + 1) & 0xFFFFFFFF
+                self._out += transfer_frame(s.channel, link.handle, did, tag, settled, False,
+                                            payload)
             return did
         first = True
         for at in range(0, len(payload), room):

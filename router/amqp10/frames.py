@@ -16,6 +16,7 @@ from typing import Any
 
 from shoal.router.amqp10.codec import (Described, DecodeError, Symbol, Typed, _enc, _enc_typed,
                                        _ulong, decode)
+from shoal.router.amqp10.codec import _uint as _uint_out
 
 HEADER_AMQP = b"AMQP\x00\x01\x00\x00"
 HEADER_SASL = b"AMQP\x03\x01\x00\x00"
@@ -205,6 +206,27 @@ def frame(channel: int, perf: Performative, payload: bytes = b"",
     body += payload
     _FRAME.pack_into(body, 0, len(body), 2, kind, channel)
     return bytes(body)
+
+
+def transfer_frame(channel: int, handle: int, delivery_id: int, tag: bytes, settled: bool,
+                   more: bool, payload: bytes) -> bytes:
+    """A delivery's first ``transfer`` frame, encoded directly (the hot path: the same octets
+    as ``frame(channel, Transfer(handle, delivery_id, tag, 0, settled, more), payload)``)."""
+    fields = bytearray()
+    _uint_out(fields, handle)
+    _uint_out(fields, delivery_id)
+    fields.append(0xa0)
+    fields.append(len(tag))
+    fields += tag
+    fields.append(0x43)                     # message-format 0
+    fields.append(0x41 if settled else 0x42)
+    count = 5
+    if more:
+        fields.append(0x41)
+        count = 6
+    head = _FRAME.pack(11 + 3 + len(fields) + len(payload), 2, FRAME_AMQP, channel)
+    return b"".join((head, b"\x00\x53\x14\xc0", bytes((len(fields) + 1, count)), fields,
+                     payload))
 
 
 def error(condition: str, description: str = "", info: dict | None = None) -> Performative:
