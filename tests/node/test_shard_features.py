@@ -8,7 +8,7 @@ from pamqp.commands import Basic
 
 from shoal.node.queues.message import encode_header, parse_properties
 from shoal.shared.errors import PRECONDITION_FAILED
-from shoal.shared.wire import OUTCOME_REJECT, OUTCOME_REQUEUE, T
+from shoal.shared.wire import OUTCOME_REJECT, OUTCOME_RELEASE, OUTCOME_REQUEUE, T
 
 
 def hdr(**props) -> bytes:
@@ -141,3 +141,22 @@ def test_delivery_limit_sets_x_delivery_count(net: Net):
     r.send(T.SETTLE, OUTCOME_REQUEUE, [d1[2]])
     [d2] = [m for m in r.credit(cid, 1) if m[0] == T.DELIVER]
     assert parse_properties(d2[6]).headers["x-delivery-count"] == 1
+
+
+def test_a_release_is_not_counted_toward_the_delivery_limit(net: Net):
+    """AMQP 1.0 released (OUTCOME_RELEASE) requeues without counting a delivery attempt;
+    modified delivery-failed (OUTCOME_REQUEUE) counts (OASIS AMQP 1.0 part 3.4)."""
+    r = net.router()
+    r.declare("q", args={"x-delivery-limit": 1, "x-dead-letter-exchange": "dlx"})
+    cid = r.consume("q")
+    pub(r, "q")
+    for _ in range(3):                      # released three times: still deliverable
+        [d] = [m for m in r.credit(cid, 1) if m[0] == T.DELIVER]
+        r.send(T.SETTLE, OUTCOME_RELEASE, [d[2]])
+    assert r.take_kind(T.REPUBLISH) == []
+    [d] = [m for m in r.credit(cid, 1) if m[0] == T.DELIVER]
+    r.send(T.SETTLE, OUTCOME_REQUEUE, [d[2]])           # one failed attempt: allowed
+    [d] = [m for m in r.credit(cid, 1) if m[0] == T.DELIVER]
+    r.send(T.SETTLE, OUTCOME_REQUEUE, [d[2]])           # a second: past the limit
+    [rp] = r.take_kind(T.REPUBLISH)
+    assert parse_properties(rp[4]).headers["x-death"][0]["reason"] == "delivery_limit"
