@@ -52,7 +52,6 @@ class AMQP10Connection(asyncio.Protocol):
         self.capabilities = {"consumer_cancel_notify": True}
         self.client_properties: dict = {}
         self.publisher = False
-        self.blocked = False
         self.auth_mechanism = ""
         self._counted: tuple[str, str] | None = None
         self._done = False
@@ -139,9 +138,15 @@ class AMQP10Connection(asyncio.Protocol):
         t = self.transport
         if t is not None and not t.is_closing():
             t.resume_reading() if on else t.pause_reading()
+        if on:
+            self.unblock()
 
     def unblock(self) -> None:
-        pass
+        """The broker takes publishes again (no node congested or blocked): top up the
+        publishing links' credit, which was held back meanwhile."""
+        for ch in self.channels.values():
+            ch.top_up_publishers()
+        self.broker.mark_dirty(self)
 
     # ---- events ------------------------------------------------------------------------------
     def _handle(self, events: list) -> None:
@@ -152,6 +157,8 @@ class AMQP10Connection(asyncio.Protocol):
                 if ch is not None and isinstance(ev.link.context, PublishLink):
                     if not self.publisher:
                         self.publisher = True
+                        if self.broker.congested:
+                            self.set_reading(False)
                     ch.publish_message(ev.link, ev.delivery_id, ev.settled, ev.payload)
             elif t is DeliveriesSettled:
                 ch = self.channels.get(ev.link.session.channel)
@@ -252,6 +259,12 @@ class AMQP10Connection(asyncio.Protocol):
         self.engine.close("amqp:connection:forced", text)
         self.engine.closed = True
         self.flush()
+
+    @property
+    def blocked(self) -> bool:
+        """Publishing links get no credit while the broker is blocked (resource alarm) or
+        a node's link congested: AMQP 1.0's back-pressure (RabbitMQ 4 does the same)."""
+        return self.broker.blocked_reason is not None
 
     def _teardown(self) -> None:
         if self._done:

@@ -115,10 +115,21 @@ class LinkChannel(Channel):
             link.context.settled.clear()
             for key, ids in by_state.items():
                 engine.settle_received(link, ids, states[key])
-            if not link.detached and link.credit < PUBLISH_CREDIT // 2 and \
-                    not self.broker.congested:
-                engine.give_credit(link, PUBLISH_CREDIT)
+            self._top_up(link)
         self.dirty.clear()
+
+    def _top_up(self, link: Link) -> None:
+        """More credit for a client's sending link running low, unless the broker pushes
+        back (a node congested, a resource alarm)."""
+        b = self.broker
+        if not link.detached and link.credit < PUBLISH_CREDIT // 2 and not b.congested \
+                and b.blocked_reason is None:
+            self.client.engine.give_credit(link, PUBLISH_CREDIT)
+
+    def top_up_publishers(self) -> None:
+        for link in list(self.session.links.values()):
+            if isinstance(link.context, PublishLink):
+                self._top_up(link)
 
     def publish_message(self, link: Link, delivery_id: int, settled: bool,
                         payload: bytes) -> None:
@@ -159,8 +170,8 @@ class LinkChannel(Channel):
                 engine.detach(link, condition(err), _text(err))
         finally:
             self._publishing = None
-        if settled and link.credit < PUBLISH_CREDIT // 2 and not self.broker.congested:
-            engine.give_credit(link, PUBLISH_CREDIT)
+        if settled:
+            self._top_up(link)
 
     def _settle_now(self, link: Link, delivery_id: int, settled: bool, state: Any) -> None:
         if not settled:
@@ -316,7 +327,9 @@ class LinkChannel(Channel):
         if link.detached:
             return
         link.context = PublishLink(where)
-        engine.accept_link(link, credit=0 if self.broker.congested else PUBLISH_CREDIT)
+        b = self.broker
+        engine.accept_link(link, credit=0 if b.congested or b.blocked_reason is not None
+                           else PUBLISH_CREDIT)
         self.client.flush()
 
     def link_detached(self, link: Link) -> None:
