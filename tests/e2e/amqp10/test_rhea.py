@@ -1,0 +1,76 @@
+"""Node's rhea (AMQP 1.0) against Shoal (issue 37): tests/e2e/amqp10/rhea/scenarios.js connects
+with SASL PLAIN, sends and receives on ``/queues/NAME``, sends to ``/exchanges/X/K``, settles
+with released and rejected, uses a dynamic receiver as reply-to (the server answering on an
+anonymous-relay link), and reports the errors of a missing queue and a wrong password. The
+queues are declared here with pika; the script prints one JSON object checked here.
+
+Needs Node.js and ``npm ci`` in tests/e2e/amqp10/rhea (.ci/run does it); skipped otherwise."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .helpers import declare, pika_channel, ready_count
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+HERE = Path(__file__).parent / "rhea"
+
+
+def run(cl, config: dict, *scenarios: str) -> dict:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed")
+    if not (HERE / "node_modules" / "rhea").is_dir():
+        pytest.skip("rhea is not installed: run 'npm ci' in tests/e2e/amqp10/rhea (.ci/run does)")
+    cfg = {"host": cl.host, "port": cl.port, "user": cl.user, "password": cl.password,
+           **config}
+    out = subprocess.run([node, "scenarios.js", json.dumps(cfg), *scenarios], cwd=HERE,
+                         capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def config(cluster, names):
+    c = {"queue": names(), "exchange_queue": names(), "exchange": "amq.direct",
+         "key": names("key"), "release_queue": names(), "reject_queue": names(),
+         "dlq": names("dlq"), "request_queue": names(), "missing": names("missing")}
+    for q in ("queue", "release_queue", "dlq", "request_queue"):
+        declare(cluster, c[q])
+    declare(cluster, c["reject_queue"], {"x-dead-letter-exchange": "",
+                                         "x-dead-letter-routing-key": c["dlq"]})
+    with pika_channel(cluster) as ch:
+        ch.queue_declare(c["exchange_queue"])
+        ch.queue_bind(c["exchange_queue"], c["exchange"], c["key"])
+    return c
+
+
+def test_rhea_send_receive_and_exchange(cluster, config):
+    got = run(cluster, config, "queue_send_receive", "exchange_address")
+    assert got["queue_send_receive"] == [["accepted"] * 3, ["a", "b", "c"]]
+    assert got["exchange_address"] == [["accepted"], ["routed"]]
+    assert ready_count(cluster, config["queue"]) == 0
+
+
+def test_rhea_release_and_reject(cluster, config):
+    got = run(cluster, config, "release_then_accept", "reject_dead_letters")
+    assert got["release_then_accept"] == [["again"], ["again"]]
+    assert got["reject_dead_letters"] == [["bad"], ["bad"]]
+    assert ready_count(cluster, config["release_queue"]) == 0
+    assert ready_count(cluster, config["dlq"]) == 0
+
+
+def test_rhea_dynamic_receiver_request_reply(cluster, config):
+    got = run(cluster, config, "dynamic_request_reply")
+    assert got["dynamic_request_reply"] == [True, "pong:ping", "c-1"]
+
+
+def test_rhea_errors(cluster, config):
+    got = run(cluster, config, "missing_queue", "wrong_password")
+    assert got["missing_queue"] == ["link", "amqp:not-found"]
+    assert got["wrong_password"][0] == "disconnected"
