@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import urllib.parse
 import uuid
 from typing import Iterator
 
 import pika
-import pytest
 
 import proton
 from proton import Delivery, Endpoint, Message, symbol

@@ -23,9 +23,10 @@ from proton.handlers import MessagingHandler  # noqa: E402
 from proton.reactor import AtMostOnce, Container  # noqa: E402
 from proton.utils import BlockingConnection, ConnectionClosed  # noqa: E402
 
-from .helpers import (TIMEOUT, amqp10_url, body, connect, declare, detach, exchange_addr,  # noqa: E402
-                      link_error, link_name, pika_channel, pika_get_all, proton_conn,
-                      queue_addr, ready_count, recv, receive_n, receive_none, send, settle_modified)
+from .helpers import (TIMEOUT, amqp10_url, body, connect, declare, detach,  # noqa: E402
+                      exchange_addr, link_error, link_name, pika_channel, pika_get_all,
+                      proton_conn, queue_addr, ready_count, receive_n, recv, send,
+                      settle_modified)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -245,7 +245,8 @@ def interop_headers_to_application_properties(b):
 def broker(url: str):
     """What the helpers need of a broker: host, port, user, password, vhost, url."""
     u = urllib.parse.urlparse(url)
-    return types.SimpleNamespace(host=u.hostname or "127.0.0.1", port=u.port or 5672, user=urllib.parse.unquote(u.username or "guest"),
+    return types.SimpleNamespace(host=u.hostname or "127.0.0.1", port=u.port or 5672,
+                                 user=urllib.parse.unquote(u.username or "guest"),
                                  password=urllib.parse.unquote(u.password or "guest"),
                                  vhost="/", url=url)
 
