@@ -111,6 +111,9 @@ class Settings:
     anonymous_login_user: str = ""           #: the user an AMQP 1.0 client logging in with
     #: SASL ANONYMOUS (or no SASL layer) becomes; "" = ANONYMOUS is not offered (RabbitMQ 4's
     #: setting of that name; docs/amqp10.md)
+    amqp10_announce_rabbitmq: bool = True    #: AMQP 1.0 open properties say product
+    #: "RabbitMQ", version "4.0.0" (RabbitMQ's own AMQP 1.0 clients refuse any other server);
+    #: off: product "Shoal" and its version. Both add ``shoal-version`` (docs/amqp10.md)
     vhosts: list[str] = field(default_factory=lambda: ["/"])
     load_definitions: str = ""               #: a RabbitMQ definitions file (JSON: users with
     #: password hashes, vhosts, permissions, topic permissions, queues, exchanges, bindings;

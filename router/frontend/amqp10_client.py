@@ -14,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import platform
 import time
 from typing import Any
 
 from shoal.shared.wire import T
 
+from shoal.router.amqp.handshake import shoal_version
 from shoal.router.amqp10 import sasl
+from shoal.router.amqp10.codec import Symbol
 from shoal.router.amqp10.engine import (ConnectionClosed, ConnectionOpened, CreditChanged,
                                         DeliveriesSettled, Engine, LinkAttached, LinkDetached,
                                         MessageReceived, SessionEnded)
@@ -31,6 +34,21 @@ from shoal.router.frontend.tls import peer_identity
 log = logging.getLogger("shoal.router.frontend.amqp10")
 
 PRODUCT = "Shoal"
+
+
+#: what the open announces when ``amqp10_announce_rabbitmq`` is on: RabbitMQ's AMQP 1.0
+#: clients (rabbitmq-amqp-python-client, the Java and .NET ones) refuse any server that does
+#: not say it is RabbitMQ 4 or later.
+RABBITMQ_IDENTITY = {"product": "RabbitMQ", "version": "4.0.0"}
+
+
+def open_properties(settings: Any) -> dict:
+    """The open's ``properties`` (part 2.7.1): who the server is (docs/amqp10.md)."""
+    own = shoal_version()
+    props = dict(RABBITMQ_IDENTITY) if settings.amqp10_announce_rabbitmq else \
+        {"product": PRODUCT, "version": own}
+    props.update({"platform": f"Python {platform.python_version()}", "shoal-version": own})
+    return {Symbol(k): v for k, v in props.items()}
 
 
 class AMQP10Connection(asyncio.Protocol):
@@ -206,7 +224,7 @@ class AMQP10Connection(asyncio.Protocol):
         self._counted = (user, vhost)
         self.client_properties = {"container_id": ev.container_id}
         b.report_soon.set()
-        self.engine.open(f"shoal-{b.router_id}", properties=None)
+        self.engine.open(f"shoal-{b.router_id}", properties=open_properties(b.settings))
 
     def _attach(self, link: Any) -> None:
         s = link.session

@@ -288,8 +288,13 @@ class LinkChannel(Channel):
                 queue=name, exchange=where.exchange, routing_key=where.binding_key,
                 nowait=True))
             return [name], src.address
-        if where.declare:
-            await self._declare(where.queue, durable=True)
+        if where.declare:       # v1 /queue/NAME: the queue as it is, or a new durable one
+            try:
+                await self._declare(where.queue, passive=True)
+            except AMQPError as err:
+                if err.reply_code != 404:
+                    raise
+                await self._declare(where.queue, durable=True)
         return [where.queue], src.address
 
     async def _declare(self, name: str, **flags: Any) -> str:
@@ -316,8 +321,12 @@ class LinkChannel(Channel):
                 if acc is not None:
                     acc.check(WRITE, "exchange", where.exchange)
                 if where.queue is not None:
-                    await topology_methods.on_queue_declare(self, C.Queue.Declare(
-                        queue=where.queue, passive=True, nowait=True))
+                    try:
+                        await topology_methods.on_queue_declare(self, C.Queue.Declare(
+                            queue=where.queue, passive=True, nowait=True))
+                    except AMQPError as err:    # another connection's exclusive queue (a
+                        if err.reply_code != 405:  # reply-to) exists, and takes messages
+                            raise
         except address.BadAddress as exc:
             engine.refuse_link(link, "amqp:invalid-field", str(exc))
             return
