@@ -241,7 +241,7 @@ class AMQP10Connection(asyncio.Protocol):
             log.exception("internal error attaching link %r on connection %s", link.name,
                           self.owner)
             if not link.detached:
-                self.engine.detach(link, "amqp:internal-error", "internal error; see the "
+                link.session.detach(link, "amqp:internal-error", "internal error; see the "
                                                                 "broker log")
         self.flush()
 

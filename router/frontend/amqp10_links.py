@@ -104,7 +104,6 @@ class LinkChannel(Channel):
 
     def flush_confirms(self) -> None:
         """Send this turn's settlements of published transfers: one disposition per run."""
-        engine = self.client.engine
         for link in self.dirty:
             by_state: dict[Any, list[int]] = {}
             states: dict[Any, Any] = {}
@@ -114,7 +113,7 @@ class LinkChannel(Channel):
                 states[key] = state
             link.context.settled.clear()
             for key, ids in by_state.items():
-                engine.settle_received(link, ids, states[key])
+                link.session.settle_received(link, ids, states[key])
             self._top_up(link)
         self.dirty.clear()
 
@@ -124,7 +123,7 @@ class LinkChannel(Channel):
         b = self.broker
         if not link.detached and link.credit < PUBLISH_CREDIT // 2 and not b.congested \
                 and b.blocked_reason is None:
-            self.client.engine.give_credit(link, PUBLISH_CREDIT)
+            link.session.give_credit(link, PUBLISH_CREDIT)
 
     def top_up_publishers(self) -> None:
         for link in list(self.session.links.values()):
@@ -134,7 +133,6 @@ class LinkChannel(Channel):
     def publish_message(self, link: Link, delivery_id: int, settled: bool,
                         payload: bytes) -> None:
         """A whole message from a client's sending link: convert, route, publish."""
-        engine = self.client.engine
         try:
             msg = convert.to_091(payload)
         except DecodeError as exc:
@@ -167,7 +165,7 @@ class LinkChannel(Channel):
             self._settle_now(link, delivery_id, settled,
                              Rejected(error(condition(err), _text(err))))
             if err.reply_code in (403, 404):       # as RabbitMQ 4: the link is detached
-                engine.detach(link, condition(err), _text(err))
+                link.session.detach(link, condition(err), _text(err))
         finally:
             self._publishing = None
         if settled:
@@ -197,7 +195,7 @@ class LinkChannel(Channel):
                 self.settle([(tag, self.unacked.pop(tag))], wire.OUTCOME_RELEASE)
             return
         payload = convert.to_amqp10(header, body, exchange, routing_key, redelivered)
-        self.client.engine.send_message(link, payload, tag)
+        link.session.send_message(link, payload, tag)
         t.credit = link.credit
 
     def settle_deliveries(self, pairs: list, state: Any) -> None:
@@ -231,14 +229,13 @@ class LinkChannel(Channel):
     def _drained(self, t: LinkTarget) -> None:
         link = self.links.get(t.tag)
         if link is not None and not link.detached:
-            self.client.engine.drained(link)
+            link.session.drained(link)
             t.credit = 0
             self.broker.mark_dirty(self.client)
 
     async def attach_receiver(self, link: Link) -> None:
         """A client's receiving link: consume its source (a queue, a dynamic queue, an
         exchange through a temporary queue, or ``x-multiqueue``'s queues)."""
-        engine = self.client.engine
         src = link.source if isinstance(link.source, Source) else Source()
         try:
             queues, addr = await self._source_queues(link, src)
@@ -246,10 +243,10 @@ class LinkChannel(Channel):
                 self.check_access(READ, "queue", q)
             args = _consume_args(link, src)
         except address.BadAddress as exc:
-            engine.refuse_link(link, "amqp:invalid-field", str(exc))
+            link.session.refuse_link(link, "amqp:invalid-field", str(exc))
             return
         except AMQPError as err:
-            engine.refuse_link(link, condition(err), _text(err))
+            link.session.refuse_link(link, condition(err), _text(err))
             return
         tag = f"amq.ctag-{secrets.token_urlsafe(12)}"
         t = LinkTarget(tag, self.number, self.vhost, link.settled_mode, registered=False,
@@ -260,7 +257,7 @@ class LinkChannel(Channel):
             await self.consume(t, queues, False, args)
         except AMQPError as err:
             self.links.pop(tag, None)
-            engine.refuse_link(link, condition(err), _text(err))
+            link.session.refuse_link(link, condition(err), _text(err))
             self.client.flush()
             return
         if link.detached or self.closed:
@@ -269,7 +266,7 @@ class LinkChannel(Channel):
         source = Source(addr, src.durable, src.expiry_policy, src.timeout, src.dynamic,
                         None, None, src.filter, src.default_outcome, src.outcomes,
                         src.capabilities)
-        engine.accept_link(link, source=source)
+        link.session.accept_link(link, source=source)
         t.credit = link.credit
         self.broker.replenish(self, t)
         self.client.flush()
@@ -304,9 +301,8 @@ class LinkChannel(Channel):
 
     async def attach_sender(self, link: Link) -> None:
         """A client's sending link: check its target (exchange, queue) and give credit."""
-        engine = self.client.engine
         if link.target is not None and not isinstance(link.target, Target):
-            engine.refuse_link(link, "amqp:not-implemented",
+            link.session.refuse_link(link, "amqp:not-implemented",
                                "transactions (coordinator links) are not supported")
             return
         tgt = link.target if isinstance(link.target, Target) else Target()
@@ -314,7 +310,7 @@ class LinkChannel(Channel):
             where = None if tgt.address is None else address.target(tgt.address)
             if where is not None:
                 if self.broker.topology.get(self.vhost, where.exchange) is None:
-                    engine.refuse_link(link, "amqp:not-found",
+                    link.session.refuse_link(link, "amqp:not-found",
                                        f"no exchange '{where.exchange}' in vhost '{self.vhost}'")
                     return
                 acc = self.client.access
@@ -328,16 +324,16 @@ class LinkChannel(Channel):
                         if err.reply_code != 405:  # reply-to) exists, and takes messages
                             raise
         except address.BadAddress as exc:
-            engine.refuse_link(link, "amqp:invalid-field", str(exc))
+            link.session.refuse_link(link, "amqp:invalid-field", str(exc))
             return
         except AMQPError as err:
-            engine.refuse_link(link, condition(err), _text(err))
+            link.session.refuse_link(link, condition(err), _text(err))
             return
         if link.detached:
             return
         link.context = PublishLink(where)
         b = self.broker
-        engine.accept_link(link, credit=0 if b.congested or b.blocked_reason is not None
+        link.session.accept_link(link, credit=0 if b.congested or b.blocked_reason is not None
                            else PUBLISH_CREDIT)
         self.client.flush()
 
@@ -361,7 +357,7 @@ class LinkChannel(Channel):
         if isinstance(method, C.Basic.Cancel) and not self.closed:
             link = self.links.pop(method.consumer_tag, None)
             if link is not None:
-                self.client.engine.detach(link, "amqp:resource-deleted",
+                link.session.detach(link, "amqp:resource-deleted",
                                           "the queue was deleted or its node is unreachable")
 
 

@@ -54,7 +54,7 @@ class Peer:
                 if type(ev) is LinkAttached:
                     self.links.append(ev.link)
                     if self.auto:
-                        self.engine.accept_link(ev.link, credit=10)
+                        ev.link.session.accept_link(ev.link, credit=10)
             got += evs
             back = self.engine.data_to_send()
             if back:

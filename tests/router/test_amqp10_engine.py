@@ -57,7 +57,7 @@ def test_a_receiving_link_gets_credit_and_split_transfers_reassemble():
     assert any(type(e) is CreditChanged for e in evs) and link.credit == 3
     body = bytes(range(256)) * 20          # 5120 octets: 11 frames of at most 512
     payload = proton.Message(body=body, inferred=True).encode()
-    peer.engine.send_message(link, bytes(payload), "tag-1")
+    link.session.send_message(link, bytes(payload), "tag-1")
     peer.pump()
     d = rcv.current
     assert d is not None and not d.partial
@@ -86,8 +86,8 @@ def test_drain_uses_up_the_credit_and_tells_the_client():
     rcv.drain(5)
     peer.pump()
     assert link.drain and link.credit == 5
-    peer.engine.send_message(link, b"\x00Su\xa0\x01x", 1)
-    peer.engine.drained(link)
+    link.session.send_message(link, b"\x00Su\xa0\x01x", 1)
+    link.session.drained(link)
     peer.pump()
     assert not rcv.draining()
     assert rcv.credit == rcv.queued == 1      # the one message; the rest was drained
@@ -114,7 +114,7 @@ def test_a_sending_link_split_over_small_frames_arrives_whole():
     m = proton.Message()
     m.decode(got[0].payload)
     assert bytes(m.body) == body
-    peer.engine.settle_received(got[0].link, [got[0].delivery_id], Accepted())
+    got[0].link.session.settle_received(got[0].link, [got[0].delivery_id], Accepted())
     peer.pump()
     assert d.remote_state == proton.Delivery.ACCEPTED and d.settled
 
@@ -133,7 +133,7 @@ def test_transfers_wait_for_the_clients_session_window():
     session = link.session
     session.remote_incoming_window = 2         # as if the client allowed two transfers
     for i in range(4):
-        peer.engine.send_message(link, b"\x00Su\xa0\x01x", i)
+        link.session.send_message(link, b"\x00Su\xa0\x01x", i)
     assert len(session.pending) == 2
     peer.pump()
     assert rcv.queued == 2
