@@ -8,9 +8,8 @@ Queues are declared with pika: the client's ``Connection.management()`` opens Ra
 it, so these tests never call ``management()``.
 
 The client refuses any server whose open properties do not say ``product`` ``RabbitMQ`` and a
-``version`` of at least 4.0.0 (``Connection._validate_server_properties``). Shoal's open
-carries no such properties, so the fixture replaces that check for the other tests;
-:func:`test_the_client_accepts_shoal_as_it_is` shows what a user gets without the patch."""
+``version`` of at least 4.0.0 (``Connection._validate_server_properties``); Shoal's open says
+so (setting ``amqp10_announce_rabbitmq``, docs/amqp10.md), so the client is used as it is."""
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +21,7 @@ rmq = pytest.importorskip("rabbitmq_amqp_python_client",
                           "(pip install -e '.[test]')")
 
 from rabbitmq_amqp_python_client import (AddressHelper, AMQPMessagingHandler,  # noqa: E402
-                                         Connection, Converter, Environment, Message)
+                                         Converter, Environment, Message)
 
 from .helpers import TIMEOUT, declare, pika_channel, pika_get_all, ready_count  # noqa: E402
 
@@ -42,10 +41,8 @@ def uri(cl) -> str:
 
 
 @pytest.fixture
-def connection(cluster, monkeypatch):
-    """A dialled Connection (the RabbitMQ-4-only server check replaced, see the module
-    docstring)."""
-    monkeypatch.setattr(Connection, "_validate_server_properties", lambda self: None)
+def connection(cluster):
+    """A dialled Connection."""
     env = Environment(uri=uri(cluster))
     conn = env.connection()
     conn.dial()
@@ -151,13 +148,13 @@ def test_discard_dead_letters(cluster, connection, names):
     assert [b for _, b in pika_get_all(cluster, dlq)] == [b"discarded"]
 
 
-@pytest.mark.xfail(strict=False, reason="rabbitmq-amqp-python-client 1.0.1 refuses a server "
-                   "whose open properties lack product=RabbitMQ and version>=4.0.0 "
-                   "(ValidationCodeException); Shoal's open sends no properties. The "
-                   "contract says nothing of them: reported, not required.")
 def test_the_client_accepts_shoal_as_it_is(cluster):
+    """The client's own server check passes: the open announces RabbitMQ 4 and Shoal."""
     env = Environment(uri=uri(cluster))
     try:
-        env.connection().dial()
+        conn = env.connection()
+        conn.dial()
+        props = conn._conn.conn.remote_properties
+        assert props["product"] == "RabbitMQ" and props["shoal-version"]
     finally:
         env.close()
