@@ -69,7 +69,8 @@ class Engine:
         self._in = bytearray()
         self._out = bytearray()
         self._events: list = []
-        self._state = "header"          # header, sasl, amqp-header, open, opened, closed
+        #: header, sasl, amqp-header, open, deciding (the broker looks at the open), opened
+        self._state = "header"
         self.user: str | None = None
         self.max_frame_size = max_frame_size
         self.remote_max_frame_size = MIN_MAX_FRAME_SIZE
@@ -103,6 +104,11 @@ class Engine:
             self._events.append(ConnectionClosed(None))
             return self._take_events()
         self._in += data
+        return self.resume()
+
+    def resume(self) -> list:
+        """Parse what is buffered; returns the events. After ConnectionOpened nothing more
+        is parsed until the broker called :meth:`open` or :meth:`close`: then call this."""
         try:
             self._parse()
         except ProtocolError as exc:
@@ -143,7 +149,7 @@ class Engine:
         buf = self._in
         pos = 0
         try:
-            while not self.closed:
+            while not self.closed and self._state != "deciding":
                 if self._state in ("header", "amqp-header"):
                     if len(buf) - pos < 8:
                         break
@@ -209,8 +215,8 @@ class Engine:
                 raise ProtocolError("amqp:not-allowed", f"expected open, got {perf.label}")
             self._on_open(perf)
             return
-        if self._state != "opened":
-            return
+        if self._state != "opened" or (self.close_sent and t is not Close):
+            return              # after our close only the client's close counts (part 2.4.3)
         try:
             if t is Transfer:
                 self._session(channel).on_transfer(perf, buf, payload_at, end)
@@ -246,12 +252,13 @@ class Engine:
         self.remote_channel_max = min(cm, CHANNEL_MAX)
         self.remote_idle_timeout_ms = o.idle_time_out if isinstance(o.idle_time_out, int) else 0
         self.hostname = o.hostname if isinstance(o.hostname, str) else None
-        self._state = "opened"
+        self._state = "deciding"        # the broker answers: open() or close()
         self._events.append(ConnectionOpened(self.hostname, o.container_id, self.user or ""))
 
     def open(self, container_id: str, properties: dict | None = None,
              capabilities: list[str] | None = None) -> None:
         """Answer the client's open (call after ConnectionOpened, unless refusing)."""
+        self._state = "opened"
         self.send(0, Open(container_id, None, self.max_frame_size, self.remote_channel_max,
                            self.idle_timeout_ms or None, None, None, capabilities, None,
                            properties))
@@ -261,8 +268,8 @@ class Engine:
         A close before our open is preceded by one, as part 2.4.1 requires."""
         if self.close_sent:
             return
-        if self._state == "opened" and not self._open_sent:
-            self.open("shoal")
+        if self._state in ("open", "deciding", "opened") and not self._open_sent:
+            self.open("shoal")          # part 2.4.1: an open must precede the close
         self.send(0, Close(error(condition, text) if condition else None))
         self.close_sent = True
 
@@ -281,9 +288,6 @@ class Engine:
             self.closed = True
             self._events.append(ConnectionClosed(None))
             return
-        if self._state == "open":           # part 2.4.1: an open must precede the close
-            self._state = "opened"
-            self.open("shoal")
         self.close(exc.condition, exc.text)
         self.closed = True
         self._events.append(ConnectionClosed(error(exc.condition, exc.text)))

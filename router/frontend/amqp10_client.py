@@ -34,6 +34,7 @@ from shoal.router.frontend.tls import peer_identity
 log = logging.getLogger("shoal.router.frontend.amqp10")
 
 PRODUCT = "Shoal"
+CLOSE_WAIT_S = 2.0      #: how long a client may take to answer our close (seconds)
 
 
 #: what the open announces when ``amqp10_announce_rabbitmq`` is on: RabbitMQ's AMQP 1.0
@@ -73,6 +74,7 @@ class AMQP10Connection(asyncio.Protocol):
         self.auth_mechanism = ""
         self._counted: tuple[str, str] | None = None
         self._done = False
+        self._close_timer: asyncio.TimerHandle | None = None
         peer = transport.get_extra_info("peername")
         local = transport.get_extra_info("sockname")
         self.peer = tuple(peer[:2]) if isinstance(peer, tuple) else ("?", 0)
@@ -198,6 +200,7 @@ class AMQP10Connection(asyncio.Protocol):
                     ch.close()
             elif t is ConnectionOpened:
                 self._opened(ev)
+                self._handle(self.engine.resume())     # what the client sent after its open
             elif t is ConnectionClosed:
                 self._teardown()
 
@@ -261,11 +264,18 @@ class AMQP10Connection(asyncio.Protocol):
         data = self.engine.data_to_send()
         if data and not self.transport.is_closing():
             self.transport.write(data)
-        if self.engine.closed or self.engine.close_sent:
-            if self.engine.closed:
-                self._teardown()
-                if not self.transport.is_closing():
-                    self.transport.close()
+        if self.engine.closed:
+            self._teardown()
+            if not self.transport.is_closing():
+                self.transport.close()
+        elif self.engine.close_sent and self._close_timer is None:
+            # the client has CLOSE_WAIT_S to answer our close; then the socket is closed
+            self._close_timer = asyncio.get_running_loop().call_later(
+                CLOSE_WAIT_S, self._close_now)
+
+    def _close_now(self) -> None:
+        self.engine.closed = True
+        self.flush()
 
     def tick(self, now: float) -> None:
         if not self._done:
@@ -288,6 +298,8 @@ class AMQP10Connection(asyncio.Protocol):
         if self._done:
             return
         self._done = True
+        if self._close_timer is not None:
+            self._close_timer.cancel()
         for ch in list(self.channels.values()):
             ch.close()
         self.channels.clear()

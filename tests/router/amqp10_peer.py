@@ -51,6 +51,7 @@ class Peer:
             for ev in evs:
                 if self.auto and type(ev) is ConnectionOpened:
                     self.engine.open("shoal-test")
+                    evs += self.engine.resume()     # handled by this same loop
                 if type(ev) is LinkAttached:
                     self.links.append(ev.link)
                     if self.auto:

@@ -194,3 +194,15 @@ def test_a_client_detach_is_answered_and_reported():
     evs = peer.pump()
     assert [type(e) for e in evs] == [LinkDetached]
     assert rcv.state & proton.Endpoint.REMOTE_CLOSED
+
+
+def test_frames_after_the_open_wait_for_the_brokers_answer():
+    peer = Peer(auto=False)
+    peer.conn.open()
+    peer.conn.session().open()          # pipelined behind the open
+    evs = peer.pump()
+    assert [type(e) for e in evs] == [ConnectionOpened] and not peer.engine.sessions
+    peer.engine.close("amqp:unauthorized-access", "refused")
+    assert peer.engine.resume() == [] and not peer.engine.sessions   # begin ignored
+    out = peer.engine.data_to_send()
+    assert b"amqp:unauthorized-access" in out and out.index(b"\x53\x10") < out.index(b"\x53\x18")
