@@ -60,9 +60,12 @@ class Engine:
     def __init__(self, login: sasl.Login, mechanisms: list[str], idle_timeout_ms: int = 60000,
                  max_frame_size: int = MAX_FRAME_SIZE, max_message_size: int = 0,
                  anonymous_user: str | None = None,
-                 admit_session: Any = None) -> None:
+                 admit_session: Any = None, handshake_timeout_s: float = 10.0) -> None:
         """``admit_session()`` -> None, or why a new session is refused (a channel limit:
-        the session is begun, then ended with amqp:resource-limit-exceeded)."""
+        the session is begun, then ended with amqp:resource-limit-exceeded).
+        ``handshake_timeout_s``: from the engine's start to the client's open (RabbitMQ's
+        handshake_timeout); a client that takes longer is disconnected."""
+        self._handshake_deadline = time.monotonic() + handshake_timeout_s
         self._login, self._mechanisms = login, mechanisms
         self._admit_session = admit_session
         self._anonymous_user = anonymous_user
@@ -133,7 +136,16 @@ class Engine:
         """The heartbeat clock (part 2.4.5): an empty frame when we said nothing for half the
         client's idle timeout; close with amqp:resource-limit-exceeded when the client said
         nothing for twice ours."""
-        if self.closed or self._state != "opened":
+        if self.closed:
+            return []
+        if self._state not in ("opened", "deciding"):
+            if now > self._handshake_deadline:      # SASL or open never came
+                self.closed = True
+                self._events.append(ConnectionClosed(error(
+                    "amqp:resource-limit-exceeded", "handshake timeout")))
+                return self._take_events()
+            return []
+        if self._state != "opened":
             return []
         if self.idle_timeout_ms and now - self._last_recv > 2 * self.idle_timeout_ms / 1000:
             self._fail(ProtocolError("amqp:resource-limit-exceeded",

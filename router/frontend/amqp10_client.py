@@ -95,7 +95,8 @@ class AMQP10Connection(asyncio.Protocol):
             mechanisms.append("ANONYMOUS")
         self.engine = Engine(self._login, mechanisms, idle_timeout_ms=s.heartbeat * 1000,
                              max_message_size=s.max_message_size, anonymous_user=anonymous,
-                             admit_session=self._admit_session)
+                             admit_session=self._admit_session,
+                             handshake_timeout_s=s.handshake_timeout / 1000)
         self.amqp = self.engine     #: what live.py and access_sync.py read (user, is_closed)
         broker.connections.add(self)
 

@@ -206,3 +206,12 @@ def test_frames_after_the_open_wait_for_the_brokers_answer():
     assert peer.engine.resume() == [] and not peer.engine.sessions   # begin ignored
     out = peer.engine.data_to_send()
     assert b"amqp:unauthorized-access" in out and out.index(b"\x53\x10") < out.index(b"\x53\x18")
+
+
+def test_a_client_that_never_opens_is_dropped_after_the_handshake_timeout():
+    import time
+    engine = Engine(lambda *a: "guest", ["PLAIN"], handshake_timeout_s=5)
+    engine.receive_data(b"AMQP\x03\x01\x00\x00")           # then nothing
+    assert engine.tick(time.monotonic()) == []
+    evs = engine.tick(time.monotonic() + 6)
+    assert [type(e) for e in evs] == [ConnectionClosed] and engine.closed
