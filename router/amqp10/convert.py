@@ -56,7 +56,8 @@ def sections(payload: bytes) -> list[tuple[int, int, int, int]]:
             code, vstart = payload[pos + 2], pos + 3
         else:
             descriptor, vstart = decode(payload, pos + 1)
-            code = descriptor if type(descriptor) is int else _SYMBOLIC.get(descriptor)
+            code = descriptor if type(descriptor) is int else \
+                _SYMBOLIC.get(descriptor) if type(descriptor) is Symbol else None
         if code not in _SECTION_NAMES:
             raise DecodeError(f"unknown message section 0x{code or 0:x}")
         end = _skip(payload, vstart, n)

@@ -140,9 +140,8 @@ class Engine:
             return []
         if self._state not in ("opened", "deciding"):
             if now > self._handshake_deadline:      # SASL or open never came
-                self.closed = True
-                self._events.append(ConnectionClosed(error(
-                    "amqp:resource-limit-exceeded", "handshake timeout")))
+                self.closed = True      # no frame can carry an error before the open
+                self._events.append(ConnectionClosed(None))
                 return self._take_events()
             return []
         if self._state != "opened":
@@ -306,12 +305,16 @@ class Engine:
 
     # ---- what sessions use (session.py's Host) -----------------------------------------------
     def send(self, channel: int, perf: Performative, payload: bytes = b"") -> None:
+        """Queue a frame; nothing follows our close (part 2.4.3)."""
+        if self.close_sent:
+            return
         if type(perf) is Open:
             self._open_sent = True
         self._out += frame(channel, perf, payload)
 
     def write(self, data: bytes) -> None:
-        self._out += data
+        if not self.close_sent:
+            self._out += data
 
     def emit(self, event: Any) -> None:
         self._events.append(event)

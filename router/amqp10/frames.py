@@ -172,10 +172,17 @@ def lift(value: Any) -> Any:
     """A decoded value, with a described list of a known descriptor (error, source, target,
     a delivery state) made its Performative; anything else unchanged."""
     if type(value) is Described:
-        cls = _REGISTRY.get(value.descriptor)
+        cls = _registered(value.descriptor)
         if cls is not None and type(value.value) is list:
             return cls.from_list(value.value)
     return value
+
+
+def _registered(descriptor: Any) -> type[Performative] | None:
+    """The Performative class of a descriptor (a code or a symbol); None for anything else,
+    a list or a map included."""
+    t = type(descriptor)
+    return _REGISTRY.get(descriptor) if t is int or t is Symbol else None
 
 
 def parse_body(buf: bytes, start: int, end: int) -> tuple[Performative, int]:
@@ -184,7 +191,7 @@ def parse_body(buf: bytes, start: int, end: int) -> tuple[Performative, int]:
     value, pos = decode(buf, start, end)
     if type(value) is not Described:
         raise DecodeError("frame body is not a described performative")
-    cls = _REGISTRY.get(value.descriptor)
+    cls = _registered(value.descriptor)
     if cls is None or cls.descriptor not in _FRAME_BODIES or type(value.value) is not list:
         raise DecodeError(f"frame body is not a performative: {value.descriptor!r}")
     perf = cls.from_list(value.value)
