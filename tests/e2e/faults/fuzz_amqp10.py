@@ -332,11 +332,14 @@ class Driver:
     def handle(self, events: list) -> None:
         E, F, eng = self.E, self.F, self.eng
         settle: dict = {}
+        events = list(events)
         for ev in events:
             t = type(ev)
             self.stats[t.__name__] += 1
             if t is E.ConnectionOpened:
                 eng.open("shoal-fuzz")
+                if hasattr(eng, "resume"):   # frames behind the open wait for our answer
+                    events += eng.resume()
             elif t is E.LinkAttached:
                 link = ev.link
                 r = self.rnd.random()
