@@ -282,6 +282,16 @@ def hand_pieces() -> list[bytes]:
         fr(b"\x00\x53\x14" + b"\xc0\x04\x02\x43\x43", payload=b"\xb0\xff\xff\xff\xff"),
         close(), close(Raw(described(0x1d, [Sym("amqp:internal-error"), "bye"]))),
     ]
+    # attaches whose source or target fields have the wrong types (the broker echoes them)
+    odd = ("x", [1], {Sym("k"): 1}, -1, 1.5, b"\xff", True)
+    for i, v in enumerate(odd):
+        for role in (False, True):
+            fields = [Sym("/queues/fuzz")] + [None] * 10
+            fields[1 + i % 10] = v
+            src = Raw(described(0x28, fields))
+            tgt = Raw(described(0x29, fields[:7]))
+            out.append(fr(described(0x12, [f"odd{i}{role:d}", U(10 + i), role, UB(0), UB(0),
+                                           src, tgt, None, None, None if role else U(0)])))
     return out
 
 
