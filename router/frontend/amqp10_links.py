@@ -164,7 +164,9 @@ class LinkChannel(Channel):
                 self._by_seq.pop(self.publish_seq, None)
             self._settle_now(link, delivery_id, settled,
                              Rejected(error(condition(err), _text(err))))
-            if err.reply_code in (403, 404):       # as RabbitMQ 4: the link is detached
+            # as RabbitMQ 4: a link whose target fails is detached; through the anonymous
+            # relay only that message is rejected
+            if err.reply_code in (403, 404) and link.context.target is not None:
                 link.session.detach(link, condition(err), _text(err))
         finally:
             self._publishing = None
