@@ -78,6 +78,8 @@ class Performative:
 
 
 def _field(out: bytearray, v: Any, t: str) -> None:
+    """Encode field value ``v`` as type ``t``. A value of the wrong type (a client's field
+    echoed back, say) is encoded as null rather than as something the type forbids."""
     if v is None:
         out.append(0x40)
     elif type(v) is Typed:
@@ -86,18 +88,31 @@ def _field(out: bytearray, v: Any, t: str) -> None:
         if isinstance(v, Performative):
             v.encode_into(out)
         else:
-            _enc(out, v)
+            try:
+                _enc(out, v)
+            except TypeError:
+                out.append(0x40)
     elif t == "symarray":
-        if isinstance(v, (list, tuple)):
+        if isinstance(v, (list, tuple)) and all(isinstance(x, str) and x.isascii() for x in v):
             _enc_typed(out, Typed("array", ("symbol", [str(x) for x in v])))
-        else:
+        elif isinstance(v, str) and v.isascii():
             _enc(out, Symbol(v))
+        else:
+            out.append(0x40)
     elif t == "symbol":
-        _enc(out, Symbol(v))
+        if isinstance(v, str) and v.isascii():
+            _enc(out, Symbol(v))
+        else:
+            out.append(0x40)
     elif t == "bool":
-        out.append(0x41 if v else 0x42)
-    else:                   # uint, ushort, ubyte, ulong
+        out.append((0x41 if v else 0x42) if type(v) is bool else 0x40)
+    elif type(v) is int and 0 <= v < _LIMITS[t]:    # uint, ushort, ubyte, ulong
         _enc_typed(out, Typed(t, v))
+    else:
+        out.append(0x40)
+
+
+_LIMITS = {"ubyte": 1 << 8, "ushort": 1 << 16, "uint": 1 << 32, "ulong": 1 << 64}
 
 
 _REGISTRY: dict[Any, type[Performative]] = {}
