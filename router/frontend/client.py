@@ -137,15 +137,15 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def _sniff(self, data: bytes) -> bool:
         """The protocol header picks the codec (as RabbitMQ and Qpid Broker-J do): AMQP 1.0's
-        (``AMQP`` 0|2|3 1 0 0) hands this socket to an AMQP10Connection
+        (``AMQP`` 0|2|3 1 0 0; AMQP 0-10's ``AMQP 1 1 0 10`` is not) hands this socket to an AMQP10Connection
         (router/frontend/amqp10_client.py). Returns whether ``data`` is still ours."""
         head = self._head + data
-        if len(head) < 6 and head[:4] == b"AMQP"[:len(head[:4])]:
+        if len(head) < 8 and head[:4] == b"AMQP"[:len(head[:4])]:
             self._head = head           # too short to tell: wait for more
             return False
         self._sniffing = False
         self._head = b""
-        if head[:4] == b"AMQP" and head[5] == 1:
+        if head[:4] == b"AMQP" and head[4] in (0, 2, 3) and head[5:8] == b"\x01\x00\x00":
             self._done = True
             self.broker.connections.discard(self)
             conn = AMQP10Connection(self.broker, self.transport, self.tls, self.owner)
