@@ -17,11 +17,11 @@ Errors: :class:`~.codec.DecodeError` for a payload that is not a sequence of mes
 from __future__ import annotations
 
 import datetime
+import struct
 import uuid
 from functools import lru_cache
 from typing import Any
 
-from pamqp import commands as C
 from pamqp.header import ContentHeader
 
 from shoal.router.amqp10.codec import (_I, DecodeError, Described, Symbol, Timestamp, Typed,
@@ -154,8 +154,100 @@ def to_091(payload: bytes) -> Incoming:
         p["message_type"] = AMQP10_TYPE
     if headers:
         p["headers"] = headers
-    head = ContentHeader(0, len(body), C.Basic.Properties(**p)).marshal()
-    return Incoming(head, body, to, subject)
+    return Incoming(content_header(len(body), p), body, to, subject)
+
+
+#: basic properties in flag order (AMQP 0-9-1 spec 1.8): name, flag, kind
+_PROPS = (("content_type", 0x8000, "s"), ("content_encoding", 0x4000, "s"),
+          ("headers", 0x2000, "F"), ("delivery_mode", 0x1000, "o"), ("priority", 0x0800, "o"),
+          ("correlation_id", 0x0400, "s"), ("reply_to", 0x0200, "s"),
+          ("expiration", 0x0100, "s"), ("message_id", 0x0080, "s"),
+          ("timestamp", 0x0040, "T"), ("message_type", 0x0020, "s"), ("user_id", 0x0010, "s"),
+          ("app_id", 0x0008, "s"))
+_HEAD091 = struct.Struct(">HHQH")
+
+
+def content_header(body_size: int, p: dict) -> bytes:
+    """The AMQP 0-9-1 content header payload (spec 4.2.6.1: class 60, weight 0, body size,
+    property flags, properties) of properties ``p`` (pamqp's names). Header table values:
+    str as longstr ``S``, int ``l``, float ``d``, bool ``t``, bytes ``x``, None ``V``,
+    datetime ``T``, dict ``F``, list ``A`` (RabbitMQ's field types)."""
+    flags = 0
+    out = bytearray()
+    for name, flag, kind in _PROPS:
+        v = p.get(name)
+        if v is None:
+            continue
+        flags |= flag
+        if kind == "s":
+            raw = v.encode("utf-8")
+            out.append(len(raw))
+            out += raw
+        elif kind == "o":
+            out.append(v & 0xFF)
+        elif kind == "T":
+            out += _Q64(int(v.timestamp()))
+        else:
+            _table(out, v)
+    return _HEAD091.pack(60, 0, body_size, flags) + out
+
+
+_Q64 = struct.Struct(">Q").pack
+_I32 = struct.Struct(">I").pack
+_q64 = struct.Struct(">q").pack
+_d64 = struct.Struct(">d").pack
+
+
+def _table(out: bytearray, table: dict) -> None:
+    body = bytearray()
+    for k, v in table.items():
+        raw = k.encode("utf-8")[:255]
+        body.append(len(raw))
+        body += raw
+        _field_value(body, v)
+    out += _I32(len(body))
+    out += body
+
+
+def _field_value(out: bytearray, v: Any) -> None:
+    t = type(v)
+    if t is str:
+        raw = v.encode("utf-8")
+        out += b"S"
+        out += _I32(len(raw))
+        out += raw
+    elif t is bool:
+        out += b"t\x01" if v else b"t\x00"
+    elif t is int:
+        if -(1 << 63) <= v < (1 << 63):
+            out += b"l"
+            out += _q64(v)
+        else:               # a ulong past long's range: as its text (RabbitMQ: overflow)
+            _field_value(out, str(v))
+    elif t is float:
+        out += b"d"
+        out += _d64(v)
+    elif t is bytes:
+        out += b"x"
+        out += _I32(len(v))
+        out += v
+    elif v is None:
+        out += b"V"
+    elif t is datetime.datetime:
+        out += b"T"
+        out += _Q64(int(v.timestamp()))
+    elif t is dict:
+        out += b"F"
+        _table(out, v)
+    elif t is list:
+        body = bytearray()
+        for x in v:
+            _field_value(body, x)
+        out += b"A"
+        out += _I32(len(body))
+        out += body
+    else:
+        _field_value(out, str(v))
 
 
 @lru_cache(maxsize=1024)

@@ -136,3 +136,16 @@ def test_source_addresses(addr, expected):
 def test_bad_addresses_say_which_forms_exist(addr):
     with pytest.raises(address.BadAddress):
         address.target(addr)
+
+
+def test_application_properties_of_every_simple_type_reach_0_9_1_headers():
+    m = proton.Message(body=b"x", inferred=True, properties={
+        "s": "text", "i": -7, "big": proton.ulong(2 ** 40), "f": 1.5, "b": True,
+        "bin": b"\x00\x01", "none": None, "ts": proton.timestamp(1700000000000),
+        "sym": proton.symbol("sym")})
+    headers = _props(convert.to_091(bytes(m.encode())).header).headers
+    assert headers == {"s": "text", "i": -7, "big": 2 ** 40, "f": 1.5, "b": True,
+                       "bin": bytearray(b"\x00\x01"), "none": None,
+                       "ts": datetime.datetime(2023, 11, 14, 22, 13, 20,
+                                               tzinfo=datetime.timezone.utc),
+                       "sym": "sym"}
