@@ -414,6 +414,7 @@ class ShoalServer:
     def handle(self, events) -> None:
         E = self.E
         settle: dict = {}
+        events = list(events)
         for ev in events:
             t = type(ev)
             if t is E.MessageReceived:
@@ -428,6 +429,8 @@ class ShoalServer:
                 self.outcomes += len(ev.deliveries)
             elif t is E.ConnectionOpened:
                 self.eng.open("shoal-bench")
+                if hasattr(self.eng, "resume"):     # frames behind the open wait for it
+                    events += self.eng.resume()
             elif t is E.LinkAttached:
                 link = ev.link
                 if link.role == self.F.ROLE_SENDER:
