@@ -279,6 +279,10 @@ class Engine:
         A close before our open is preceded by one, as part 2.4.1 requires."""
         if self.close_sent:
             return
+        if self._state in ("header", "sasl", "amqp-header"):
+            self.closed = True          # no AMQP frame may be sent before the open (part 2.4)
+            self.close_sent = True
+            return
         if self._state in ("open", "deciding", "opened") and not self._open_sent:
             self.open("shoal")          # part 2.4.1: an open must precede the close
         self.send(0, Close(error(condition, text) if condition else None))

@@ -215,3 +215,11 @@ def test_a_client_that_never_opens_is_dropped_after_the_handshake_timeout():
     assert engine.tick(time.monotonic()) == []
     evs = engine.tick(time.monotonic() + 6)
     assert [type(e) for e in evs] == [ConnectionClosed] and engine.closed
+
+
+def test_a_close_during_sasl_sends_no_amqp_frame():
+    engine = Engine(lambda *a: "guest", ["PLAIN"])
+    engine.receive_data(b"AMQP\x03\x01\x00\x00")
+    engine.data_to_send()
+    engine.close("amqp:internal-error", "x")
+    assert engine.closed and engine.data_to_send() == b""
