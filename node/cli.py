@@ -13,13 +13,12 @@ import gc
 import logging
 import sys
 
-import zmq
 
 from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings, warn_unknown_env
 
 from shoal.node.durability.journal import JournalCorrupt, JournalUnavailable
-from shoal.node.process import run_node
+from shoal.node.process import BindFailed, run_node
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     except (JournalCorrupt, JournalUnavailable) as exc:
         print(f"shoal node: cannot open the journal: {exc}", file=sys.stderr)
         return 3
-    except (zmq.ZMQError, OSError) as exc:
+    except BindFailed as exc:
         in_use = exc.errno == errno.EADDRINUSE
         print(f"shoal node: cannot bind {settings.node_bind}: "
               f"{'it is in use' if in_use else exc}; choose another with --bind or "

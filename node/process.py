@@ -62,21 +62,29 @@ def hosted_node(settings: Settings, node_id: str, endpoint: str,
     return server
 
 
+class BindFailed(OSError):
+    """``node_bind`` (or a peer endpoint) could not be bound; its cause is chained."""
+
+
 def run_node(settings: Settings, server: NodeServer | None = None) -> int:
     """Run a node until SIGINT/SIGTERM (or ``server.stop()``); blocking. Returns exit code 0.
 
     First it opens the journal in ``<settings.data_dir>/journal`` and rebuilds the shard.
     On stop it commits the journal, sends GOODBYE to every known router, flushes and closes
     the socket and the journal. Signal handlers are only installed when called from the main
-    thread. Raises zmq.ZMQError or OSError when ``settings.node_bind`` cannot be bound, JournalCorrupt /
-    JournalUnavailable when the journal cannot be opened.
+    thread. Raises BindFailed (an OSError) when ``settings.node_bind`` cannot be bound,
+    JournalCorrupt / JournalUnavailable when the journal cannot be opened; any other error
+    after that propagates with its traceback.
     """
     server = server or NodeServer(settings)
     if server.journal is None:
         server.open_journal()     # raises JournalCorrupt / JournalUnavailable (cli: exit 3)
     loop = _new_loop()
     try:
-        server.bind()
+        try:
+            server.bind()
+        except (zmq.ZMQError, OSError) as exc:
+            raise BindFailed(exc.errno, str(exc)) from exc
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, server.stop)
