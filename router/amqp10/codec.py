@@ -392,27 +392,10 @@ def _enc_typed(out: bytearray, v: Typed) -> None:
         _ulong(out, x)
     elif t == "uint":
         _uint(out, x)
-    elif t == "ubyte":
-        out.append(0x50)
-        out.append(x & 0xFF)
-    elif t == "ushort":
-        out.append(0x60)
-        out += _pH(x)
-    elif t == "byte":
-        out.append(0x51)
-        out += _pb(x)
-    elif t == "short":
-        out.append(0x61)
-        out += _ph(x)
-    elif t == "int":
-        out.append(0x71)
-        out += _pi(x)
-    elif t == "long":
-        out.append(0x81)
-        out += _pq(x)
-    elif t == "float":
-        out.append(0x72)
-        out += _pf(x)
+    elif t in _FIXED_WIDTH:
+        code, pack = _FIXED_WIDTH[t]
+        out.append(code)
+        out += pack(x & 0xFF if t == "ubyte" else x)
     elif t == "char":
         out.append(0x73)
         out += _pI(ord(x))
@@ -423,6 +406,12 @@ def _enc_typed(out: bytearray, v: Typed) -> None:
         _array_out(out, *x)
     else:
         raise TypeError(f"unknown AMQP type name {t!r}")
+
+
+#: fixed-width types by name: (constructor code, struct packer)
+_FIXED_WIDTH = {"ubyte": (0x50, _pB), "ushort": (0x60, _pH), "byte": (0x51, _pb),
+                "short": (0x61, _ph), "int": (0x71, _pi), "long": (0x81, _pq),
+                "float": (0x72, _pf)}
 
 
 def _array_out(out: bytearray, elem: str, values: list) -> None:

@@ -12,7 +12,6 @@ off by default). The open's hostname ``vhost:NAME`` selects virtual host NAME, a
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import platform
 import time
@@ -28,6 +27,7 @@ from shoal.router.amqp10.engine import (ConnectionClosed, ConnectionOpened, Cred
                                         MessageReceived, SessionEnded)
 from shoal.router.amqp10.frames import ROLE_SENDER
 from shoal.router.broker import Broker
+from shoal.router.frontend.admission import is_loopback, refuse_channel, refuse_connection
 from shoal.router.frontend.amqp10_links import LinkChannel, PublishLink, condition
 from shoal.router.frontend.tls import peer_identity
 
@@ -81,10 +81,7 @@ class AMQP10Connection(asyncio.Protocol):
         self.local = tuple(local[:2]) if isinstance(local, tuple) else ("?", 0)
         self.name = f"{self.peer[0]}:{self.peer[1]} -> {self.local[0]}:{self.local[1]}"
         self.connected_at = int(time.time() * 1000)
-        try:
-            self._loopback = ipaddress.ip_address(self.peer[0]).is_loopback
-        except ValueError:
-            self._loopback = False
+        self._loopback = is_loopback(self.peer)
         self._identity = peer_identity(transport.get_extra_info("ssl_object"),
                                        s.ssl_cert_login_from) if tls else None
         mechanisms = ["PLAIN"]
@@ -95,7 +92,7 @@ class AMQP10Connection(asyncio.Protocol):
             mechanisms.append("ANONYMOUS")
         self.engine = Engine(self._login, mechanisms, idle_timeout_ms=s.heartbeat * 1000,
                              max_message_size=s.max_message_size, anonymous_user=anonymous,
-                             admit_session=self._admit_session,
+                             admit_session=lambda: refuse_channel(broker, self.engine.user),
                              handshake_timeout_s=s.handshake_timeout / 1000)
         self.amqp = self.engine     #: what live.py and access_sync.py read (user, is_closed)
         broker.connections.add(self)
@@ -117,15 +114,6 @@ class AMQP10Connection(asyncio.Protocol):
         if mechanism == "ANONYMOUS":
             return self.broker.settings.anonymous_login_user or None
         return None
-
-    def _admit_session(self) -> str | None:
-        """A new session counts as a channel toward the user's channel limit (RabbitMQ 4)."""
-        user = self.engine.user
-
-        def open_channels() -> int:
-            return sum(c.amqp.open_channels for c in self.broker.connections
-                       if c.amqp is not None and c.amqp.user == user)
-        return self.broker.limits.admit_channel(user, open_channels)
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -216,9 +204,7 @@ class AMQP10Connection(asyncio.Protocol):
         if vhost not in b.users.vhosts:
             self.engine.close("amqp:not-found", f"vhost '{vhost}' not found")
             return
-        refusal = b.limits.admit_connection(user, vhost)
-        if refusal is None and b.users.vhost_access(user, vhost) is None:
-            refusal = f"access to vhost '{vhost}' refused for user '{user}'"
+        refusal = refuse_connection(b, user, vhost)
         if refusal is not None:
             self.engine.close("amqp:unauthorized-access", refusal)
             return

@@ -6,7 +6,6 @@ asyncio only moves bytes here (design.md section 7); the protocol lives in
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import time
 
@@ -18,6 +17,7 @@ from shoal.shared.wire import T
 from shoal.router.amqp import events as E
 from shoal.router.access.users import VhostAccess
 from shoal.router.amqp.connection import AMQPConnection
+from shoal.router.frontend.admission import is_loopback, refuse_channel, refuse_connection
 from shoal.router.frontend.amqp10_client import AMQP10Connection
 from shoal.router.frontend.tls import peer_identity
 from shoal.router.broker import Broker
@@ -37,13 +37,6 @@ READ_MESSAGES = 16
 READ_MIN = 4 * 1024
 READ_MAX = 64 * 1024
 READ_START = 16 * 1024
-
-
-def _is_loopback(peer) -> bool:
-    try:
-        return ipaddress.ip_address(peer[0]).is_loopback
-    except (TypeError, ValueError, IndexError):
-        return False
 
 
 class ClientConnection(asyncio.BufferedProtocol):
@@ -92,7 +85,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         #: RabbitMQ's connection name (the management API's, router/live.py)
         self.name = f"{self.peer[0]}:{self.peer[1]} -> {self.local[0]}:{self.local[1]}"
         self.connected_at = int(time.time() * 1000)
-        users, loopback = self.broker.users, _is_loopback(peer)
+        users, loopback = self.broker.users, is_loopback(peer)
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
         identity = peer_identity(transport.get_extra_info("ssl_object"),
                                  s.ssl_cert_login_from) if self.tls else None
@@ -102,27 +95,12 @@ class ClientConnection(asyncio.BufferedProtocol):
             vhosts=users.vhosts, frame_max=s.frame_max, channel_max=s.channel_max,
             heartbeat=s.heartbeat, max_message_size=s.max_message_size,
             peer_is_loopback=loopback, loopback_users=(),   # checked by users.authenticate
-            admit=self._admit, admit_channel=self._admit_channel,
+            admit=lambda user, vhost: refuse_connection(self.broker, user, vhost),
+            admit_channel=lambda: refuse_channel(self.broker, self.amqp.user),
             handshake_timeout=s.handshake_timeout / 1000, external_identity=identity)
         transport.set_write_buffer_limits(high=s.max_output_buffer,
                                           low=s.max_output_buffer // 4)
         self.broker.connections.add(self)
-
-    def _admit(self, user: str, vhost: str) -> str | None:
-        """connection.open: None, or why it is refused (530; RabbitMQ's order: the vhost's
-        connection limit, the user's, then the user's permissions in the vhost)."""
-        refusal = self.broker.limits.admit_connection(user, vhost)
-        if refusal is None and self.broker.users.vhost_access(user, vhost) is None:
-            refusal = f"access to vhost '{vhost}' refused for user '{user}'"
-        return refusal
-
-    def _admit_channel(self) -> str | None:
-        user = self.amqp.user
-
-        def open_channels() -> int:
-            return sum(c.amqp.open_channels for c in self.broker.connections
-                       if c.amqp is not None and c.amqp.user == user)
-        return self.broker.limits.admit_channel(user, open_channels)
 
     def data_received(self, data: bytes) -> None:
         if self._sniffing and not self._sniff(data):
