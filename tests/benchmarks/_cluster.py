@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,26 @@ def name_on(node_id: str, node_count: int, template: str) -> str:
     while owner("/", template.format(k).replace("%d", "1"), ids) != node_id:
         k += 1
     return template.format(k)
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def port_open(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:``port``."""
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """Sum of utime+stime (s) of ``pids`` (/proc/PID/stat fields 14 and 15)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / TICKS

@@ -50,7 +50,6 @@ import os
 import queue as queue_mod
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,33 +59,13 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _cluster import name_on, stop_serve  # noqa: E402
+from _cluster import cpu_seconds, name_on, port_open, stop_serve  # noqa: E402
 from amqp10_clients import BODY, percentile, receiver_main, sender_main  # noqa: E402
 
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def log(msg: str) -> None:
     print(f"[amqp10 {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """Sum of utime+stime (s) of ``pids`` (/proc/PID/stat fields 14 and 15)."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / TICKS
 
 
 # -- brokers --------------------------------------------------------------------------------

@@ -38,7 +38,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,36 +45,16 @@ import time
 import uuid
 from pathlib import Path
 
-from _cluster import PACKAGES, cli_module, stop_serve
+from _cluster import PACKAGES, cli_module, cpu_seconds, port_open, stop_serve
 from compare_table import FIXED_RATE, best_of, paired, render
 
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 SUSTAINABLE_RATIO = 0.99
 SUSTAINABLE_P99_MS = 50.0
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """Sum of utime+stime (s) of ``pids`` (/proc/PID/stat fields 14 and 15)."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / TICKS
 
 
 def last_line(stderr: str) -> str:
