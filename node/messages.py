@@ -172,15 +172,29 @@ def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> int:
     """CONSUME (spec 1.8.3.3): a consumer with credit 0; returns the queue's AVAILABLE entries,
     so that a multi-queue consumer can pull at once from every queue with work (seed 002 DG5)
     instead of waiting for WORK. Raises 404, 405, 403 (exclusive use), 406 (bad consume
-    arguments: node/queues/args.py), 503 (consumer_id already used by this router)."""
+    arguments: node/queues/args.py), 503 (consumer_id already used by this router for
+    another queue).
+
+    The same router's consumer id registered again on the same queue is the same consumer
+    (a quorum queue's consumer follows its leader: router/quorum.py registers it again at
+    each announcement, and after a link flap the node may still hold it): its credit goes
+    back to 0, as the router's count of it does, and what it holds acquired stays so."""
     _, _, cid, vhost, name, tag, no_ack, exclusive, args, owner = msg
     q = shard.queue_for(vhost, name, owner)
     if q.replica is not None and not q.replica.leading:
         raise moved(shard, state, q)
+    known = state.consumers.get(cid)
+    if known is not None:
+        if known.queue is not q:
+            raise hard_error(COMMAND_INVALID, f"consumer id {cid} already in use")
+        q.drain(known)
+        known.wants_work = False
+        q.work_wanted.pop(known, None)
+        if q.lease is known:
+            lease.revoke(shard, q)
+        return q.message_count
     if q.exclusive_consumer is not None or (exclusive and q.consumer_count):
         raise soft_error(ACCESS_REFUSED, f"queue '{name}' in vhost '{vhost}' in exclusive use")
-    if cid in state.consumers:
-        raise hard_error(COMMAND_INVALID, f"consumer id {cid} already in use")
     args = args or {}
     cc = parse_consume_arguments(vhost, name, args)
     c = QueueConsumer(cid, state, tag, bool(no_ack), bool(exclusive), args, cc.priority)

@@ -188,9 +188,7 @@ class Broker:
         """Register queue consumer ``c`` with ``msg`` (CONSUME without req_id) at the node
         that serves its queue; ``c.node_id`` becomes that node."""
         c.request = msg
-        node, payload = await quorum.queue_request(self, vhost, c.queue, msg)
-        c.node_id = node
-        return payload
+        return (await quorum.consume(self, vhost, c))[1]
 
     def exchange_link(self, vhost: str, name: str) -> NodeLink:
         return self.links[self.owner(vhost, name, "e")]

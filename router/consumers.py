@@ -27,6 +27,10 @@ deliveries from several nodes interleave. Two ways of granting:
   queue whose node answers fast (node-0 inside the router, ``--embed-node``) would otherwise
   take every slot the client frees while the others' grants are on the way.
 
+A Consumer whose CONSUME is on its way to its node (``registering``: a quorum queue's
+consumer following its leader, router/quorum.py) is granted nothing until the node answers:
+credit that reached the node first would be dropped there, and counted as granted here.
+
 Unlimited prefetch (0) and ``no_ack`` consumers get standing credit in chunks of
 :data:`CHUNK`, topped up below :data:`LOW_WATER`, and nothing while the client socket is
 backed up (``pool.paused``). Lowering ``prefetch_count`` applies to credit granted afterwards;
@@ -60,6 +64,10 @@ class Consumer:
     #: the CONSUME message (without req_id) that registered it: sent again to a quorum
     #: queue's new leader (router/quorum.py)
     request: list | None = None
+    #: a CONSUME for it is on its way to its node: it is granted nothing until answered
+    registering: bool = False
+    #: its quorum queue's leader was announced meanwhile: register again once answered
+    again: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -131,7 +139,7 @@ def credit_messages(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
     if not limited:
         out = []
         for c in t.consumers:
-            if c.granted < LOW_WATER:
+            if c.granted < LOW_WATER and not c.registering:
                 grant = CHUNK - c.granted
                 c.granted += grant
                 out.append((c, [TAG_CREDIT, c.consumer_id, grant, False]))
@@ -139,7 +147,7 @@ def credit_messages(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
     if pool.global_prefetch == 0 and len(t.consumers) == 1:
         c = t.consumers[0]
         room = pool.prefetch_count - t.unacked - c.granted
-        if room > 0:
+        if room > 0 and not c.registering:
             c.granted += room
             return [(c, [TAG_CREDIT, c.consumer_id, room, False])]
         return []
@@ -161,7 +169,7 @@ def room(pool: CreditPool, t: ConsumerTarget) -> int:
 def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
     out: list[Grant] = []
     for c in t.consumers:
-        if not (c.draining or c.has_work or c.interest_sent):
+        if not (c.draining or c.has_work or c.interest_sent or c.registering):
             c.interest_sent = True
             out.append((c, [TAG_CREDIT, c.consumer_id, 0, False]))
     free = room(pool, t)
@@ -173,7 +181,7 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
     n = len(t.consumers)
     order = t.consumers[t.rr % n:] + t.consumers[:t.rr % n]
     # A Consumer at its fair share keeps its work for a later grant.
-    working = [c for c in order if c.has_work and not c.draining
+    working = [c for c in order if c.has_work and not c.draining and not c.registering
                and c.granted + c.unacked < fair]
     if not working:
         return out
@@ -200,7 +208,7 @@ def _link_grants(pool: CreditPool, t: LinkTarget) -> list[Grant]:
         if not t.drain_sent:
             t.drain_sent = True
             free = max(0, t.credit - t.granted)
-            idle = [c for c in t.consumers if not c.draining]
+            idle = [c for c in t.consumers if not c.draining and not c.registering]
             out: list[Grant] = []
             for i, c in enumerate(idle):
                 grant = free // len(idle) + (1 if i < free % len(idle) else 0)
@@ -219,7 +227,7 @@ def _link_grants(pool: CreditPool, t: LinkTarget) -> list[Grant]:
     if len(t.consumers) == 1:
         c = t.consumers[0]
         free = t.credit - t.granted
-        if free > 0:
+        if free > 0 and not c.registering:
             c.granted += free
             return [(c, [TAG_CREDIT, c.consumer_id, free, False])]
         return []

@@ -227,47 +227,113 @@ def is_quorum(broker: Any, vhost: str, name: str) -> bool:
     return (vhost, name) in broker.quorum.leaders
 
 
+async def consume(broker: Any, vhost: str, c: Any) -> tuple[str, Any]:
+    """Register consumer ``c`` (its CONSUME in ``c.request``) at the node that serves its
+    queue, asked again at the leader after MOVED (:func:`queue_request`). Returns (node id,
+    the node's answer: the queue's available entries); raises as :func:`queue_request`.
+
+    One CONSUME for ``c`` is on its way at a time (``c.registering``; issue 48: a leader
+    announced while the first was on its way registered it a second time, and the node closed
+    the connection with 503). A leader announced meanwhile (``c.again``) registers it again
+    once answered, where the queue is led then."""
+    c.registering = True
+    try:
+        while True:
+            c.again = False
+            node, payload = await queue_request(broker, vhost, c.queue, c.request)
+            c.node_id = node
+            if c.target.cancelled:
+                _forget_at(broker, node, c)
+                return node, payload
+            if not c.again:
+                return node, payload
+            leader = broker.quorum.leader(vhost, c.queue)
+            if leader is not None and leader != node:
+                _forget_at(broker, node, c)
+    finally:
+        c.registering = False
+
+
+def _forget_at(broker: Any, node: str, c: Any) -> None:
+    """``node`` forgets consumer ``c`` (CANCEL without an answer; unknown there: a no-op)."""
+    link = broker.links.get(node)
+    if link is not None and link.up:
+        link.send([T.CANCEL, 0, c.consumer_id])
+
+
 def _move_consumers(broker: Any, vhost: str, name: str, node: str) -> None:
-    """Register the queue's consumers with its new leader ``node``, under the same ids."""
+    """Register the queue's consumers with its new leader ``node``, under the same ids. One
+    whose CONSUME is on its way is not sent another: it is registered again once answered
+    (``again``), where the queue is led then."""
     for ch, c in list(broker.consumers.values()):
         if c.queue != name or c.target.vhost != vhost or c.target.cancelled or \
                 c.request is None:
             continue
-        old = c.node_id
-        old_link = broker.links.get(old)
-        if old != node and old_link is not None and old_link.up:
-            old_link.send([T.CANCEL, 0, c.consumer_id])
+        if c.registering:
+            c.again = True
+            continue
+        _retarget_consumer(broker, ch, c, node)
+        c.registering = True
+        asyncio.ensure_future(_register(broker, ch, c))
+
+
+def _retarget_consumer(broker: Any, ch: Any, c: Any, node: str) -> None:
+    """Consumer ``c`` is to be registered at ``node``: the node it leaves forgets it, and
+    its deliveries from there are settled as no-ops (that node released them: the new leader
+    delivers them again, redelivered). Its credit starts again from 0, as the node's does
+    when the same consumer is registered again (node/messages.py ``on_consume``)."""
+    old = c.node_id
+    if old != node:
+        _forget_at(broker, old, c)
         for d in ch.unacked.values():
             if d.consumer is c:
-                d.node_id = None        # the new leader delivers it again
-        c.node_id = node
-        c.granted = 0
-        c.draining = c.has_work = c.interest_sent = False
-        asyncio.ensure_future(_register(broker, ch, c, node))
+                d.node_id = None
+    c.node_id = node
+    c.granted = 0
+    c.draining = c.has_work = c.interest_sent = False
 
 
-async def _register(broker: Any, ch: Any, c: Any, node: str) -> None:
-    """Register consumer ``c`` at the leader ``node``; while that fails (MOVED: it does not
-    lead yet; its node is down), ask again at each leader announcement and at least once a
-    second, until the consumer ends or another announcement moved it elsewhere."""
+def _follow_leader(broker: Any, ch: Any, c: Any) -> None:
+    leader = broker.quorum.leader(c.target.vhost, c.queue)
+    if leader is not None:
+        _retarget_consumer(broker, ch, c, leader)
+
+
+async def _register(broker: Any, ch: Any, c: Any) -> None:
+    """Register consumer ``c`` again at ``c.node_id``, its queue's leader; while that fails
+    (MOVED: it does not lead yet; its node is down), ask again at each leader announcement
+    and at least once a second, following the leader, until the consumer ends. An
+    announcement while a CONSUME is on its way (``c.again``) registers it again where the
+    queue is led then. ``c`` is granted no credit meanwhile (``c.registering``)."""
     vhost = c.target.vhost
-    while True:
-        link = broker.links.get(node)
-        if link is None:
-            return
-        try:
-            available = await link.request(c.request)
-            break
-        except Exception as exc:  # noqa: BLE001 - MOVED, node down: ask again
-            log.info("consumer %s on quorum queue '%s' waits for its leader: %s",
-                     c.target.tag, c.queue, exc)
-        if c.target.cancelled or ch.closed or c.node_id != node:
-            return
-        await broker.quorum.changed(vhost, c.queue, 1.0)
-        if c.target.cancelled or ch.closed or c.node_id != node:
-            return                  # ended, or moved (its new registration is under way)
-    if c.target.cancelled or ch.closed or c.node_id != node:
-        return
+    try:
+        while True:
+            if c.target.cancelled or ch.closed:
+                return
+            c.again = False
+            node = c.node_id
+            link = broker.links.get(node)
+            if link is None:
+                return
+            try:
+                available = await link.request(c.request)
+            except Exception as exc:  # noqa: BLE001 - MOVED, node down: ask again
+                log.info("consumer %s on quorum queue '%s' waits for its leader: %s",
+                         c.target.tag, c.queue, exc)
+                if c.target.cancelled or ch.closed:
+                    return
+                if not c.again:
+                    await broker.quorum.changed(vhost, c.queue, 1.0)
+                _follow_leader(broker, ch, c)
+                continue
+            if c.target.cancelled or ch.closed:
+                _forget_at(broker, node, c)
+                return
+            if not c.again:
+                break
+            _follow_leader(broker, ch, c)
+    finally:
+        c.registering = False
     if type(available) is int and available > 0:
         c.has_work = True
     broker.replenish(ch, c.target)

@@ -4,8 +4,8 @@ from __future__ import annotations
 from node_helpers import Net, bodies
 
 from shoal.node.peers import EARLY_BATCH, Peers
-from shoal.shared.errors import (ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED,
-                                 RESOURCE_LOCKED, SYNTAX_ERROR)
+from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND,
+                                 PRECONDITION_FAILED, RESOURCE_LOCKED, SYNTAX_ERROR)
 from shoal.shared.settings import Settings
 from shoal.shared.wire import (DEST_QUEUE, EV_BINDING_ADDED, EV_BINDING_REMOVED,
                                EV_EXCHANGE_ADDED, EV_EXCHANGE_REMOVED, EV_QUEUE_REMOVED,
@@ -420,3 +420,27 @@ def test_a_routers_outbox_is_offered_at_early_batch_and_taken_in_order():
     assert sent == [[[i] for i in range(EARLY_BATCH)],
                     [[i] for i in range(EARLY_BATCH, 2 * EARLY_BATCH)]]
     assert rest == {b"r1": [[2 * EARLY_BATCH]], b"r2": [["other"]]}
+
+
+def test_a_consumer_registered_again_on_its_queue_is_the_same_consumer(net: Net):
+    """A quorum queue's consumer follows its leader (router/quorum.py), so one router may send
+    the same consumer's CONSUME again (issue 48: it was answered 503 "consumer id 1 already
+    in use", which closed the client's connection): it stays one consumer, its credit back
+    to 0 as the router's count of it is, and what it holds acquired stays acquired. The same
+    consumer id on another queue is still refused."""
+    r = net.router()
+    r.declare("q")
+    r.publish("q", b"m0")
+    r.take()
+    cid = r.consume("q")
+    assert bodies(r.credit(cid, 3)) == [b"m0"]          # 2 credits left
+    # one consumer, and m0 still acquired by it (0 available)
+    assert r.ok(T.CONSUME, cid, "/", "q", f"ctag{cid}", False, False, {}, "r1/c1") == 0
+    assert r.ok(T.QUEUE_DECLARE, "/", "q", True, False, False, False, {}, "r1/c1")[2] == 1
+    r.publish("q", b"m1")
+    r.publish("q", b"m2")
+    assert bodies(r.take()) == []                       # its credit is 0 now
+    assert bodies(r.credit(cid, 1)) == [b"m1"]
+    r.declare("q2")
+    reply = r.request(T.CONSUME, cid, "/", "q2", "t", False, False, {}, "r1/c1")
+    assert reply[2:4] == [COMMAND_INVALID, f"consumer id {cid} already in use"]
