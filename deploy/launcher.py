@@ -19,6 +19,10 @@ restarting the router restarts it, and it recovers from its journal in ``DATA_DI
 like a node process. With several routers node-0 lives in router-0, which also binds the ipc
 endpoint (``shared_endpoint``) where the other routers link to it over ZeroMQ.
 
+One data directory holds one broker: ``shoal serve`` locks it before anything else
+(shared/datadir.py), and each node process its own ``DATA_DIR/node-N``; a second ``shoal
+serve`` on the same directory stops with one line naming it and the pid that holds it.
+
 With ``pin_cpus`` (the default) each process is held to one CPU from before it starts
 (``sched_setaffinity`` in the child), routers on the first share of the CPUs and nodes on the
 rest (``shoal.shared.settings.cpu_plan``); cluster.json gives each its ``cpu``.
@@ -39,6 +43,7 @@ import threading
 import time
 from pathlib import Path
 
+from shoal.shared.datadir import DataDirLocked, lock_data_dir
 from shoal.shared.settings import (ENV_CHECKED, LAUNCHED_FAILURE, LISTENERS, Settings,
                                   listen_error)
 
@@ -390,6 +395,11 @@ def serve(settings: Settings, config_file: str | None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
+        lock = lock_data_dir(settings.data_dir)     # held until this process ends
+    except (DataDirLocked, OSError) as exc:
+        print(f"shoal serve: {exc}", file=sys.stderr)
+        return 1
+    try:
         check_ports(settings)
     except PortError as exc:
         print(f"shoal serve: {exc}", file=sys.stderr)
@@ -411,4 +421,5 @@ def serve(settings: Settings, config_file: str | None) -> int:
           f"({len(cluster.nodes)} nodes{routers})", flush=True)
     cluster.supervise(stop)
     cluster.stop()
+    os.close(lock)
     return 0

@@ -3,7 +3,7 @@
 ``--node-id ID --bind ENDPOINT [--config FILE] [--data-dir DIR] [--peer ID=ENDPOINT ...]
 [--peer-bind ENDPOINT]``; settings come from
 shared.settings.load_settings (file < SHOAL_* env < flags). Exit codes: 0 clean stop,
-1 cannot bind, 2 bad configuration, 3 journal corrupt or unwritable (one line on stderr).
+1 cannot bind, 2 bad configuration or the data directory in use by another process, 3 journal corrupt or unwritable (one line on stderr).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import logging
 import sys
 
 
+from shoal.shared.datadir import DataDirLocked
 from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings, warn_unknown_env
 
@@ -52,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     gc.set_threshold(20_000, 50, 100)
     try:
         return run_node(settings)
+    except DataDirLocked as exc:
+        print(f"shoal node: {exc}", file=sys.stderr)
+        return 2
     except (JournalCorrupt, JournalUnavailable) as exc:
         print(f"shoal node: cannot open the journal: {exc}", file=sys.stderr)
         return 3

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import zmq
 
+from shoal.shared.datadir import DataDirLocked
 from shoal.shared.errors import StartupError
 from shoal.shared.settings import Settings
 
@@ -42,7 +43,8 @@ def hosted_node(settings: Settings, node_id: str, endpoint: str,
     :meth:`NodeServer.close` (which leaves ``ctx`` to its owner).
 
     Raises StartupError: exit code 3 when the journal is corrupt or cannot be written, 1 when
-    the endpoint cannot be bound (the node CLI's codes).
+    the endpoint cannot be bound, 2 when another process holds the node's data directory
+    (the node CLI's codes).
     """
     node_settings = dataclasses.replace(
         settings, node_id=node_id, node_bind=endpoint,
@@ -53,6 +55,9 @@ def hosted_node(settings: Settings, node_id: str, endpoint: str,
     except (JournalCorrupt, JournalUnavailable) as exc:
         server.sock.close(linger=0)
         raise StartupError(f"cannot open the journal of {node_id}: {exc}", 3) from None
+    except DataDirLocked as exc:
+        server.sock.close(linger=0)
+        raise StartupError(str(exc), 2) from None
     try:
         server.bind(also=settings.embed_bind)
     except (zmq.ZMQError, OSError) as exc:

@@ -26,6 +26,7 @@ from typing import Callable
 import zmq
 
 from shoal.shared import stream, wire
+from shoal.shared.datadir import lock_data_dir
 from shoal.shared.linkauth import serve_curve
 from shoal.shared.settings import Settings
 from shoal.shared.wire import encode_batch
@@ -33,6 +34,7 @@ from shoal.shared.wire import encode_batch
 from shoal.node.alarms import ResourceAlarms
 from shoal.node.intake import feed_frames
 from shoal.node.durability.group_commit import GroupCommit
+from shoal.node.durability.format import unavailable
 from shoal.node.durability.journal import Journal
 from shoal.node.queues.paging import PageStore
 from shoal.node.replication.links import PeerLinks
@@ -107,23 +109,37 @@ class NodeServer:
         self._unix: UnixListener | None = None
         self._unix_gone: list[bytes] = []
         self._zmq_bound = False
+        #: the lock on the node's data directory, from open_journal to close
+        self._dir_lock: int | None = None
 
     def open_journal(self, directory: str | os.PathLike | None = None) -> int:
         """Open the journal (default ``<settings.data_dir>/journal``) and rebuild the shard
         from it; returns the messages restored. Raises JournalCorrupt (damage; file and
-        offset named) or JournalUnavailable (directory unwritable or locked)."""
+        offset named) or JournalUnavailable (directory unwritable), DataDirLocked when
+        another process holds the node's data directory (the journal's parent:
+        shared/datadir.py; this server holds it until :meth:`close`)."""
         path = Path(directory) if directory is not None else \
             Path(self.settings.data_dir).expanduser() / "journal"
-        journal = self.group_commit.open(path)
-        self.shard.pages = PageStore(path.parent / "pages",
-                                     self.settings.queue_max_in_memory_bytes)
-        self.shard.access.load(path.parent)
+        if self._dir_lock is None:
+            try:
+                self._dir_lock = lock_data_dir(path.parent)
+            except OSError as exc:
+                raise unavailable(f"cannot lock data directory {path.parent}", exc) from exc
         try:
-            n = self.shard.attach_journal(journal, self.group_commit.take_clean_marker())
-            self.open_replication(path.parent / "raft")
-            return n
+            journal = self.group_commit.open(path)
+            self.shard.pages = PageStore(path.parent / "pages",
+                                         self.settings.queue_max_in_memory_bytes)
+            self.shard.access.load(path.parent)
+            try:
+                n = self.shard.attach_journal(journal, self.group_commit.take_clean_marker())
+                self.open_replication(path.parent / "raft")
+                return n
+            except BaseException:
+                self.group_commit.close()
+                raise
         except BaseException:
-            self.group_commit.close()
+            os.close(self._dir_lock)
+            self._dir_lock = None
             raise
 
     def open_replication(self, directory: Path | None) -> int:
@@ -446,4 +462,7 @@ class NodeServer:
         self.group_commit.close()
         if self.shard.pages is not None:
             self.shard.pages.close()
+        if self._dir_lock is not None:
+            os.close(self._dir_lock)
+            self._dir_lock = None
 

@@ -170,3 +170,40 @@ def test_serve_warns_once_about_an_unknown_variable(tmp_path):
     assert warnings == ["shoal serve: warning: environment variable SHOAL_PROT is not a setting "
                         "and is ignored; did you mean SHOAL_PORT?"], err
     assert proc.returncode == 0
+
+
+# ---- one data directory, one broker (issue 43 point 4) ----------------------------------------
+def test_a_second_broker_on_a_data_directory_stops_and_leaves_the_first_alone(tmp_path):
+    """A second ``shoal serve`` on a running one's data directory, and a ``shoal node`` on one
+    of its nodes' directories, each stop with one line naming the directory and the pid that
+    holds it; the first keeps its ``ipc://`` sockets and serves on."""
+    import pika
+
+    from tests.conftest import start_cluster, stop_cluster
+    data = tmp_path / "data"
+    first = start_cluster(data, 1)
+    try:
+        sockets = sorted(p.name for p in (data / "run").iterdir())
+        line = one_line(serve(data, "--port", "0"))
+        assert line == (f"shoal serve: data directory {data.resolve()} is in use by another "
+                        f"Shoal (pid {first.launcher.pid}); stop it first, or choose another "
+                        f"with --data-dir or SHOAL_DATA_DIR")
+        node0 = first.node("node-0")
+        result = subprocess.run([*SHOAL, "node", "--node-id", "node-0", "--bind",
+                                 "tcp://127.0.0.1:0", "--data-dir", str(data / "node-0")],
+                                env=QUIET, capture_output=True, text=True, timeout=60)
+        assert one_line(result).startswith(
+            f"shoal node: data directory {(data / 'node-0').resolve()} is in use by another "
+            f"Shoal (pid {node0.pid})")
+        assert sorted(p.name for p in (data / "run").iterdir()) == sockets
+        conn = pika.BlockingConnection(pika.URLParameters(first.url))
+        ch = conn.channel()
+        ch.queue_declare("after-the-second", durable=True)
+        ch.basic_publish("", "after-the-second", b"still here")
+        assert ch.basic_get("after-the-second", auto_ack=True)[2] == b"still here"
+        conn.close()
+    finally:
+        stop_cluster(first)
+    # the lock went with the first broker: the directory serves again
+    again = start_cluster(data, 1)
+    stop_cluster(again)
