@@ -157,11 +157,15 @@ class Broker:
 
     async def declare_request(self, vhost: str, name: str, msg: list) -> Any:
         """QUEUE_DECLARE ``msg`` (non-passive) of queue ``name``: sent where the queue is, or
-        to a reachable node when its usual one is not (router/locations.py). Returns the
-        payload; raises AMQPError (404 when it is on an unreachable node)."""
+        to a reachable node when its usual one is not (router/locations.py). A usual node that
+        no node has heard from yet (a cluster still forming) is waited for first, up to
+        ``link_heartbeat_timeout``. Returns the payload; raises AMQPError (404 when it is on
+        an unreachable node)."""
         if (vhost, name) in self.quorum.leaders:
             return await self.queue_request(vhost, name, msg)
         usual = placement.owner(vhost, name, self.node_ids)
+        if usual not in self.locations.known and not self.links[usual].up:
+            await node_events.await_unseen(self, usual)
         node, placed = self.locations.place(vhost, name, usual)
         try:
             return await self.queue_request(vhost, name, msg)

@@ -40,6 +40,24 @@ async def await_nodes(broker: Any, wait: float) -> list[str]:
     return missing
 
 
+async def await_unseen(broker: Any, node: str) -> None:
+    """Wait up to ``link_heartbeat_timeout`` s for ``node``, which no node has heard from since
+    they started (nothing is known of its queues: a cluster still forming, as pods start in
+    any order on Kubernetes), to say HELLO_OK and give its topology. Returns when it did, or
+    at the bound; the caller then places the queue as it would have (router/locations.py:
+    the node's, or RabbitMQ's 404 when it is still absent). Issue 43 point 5."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + broker.settings.link_heartbeat_timeout
+    link = broker.links[node]
+    try:
+        await asyncio.wait_for(link.ready.wait(), deadline - loop.time())
+        snapshot = broker.snapshots.get(node)
+        if snapshot is not None:
+            await asyncio.wait_for(asyncio.shield(snapshot), max(0.0, deadline - loop.time()))
+    except Exception:  # noqa: BLE001 - the bound, or the link lost: placed as before (404)
+        return
+
+
 def node_up(broker: Any, link: Any, restarted: bool) -> None:
     """A node said HELLO_OK: ask its topology; ``Broker.start`` waits a moment for these
     answers. Its answer replaces what was known of its exchanges (a restarted node forgot its

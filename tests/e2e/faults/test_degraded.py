@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -86,7 +88,8 @@ def test_a_router_serves_without_a_node_and_takes_it_in_later(procs):
     ch.confirm_delivery()
     ch.basic_publish("", on1, b"m1", PERSISTENT)
     assert ch.basic_get(on1, auto_ack=True)[2] == b"m1"
-    # nothing is known of node-0's queues (it never ran): its queues are not made elsewhere
+    # nothing is known of node-0's queues (it never ran): its queues are not made elsewhere;
+    # the declare waits link_heartbeat_timeout (2 s here) for node-0, then answers 404
     code, text = channel_error(lambda c: c.queue_declare(on0, durable=True))(conn)
     assert (code, text) == (404, home_down_text("node-0", on0))
     procs.nodes["node-0"].start()          # the late node
@@ -94,6 +97,43 @@ def test_a_router_serves_without_a_node_and_takes_it_in_later(procs):
     ch = conn.channel()
     assert ch.queue_declare(on0, passive=True).method.message_count == 0
     conn.close()
+
+
+def test_a_declare_on_a_cluster_still_forming_waits_for_the_queues_node(tmp_path):
+    """Issue 43 point 5: pods start in any order. While node-0, which no node has heard from
+    yet, is absent, a declare of a new queue whose usual node it is waits for it (up to
+    link_heartbeat_timeout, 20 s here) and succeeds once it came, instead of answering 404."""
+    procs = Processes(tmp_path, nodes=3, env={"SHOAL_LINK_HEARTBEAT_TIMEOUT": "20"})
+    try:
+        for n in ("node-1", "node-2"):
+            procs.nodes[n].start()
+        procs.start_router()
+        on0 = name_on("node-0", procs.node_ids)
+        outcome: list = []
+
+        def declare() -> None:
+            conn = procs.connect()
+            try:
+                ch = conn.channel()
+                outcome.append(ch.queue_declare(on0, durable=True).method.queue)
+                ch.confirm_delivery()
+                ch.basic_publish("", on0, b"kept", PERSISTENT)
+            except pika.exceptions.AMQPError as exc:
+                outcome.append(exc)
+            finally:
+                conn.close()
+        waiting = threading.Thread(target=declare)
+        waiting.start()
+        time.sleep(0.5)                 # the declare is on its way (not a bound on anything)
+        procs.nodes["node-0"].start()
+        waiting.join(60)
+        assert outcome == [on0]
+        conn = procs.connect()
+        assert conn.channel().queue_declare(on0, passive=True).method.message_count == 1
+        conn.close()
+    finally:
+        codes = procs.stop_all()
+    assert all(c in (0, None) for c in codes), (codes, procs.log_tails())
 
 
 def test_a_dead_nodes_queues_answer_404_new_ones_go_elsewhere_and_all_heal(procs):
