@@ -54,7 +54,11 @@ def _parser() -> argparse.ArgumentParser:
     a("--out", default="", help="result folder (default loadtest-<run id>)")
     a("--label", default="", help="broker label stored in run.json (default host:port)")
     a("--nodes", default="",
-      help="Shoal node ids (N = node-0..node-N-1, or a comma list) to record queue placement")
+      help="Shoal node ids (N = node-0..node-N-1, or a comma list) to record queue placement "
+           "when the management API does not answer")
+    a("--management-url", default="",
+      help="management API that says which node holds each queue (default "
+           "http://HOST:15672, the URL's host and user; 'off' to not ask)")
     return p
 
 
@@ -151,9 +155,19 @@ def build(argv: list[str]):
     params = {k: v for k, v in vars(args).items() if k != "url"}
     params["queue_args"] = queue_args
     params["nodes"] = ids
+    management = args.management_url.strip()
+    if management.lower() == "off":
+        management = ""
+    elif not management:
+        from .placement import default_url
+        management = default_url(url)
+    elif not management.startswith(("http://", "https://")):
+        raise ValueError("--management-url must start with http:// or https://")
+    params["management_url"] = management
     run_json = {"format_version": FORMAT_VERSION, "run_id": run_id,
                 "label": args.label or f"{url.host}:{url.port}", "url": url.public(),
                 "created": time.time(), "host": host_info(), "params": params,
+                "placement": "nodes" if nodes else "",
                 "queues": [{"queue": q, "node": nodes.get(q, "")} for q in queues]}
     out = args.out or f"loadtest-{run_id}"
     return cfg, out, run_json, nodes

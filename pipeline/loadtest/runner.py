@@ -19,6 +19,7 @@ from array import array
 from datetime import UTC, datetime
 
 from . import schema as S
+from .client import AMQPUrl
 from .workers import CLOSE_S, DONE, ERROR, READY, SECOND, Config, run_worker
 from .writer import RunWriter, loss_and_duplicates, merge_counts, received_runs, warm_up
 
@@ -126,6 +127,28 @@ class Runner:
             self.printed += 1
 
     # -- the run ------------------------------------------------------------------------
+    def _locate_queues(self) -> None:
+        """Once the workers declared the queues: ask the management API
+        (``params.management_url``) which node holds each (pipeline/loadtest/placement.py);
+        its answer replaces ``--nodes``'s hash. Unreachable: left as it was, and said."""
+        management = self.run_json.get("params", {}).get("management_url")
+        if not management:
+            return
+        from .placement import queue_nodes
+        try:
+            found = queue_nodes(management, AMQPUrl.parse(self.cfg.url), self.cfg.queues)
+        except (OSError, ValueError) as exc:
+            self.log(f"shoal loadtest: queue placement not recorded from {management}: {exc}")
+            return
+        if not found:
+            self.log(f"shoal loadtest: the management API at {management} lists none of the "
+                     f"run's queues; queue placement not recorded from it")
+            return
+        self.nodes.update(found)
+        self.run_json["placement"] = "management"
+        self.run_json["queues"] = [{"queue": q, "node": self.nodes.get(q, "")}
+                                   for q in self.cfg.queues]
+
     def run(self) -> dict:
         """Run the test; return the summary. Raises ``LoadTestFailed``."""
         warm_up()
@@ -149,6 +172,7 @@ class Runner:
                 if msg[0] == READY:
                     ready.add((msg[1], msg[2]))
                     server = msg[3]
+            self._locate_queues()
             self.start_ns = time.time_ns() + 200_000_000
             self.run_json.update(broker=server, start_ns=self.start_ns,
                                  start_iso=datetime.fromtimestamp(

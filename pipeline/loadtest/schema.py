@@ -34,7 +34,9 @@ run.json (object)
     long name with ``_`` for ``-``: ``producers``, ``consumers``, ``queues``, ``queue_pattern``,
     ``size``, ``rate``, ``time``, ``confirm``, ``qos``, ``multi_ack_every``, ``persistent``,
     ``durable``, ``queue_args``, ``mandatory``, ``sample_every``, ``nodes``, ...);
-    ``queues`` list of {``queue``, ``node``}; ``summary`` object (written at the end, see
+    ``queues`` list of {``queue``, ``node``}; ``placement`` str (where those nodes come from:
+    ``"management"``, the management API; ``"nodes"``, the hash over ``--nodes``; ``""``
+    unknown); ``summary`` object (written at the end, see
     ``shoal.pipeline.loadtest.runner.Runner.summarize``: totals, rates in msg/s, latency
     percentiles in ms over the sending window, ``lost``, ``duplicates``; ``{"aborted": true}`` after a failed or
     interrupted run, whose Parquet files then hold what was flushed and PRODUCERS/RECEIVED are
@@ -49,10 +51,10 @@ run.json (object)
     role           string              -      ``"producer"`` or ``"consumer"``
     worker         int32               -      producer or consumer index (0-based, per role)
     queue          string              -      queue name
-    node           string              -      Shoal node owning the queue
-                                              (``shoal.shared.placement.owner`` over
-                                              ``--nodes``); ``""`` when ``--nodes`` is not given
-                                              (e.g. RabbitMQ)
+    node           string              -      node holding the queue: the management
+                                              API's ``node`` (``--management-url``), else
+                                              ``shoal.shared.placement.owner`` over
+                                              ``--nodes``; ``""`` when neither is known
     sent           int64               msgs   basic.publish frames written (producer rows)
     confirmed      int64               msgs   basic.ack received from the broker (confirms)
     nacked         int64               msgs   basic.nack received from the broker (confirms)

@@ -107,3 +107,54 @@ def test_not_loadtest_output_is_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert err[0].startswith(f"shoal report: {tmp_path / 'run'}: not load-test output (missing ")
+
+
+@pytest.mark.e2e
+def test_per_node_table_of_a_real_run_on_a_cluster(spark, tmp_path):
+    """Issue 43 point 6: ``shoal loadtest`` asks the management API which node holds each
+    queue (no ``--nodes`` given), and ``shoal report``'s per-node table then has each node's
+    rates and latencies."""
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    import uuid
+
+    from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
+    if EXTERNAL_URL:
+        pytest.skip("starts a cluster with its management API; SHOAL_E2E_URL is external")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        mgmt = s.getsockname()[1]
+    c = start_cluster(tmp_path / "cluster", 2, env={"SHOAL_MANAGEMENT_PORT": str(mgmt)})
+    try:
+        # one run over two queues, one on each node
+        pattern = next(p for p in (f"rep-{uuid.uuid4().hex[:10]}-%d" for _ in range(10_000))
+                       if [c.owner(p % 1), c.owner(p % 2)] == ["node-0", "node-1"])
+        queues = [pattern % 1, pattern % 2]
+        run_dir = tmp_path / "run"
+        r = subprocess.run([sys.executable, "-m", "shoal.cli", "loadtest", "--url", c.url,
+                            "--queues", "2", "--queue-pattern", pattern, "--rate", "200",
+                            "--time", "2", "--sample-every", "7",
+                            "--management-url", f"http://127.0.0.1:{mgmt}",
+                            "--label", "shoal", "--out", str(run_dir)],
+                           capture_output=True, text=True, timeout=90)
+        assert r.returncode == 0, r.stdout + r.stderr
+        req = urllib.request.Request(f"http://127.0.0.1:{mgmt}/api/queues/%2F")
+        req.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            listed = {q["name"]: q["node"] for q in json.loads(resp.read())}
+    finally:
+        stop_cluster(c)
+    assert [listed[q] for q in queues] == ["node-0", "node-1"]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["placement"] == "management"
+    assert run["queues"] == [{"queue": queues[0], "node": "node-0"},
+                             {"queue": queues[1], "node": "node-1"}]
+    out = tmp_path / "out"
+    cli.run([str(run_dir)], "local[2]", str(out))
+    nodes = {r["node"]: r for r in pq.read_table(out / "nodes.parquet").to_pylist()}
+    assert set(nodes) == {"node-0", "node-1"}
+    for r in nodes.values():
+        assert r["sent"] > 0 and r["received"] == r["sent"] and r["sent_per_s"] > 0
+        assert r["latency_p50_ms"] is not None and r["latency_p99_ms"] >= r["latency_p50_ms"]
