@@ -45,6 +45,8 @@ from .image import DEFAULT_IMAGE, ClusterError, Interrupted, build_image, docker
 LABEL = "shoal.cluster"
 ROLE_LABEL = "shoal.role"
 URL_LABEL = "shoal.url"
+#: the router's management API (``shoal loadtest --management-url``: which node holds a queue)
+MANAGEMENT_LABEL = "shoal.management"
 NODE_READY_TIMEOUT_S = 60.0
 ROUTER_READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10
@@ -94,19 +96,22 @@ class DockerCluster:
     user: str = "guest"
     password: str = "guest"
     started: list[Any] = field(default_factory=list)  #: containers this object started
+    #: the router's management API, once up (or found by its label)
+    management_url: str = ""
 
     @property
     def url(self) -> str:
         """AMQP URL of the router (guest is loopback-only, which host networking satisfies)."""
         return f"amqp://{self.user}:{self.password}@127.0.0.1:{self.port}/"
 
-    def _run(self, name: str, role: str, command: list[str], **labels: str) -> Any:
+    def _run(self, name: str, role: str, command: list[str], env: dict | None = None,
+             **labels: str) -> Any:
         import docker
         try:
             c = self.client.containers.run(
                 self.image, command, name=f"{self.id}-{name}", detach=True,
                 network_mode="host", labels={LABEL: self.id, ROLE_LABEL: role, **labels},
-                environment={"SHOAL_LOG_LEVEL": "info"})
+                environment={"SHOAL_LOG_LEVEL": "info", **(env or {})})
         except docker.errors.APIError as exc:
             raise ClusterError(f"cannot start {name}: {exc.explanation or exc}") from None
         self.started.append(c)
@@ -143,7 +148,13 @@ class DockerCluster:
             args = ["router", "--host", "127.0.0.1", "--port", str(self.port)]
             for node_id, endpoint, _, _ in endpoints:
                 args += ["--node", f"{node_id}={endpoint}"]
-            router = self._run("router", "router", args, **{URL_LABEL: self.url})
+            # its HTTP ports free ones, so that clusters side by side do not collide
+            mgmt, prom = free_port(), free_port()
+            self.management_url = f"http://127.0.0.1:{mgmt}"
+            router = self._run("router", "router", args,
+                               env={"SHOAL_MANAGEMENT_PORT": str(mgmt),
+                                    "SHOAL_PROMETHEUS_PORT": str(prom)},
+                               **{URL_LABEL: self.url, MANAGEMENT_LABEL: self.management_url})
             _wait(router, lambda: b"shoal router ready on" in router.logs(stdout=True,
                                                                           stderr=False),
                   ROUTER_READY_TIMEOUT_S)
@@ -174,6 +185,9 @@ class DockerCluster:
         tool = "shoal-loadtest" if self._image_has_loadtest() else "pika-load"
         if "--url" not in args:
             args = ["--url", self.url, *args]
+        if tool == "shoal-loadtest" and self.management_url and \
+                "--management-url" not in args:
+            args = [*args, "--management-url", self.management_url]
         gens = []
         try:
             for i in range(loadgens):
@@ -376,7 +390,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "loadtest":
         router = _router_of(client, args.id)
         cluster = DockerCluster(client, image=router.image.tags[0] if router.image.tags
-                                else router.image.id, id=router.labels[LABEL])
+                                else router.image.id, id=router.labels[LABEL],
+                                management_url=router.labels.get(MANAGEMENT_LABEL, ""))
         extra = args.args[1:] if args.args[:1] == ["--"] else args.args
         results = cluster.run_load(["--url", router.labels[URL_LABEL], *extra],
                                    Path(args.out), args.loadgens)

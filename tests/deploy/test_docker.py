@@ -127,6 +127,10 @@ def test_pika_scenario_and_load_on_a_docker_cluster(client, image, tmp_path) -> 
         if results[0]["tool"] == "pika-load":
             summary = json.loads((out / "summary.json").read_text())
             assert summary["received_acked"] == summary["sent_confirmed"] > 0
+        else:   # issue 43 point 6: the queue's node, from the router's management API
+            run = json.loads((out / "run.json").read_text())
+            assert run["placement"] == "management"
+            assert run["queues"][0]["node"] in ("node-0", "node-1")
         assert sorted(c.labels[dc.ROLE_LABEL] for c in labelled(client, cluster.id)) == \
             ["node", "node", "router"]               # load generators are gone
     finally:
