@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
 import os
 import time
@@ -53,6 +54,8 @@ MAX_READ_PER_TURN = 64  # batches; then tick and flush, so heartbeats flow under
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
+#: seconds after a connection closed that the routers are probed (node/server.py ``serve``)
+PROBE_S = (0.02, 0.1, 0.3)
 #: Frames from an in-process router (attach_local) that may wait for a turn, as the ROUTER
 #: socket's RCVHWM bounds a remote router's.
 LOCAL_HWM = 16
@@ -323,6 +326,29 @@ class NodeServer:
         except zmq.ZMQError as exc:
             log.warning("cannot send %d messages to %r: %s", len(msgs), peer, exc)
 
+    def _unreachable_routers(self) -> list[bytes]:
+        """The routers this node knows whose ZeroMQ connection is gone: a HEARTBEAT sent with
+        ZMQ_ROUTER_MANDATORY to an identity without a connection fails at once with
+        EHOSTUNREACH (libzmq's zmq_setsockopt(3)). The live ones get one heartbeat more.
+        Routers in this process or on the ``unix://`` link are not asked (that link says
+        whose connection closed)."""
+        beat = encode_batch([[wire.TAG_HEARTBEAT]])
+        gone = []
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        try:
+            for identity in list(self.shard.links.by_identity):
+                if identity in self._local or (self._unix is not None
+                                               and self._unix.has(identity)):
+                    continue
+                try:
+                    self.sock.send_multipart([identity, beat], _NOBLOCK)
+                except zmq.ZMQError as exc:
+                    if exc.errno == errno.EHOSTUNREACH:
+                        gone.append(identity)
+        finally:
+            self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        return gone
+
     def _readable(self) -> bool:
         return bool(self.sock.get(_EVENTS) & _POLLIN)
 
@@ -382,8 +408,12 @@ class NodeServer:
         self._done = loop.create_future()
         fd = self.sock.getsockopt(zmq.FD)
         loop.add_reader(fd, self._turn)
-        # A router's connection closing (kill -9, pod gone) is seen here at once; the routers
-        # still alive keep heartbeating, so after two intervals the silent ones are the dead.
+        # A router's connection closing (kill -9, pod gone) is seen here at once, but ZeroMQ's
+        # monitor does not say whose: the routers are probed (PROBE_S after the event: the
+        # socket drops the closed connection's pipe a moment later), and one that cannot be
+        # reached is forgotten, its deliveries released, well within 0.5 s (issue 43). The
+        # routers still alive keep heartbeating, so after two intervals the silent ones are
+        # the dead, should a probe not tell.
         mon = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         mon_fd = mon.getsockopt(zmq.FD)
         hb_ms = self.settings.link_heartbeat_ms
@@ -391,7 +421,19 @@ class NodeServer:
         def on_disconnect() -> None:
             while mon.get(_EVENTS) & _POLLIN:
                 mon.recv_multipart(_NOBLOCK)
+                for delay in PROBE_S:
+                    loop.call_later(delay, probe)
                 loop.call_later(2.5 * hb_ms / 1000.0, expire_silent)
+
+        def probe() -> None:
+            if self._stopping:
+                return
+            gone = self._unreachable_routers()
+            for identity in gone:
+                self.shard.links.disconnected(identity)
+            if gone:
+                self._flush()
+                self._poke()
 
         def expire_silent() -> None:
             if self.shard.forget_silent(_now_ms(), 2 * hb_ms):

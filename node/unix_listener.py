@@ -113,6 +113,10 @@ class UnixListener:
         self._next_id += 1
         return _Connection(self, b"unix-%d" % self._next_id)
 
+    def has(self, identity: bytes) -> bool:
+        """Whether router ``identity`` is linked through this listener."""
+        return identity in self._conns
+
     def send(self, identity: bytes, messages: list[list]) -> bool:
         """Write a batch of wire messages to the router ``identity`` if it is one of this
         listener's connections; returns whether it is (False: not ours, send it another way).

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import msgpack
 import zmq
@@ -177,3 +178,42 @@ def test_node_process_on_a_unix_socket_hello_garbage_sigterm(tmp_path):
             proc.kill()
             proc.wait()
         proc.stderr.close()
+
+
+def test_a_router_whose_connection_closed_is_forgotten_before_any_heartbeat(tmp_path):
+    """Issue 43 point 3: ZeroMQ's monitor says a connection closed but not whose; the node
+    probes its routers (node/server.py ``_unreachable_routers``) and forgets the one that is
+    gone, so a message it held unacknowledged goes to another router's consumer, flagged
+    redelivered. Heartbeats here come every 5 s and silence counts after 60 s: the release
+    within the 10 s bound below is the probe's."""
+    endpoint = f"ipc://{tmp_path}/node.sock"
+    settings = Settings(node_id="node-0", node_bind=endpoint, data_dir=str(tmp_path / "data"),
+                        link_heartbeat_ms=5000, link_heartbeat_timeout=60)
+    server = NodeServer(settings)
+    t = threading.Thread(target=run_node, args=(settings, server))
+    t.start()
+    ctx = zmq.Context()
+    try:
+        a, b = dealer(ctx, endpoint), dealer(ctx, endpoint)
+        a.send(encode_batch([[T.HELLO, WIRE_VERSION, "ra", "node-0"],
+                             [T.QUEUE_DECLARE, 1, "/", "q", False, True, False, False, {}, None],
+                             [T.PUBLISH, 7, "/", ["q"], "", "q", b"h", b"body", None],
+                             [T.CONSUME, 2, 1, "/", "q", "ta", False, False, {}, "ra/c"],
+                             [T.CREDIT, 1, 10, False]]))
+        first = recv_until(a, T.DELIVER)
+        assert first[7] == b"body" and first[3] is False
+        b.send(encode_batch([[T.HELLO, WIRE_VERSION, "rb", "node-0"],
+                             [T.CONSUME, 1, 1, "/", "q", "tb", False, False, {}, "rb/c"],
+                             [T.CREDIT, 1, 10, False]]))
+        recv_until(b, T.REPLY)
+        a.close()                       # router A's connection closes (as on kill -9)
+        deadline = time.monotonic() + 10
+        again = None
+        while again is None and b.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            again = next((m for m in decode_batch(b.recv()) if m[0] == T.DELIVER), None)
+        assert again is not None, "the message was not released within 10 s"
+        assert again[7] == b"body" and again[3] is True
+    finally:
+        server.stop()
+        t.join(10)
+        ctx.destroy(linger=0)
