@@ -332,6 +332,27 @@ def stop_cluster(cluster: Cluster, require_clean_exit: bool = True,
                     pytrace=False)
 
 
+#: Test folders whose tests share one outside resource and so run on one pytest-xdist worker
+#: (one after another): RabbitMQ on 127.0.0.1:5672 (test_access imports definitions into it),
+#: one local Spark session (a JVM) for the whole folder.
+SHARED_RESOURCE_GROUPS = {"tests/e2e/side_by_side/": "rabbitmq", "tests/spark/": "spark"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """With pytest-xdist (``-n N --dist loadgroup``, the default in pyproject.toml) each test
+    module runs whole on one worker, so a module's cluster (``cluster3``, ``routers2``) is
+    started once; the folders of SHARED_RESOURCE_GROUPS run on one worker each. A module may
+    name its own group with ``pytest.mark.xdist_group``."""
+    root = Path(str(config.rootpath))
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        path = Path(str(item.fspath)).relative_to(root).as_posix()
+        group = next((g for prefix, g in SHARED_RESOURCE_GROUPS.items()
+                      if path.startswith(prefix)), path)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def _cluster_fixture(tmp_path_factory, nodes: int) -> Iterator[Cluster]:
     if EXTERNAL_URL:
         yield _external_cluster(nodes)

@@ -34,10 +34,10 @@ from shoal.shared.placement import owner
 from .processes import Processes, catalogue_of, free_port, wait_for
 
 EMBED = os.environ.get("SHOAL_E2E_EMBED", "").strip().lower() in ("1", "true", "yes")
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.layout_free, pytest.mark.skipif(
     EMBED or os.environ.get("SHOAL_LOCAL_LINK", "") == "unix",
     reason="runs its own shoal node / shoal router processes over ZeroMQ TCP, as the Helm "
-           "chart does; the embed and unix layouts are shoal serve's")
+           "chart does; the embed and unix layouts are shoal serve's")]
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 #: a shorter link_heartbeat_timeout than the 5 s default, so the hung-peer tests wait less

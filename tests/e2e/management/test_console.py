@@ -45,14 +45,19 @@ def console(tmp_path_factory):
     stop_cluster(c)
 
 
-def text_is(driver, element_id: str, text: str, seconds: float = 15) -> None:
+#: how long a page may take to show something (a bound, not a figure: headless Chromium shares
+#: two cores with the other pytest-xdist worker's cluster)
+WAIT_S = 60
+
+
+def text_is(driver, element_id: str, text: str, seconds: float = WAIT_S) -> None:
     WebDriverWait(driver, seconds).until(
         EC.text_to_be_present_in_element((By.ID, element_id), text))
     assert driver.find_element(By.ID, element_id).text == text
 
 
 def test_log_in_declare_publish_get_and_purge(browser, console, uid):
-    d, wait = browser, WebDriverWait(browser, 15)
+    d, wait = browser, WebDriverWait(browser, WAIT_S)
     d.get(f"http://127.0.0.1:{console.mgmt_port}/")
     wait.until(EC.visibility_of_element_located((By.ID, "login")))
     d.find_element(By.ID, "login-user").send_keys("guest")
@@ -106,7 +111,7 @@ def test_a_quorum_queue_shows_its_type_leader_and_members(browser, console, uid)
                            {"durable": True, "arguments": {"x-queue-type": "quorum"}})
     assert status == 201, body
     info = call(console, "GET", f"/queues/%2F/{q}")[1]
-    d, wait = browser, WebDriverWait(browser, 15)
+    d, wait = browser, WebDriverWait(browser, WAIT_S)
     d.get(f"http://127.0.0.1:{console.mgmt_port}/#/queue/%2F/{q}")
     if d.find_elements(By.ID, "login-user") and \
             d.find_element(By.ID, "login-user").is_displayed():
