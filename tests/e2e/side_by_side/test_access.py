@@ -85,10 +85,29 @@ def rabbitmq_with_definitions() -> str:
     return _base(RABBITMQ_URL)
 
 
+#: RabbitMQ counts a vhost's connections a moment after they close (its connection tracking is
+#: asynchronous), so a scenario that follows one on a vhost with max-connections 1 can be
+#: refused for a connection already gone: its run against RabbitMQ is then repeated, up to
+#: this many seconds. Shoal's run is never repeated.
+RABBITMQ_TRACKING_S = 10.0
+
+
+def _rabbitmq_run(name: str, url: str) -> tuple[list, list]:
+    deadline = time.monotonic() + RABBITMQ_TRACKING_S
+    while True:
+        notes: list = []
+        record = ACCESS_SCENARIOS[name](url, notes=notes)
+        lagged = record[:1] and record[0][0] == "scenario" and \
+            "connection limit (1) is reached" in str(record[0][-1])
+        if not lagged or time.monotonic() > deadline:
+            return record, notes
+        time.sleep(0.5)
+
+
 @pytest.mark.parametrize("name", list(ACCESS_SCENARIOS))
 def test_access_side_by_side_with_rabbitmq(access_cluster, rabbitmq_with_definitions, name):
-    na, nb = [], []
-    a = ACCESS_SCENARIOS[name](rabbitmq_with_definitions, notes=na)
+    a, na = _rabbitmq_run(name, rabbitmq_with_definitions)
+    nb: list = []
     b = ACCESS_SCENARIOS[name](_base(access_cluster.url), notes=nb)
     assert (b, normalized(nb)) == (a, normalized(na))
 
