@@ -126,7 +126,7 @@ def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Q
     lead are named in PUBLISH_MOVED: the router sends them the message again at their
     leader (it is told who that is first, EV_QUEUE_LEADER)."""
     _, _, vhost, _, exchange, routing_key, header, body, publisher = msg
-    cmd = ["enq", exchange, routing_key, header, body, publisher, seq < 0]
+    cmd: list | None = None
     moved: list[str] = []
     tally = [routed, refused, 0]        # routed, refused, proposals outstanding
     done = [False]
@@ -158,8 +158,16 @@ def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Q
                 tally[1] += 1
             finish()
         if g.leading:
+            if g.refuses(len(body)):        # x-overflow reject-publish: basic.nack
+                tally[1] += 1
+                continue
+            if cmd is None:
+                cmd = g.enqueue_command(exchange, routing_key, header, body, publisher,
+                                        seq < 0)
             tally[2] += 1
-            if not g.propose(cmd, applied if seq else None):
+            if g.propose(cmd, applied if seq else None):
+                g.logged(len(body))
+            else:
                 tally[2] -= 1
                 moved.append(q.name)
         else:

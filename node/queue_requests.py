@@ -113,7 +113,9 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
                              f"queue '{name}' in vhost '{vhost}'. It could be originally "
                              f"declared on another connection or the exclusive property "
                              f"value does not match that of the original declaration.")
-        q.touch()       # a redeclare is a use (x-expires); a passive one is not
+        if q.replica is None:
+            q.touch()   # a redeclare is a use (x-expires); a passive one is not; nor is
+            # any on a quorum queue (rabbit_fifo counts gets and consumers only)
         check_equivalent_queue(q, bool(durable), bool(auto_delete), args or {})
     return [name, q.message_count, q.consumer_count]
 

@@ -103,6 +103,9 @@ class Settings:
     #: it on, when ``node_bind`` is ``unix://`` ("" = ``node_bind``)
     default_queue_type: str = "classic"      #: the type of a durable queue declared without
     #: ``x-queue-type``: ``classic`` or ``quorum`` (RabbitMQ's ``default_queue_type``)
+    quorum_delivery_limit: int = 20          #: node: the ``x-delivery-limit`` of a
+    #: quorum queue declared without one (RabbitMQ 4.0's default, 20); -1: no limit, as
+    #: RabbitMQ 3.10 (docs/replication.md)
     delivery_leases: bool = True             #: node: lend an empty plain queue's only
     #: consumer to its router, which then delivers matching publishes itself and records
     #: them here a few ms later (docs/consumers.md, "Delivery leases"; node/lease.py)
@@ -242,6 +245,8 @@ class Settings:
                                             "tcp://host:port, ipc:///path or unix:///path")
         if self.embed_bind and "://" not in self.embed_bind:
             raise bad("embed_bind", "must be an endpoint like ipc:///path or unix:///path")
+        if not isinstance(self.quorum_delivery_limit, int) or self.quorum_delivery_limit < -1:
+            raise bad("quorum_delivery_limit", "must be an integer >= 0, or -1 for no limit")
         if self.default_queue_type not in ("classic", "quorum"):
             raise bad("default_queue_type", "must be classic or quorum")
         for p in self.peers:

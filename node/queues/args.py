@@ -211,10 +211,12 @@ def parse_queue_arguments(vhost: str, name: str, args: dict | None,
     cfg.dlrk = as_str(args, "x-dead-letter-routing-key", w, empty_ok=True)
     if cfg.dlrk is not None and cfg.dlx is None:
         raise _bad("x-dead-letter-routing-key", name, vhost, "needs x-dead-letter-exchange")
-    limit = as_int(args, "x-delivery-limit", 0, None, w)
+    # a quorum queue's -1 (any negative) is "no limit" (RabbitMQ 4: resolve_delivery_limit)
+    quorum = _text(args.get("x-queue-type")) == "quorum"
+    limit = as_int(args, "x-delivery-limit", -(1 << 31) if quorum else 0, None, w)
     qpid_limit = as_int(args, "x-qpid-maximum-delivery-count", 0, None, w)
-    if limit is not None:
-        cfg.max_returns = limit                     # RabbitMQ: returns allowed
+    if limit is not None and limit >= 0:
+        cfg.max_returns = limit                     # RabbitMQ: returns allowed (-1: none)
     elif qpid_limit:
         cfg.max_returns = qpid_limit - 1            # Qpid: deliveries allowed (0 = no limit)
     cfg.consumer_timeout = as_int(args, "x-consumer-timeout", 1, None, w)

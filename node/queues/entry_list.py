@@ -285,21 +285,24 @@ class LastValueQueueEntryList(StandardQueueEntryList):
     """FIFO with conflation (seed 003 9.1.4, LVQ): :meth:`add` of an entry whose ``lvq_key``
     is set deletes the newest older entry with the same key if it is still AVAILABLE (or
     HELD), and reports it in :attr:`replaced` so the Queue can fix its counts. An acquired
-    older entry is not replaced; entries without a key are never replaced."""
+    older entry is not replaced; entries without a key are never replaced. ``conflate``
+    False (a quorum queue's follower, whose leader logs each replacement) keeps the older
+    entry and only notes the newest of each key."""
 
-    __slots__ = ("latest", "replaced", "replaced_held")
+    __slots__ = ("latest", "replaced", "replaced_held", "conflate")
 
     def __init__(self, scavenge_batch: int = SCAVENGE_BATCH) -> None:
         super().__init__(scavenge_batch)
         self.latest: dict = {}
         self.replaced: QueueEntry | None = None
         self.replaced_held = False
+        self.conflate = True
 
     def add(self, entry: QueueEntry) -> QueueEntry:
         self.replaced = None
         key = entry.lvq_key
         if key is not None:
-            old = self.latest.get(key)
+            old = self.latest.get(key) if self.conflate else None
             held = old is not None and old.state is HELD
             if old is not None and old.state in (AVAILABLE, HELD) and old.delete():
                 self.replaced_held = held

@@ -40,13 +40,21 @@ class QueueFeatures:
         #: importing ``Queue`` here, even for type checkers, would be an import circle)
         self.queue = queue
 
-    def enqueue(self, entry: QueueEntry, flags: int) -> QueueEntry | None:
+    def enqueue(self, entry: QueueEntry, flags: int, at: float | None = None) -> QueueEntry | None:
+        """Add ``entry`` with its features; ``at``: its enqueue time on the queue's clock
+        (default now). A quorum queue's follower (``replica`` not leading) only applies its
+        log: it arms no timer, refuses nothing and drops no head (its leader decides those
+        and logs them, node/replication/machine.py); a quorum leader's reject-publish was
+        decided before the message was logged (node/replication/group.py ``refuses``)."""
         q = self.queue
         cfg = q.cfg
         props = read_properties(cfg, entry, flags)
-        now = q.timers.now
+        now = q.timers.now if at is None else at
+        rep = q.replica
+        leads = rep is None or rep.leading
         # overflow: refuse before adding (reject-publish, reject-publish-dlx)
-        if cfg.overflow is not Overflow.DROP_HEAD and self.over_limit(len(entry.body)):
+        if rep is None and cfg.overflow is not Overflow.DROP_HEAD and \
+                self.over_limit(len(entry.body)):
             if cfg.overflow is Overflow.REJECT_PUBLISH_DLX:
                 self.dead_letter(entry, MAXLEN)
             return None
@@ -54,13 +62,15 @@ class QueueFeatures:
         ttl = ttl_ms(cfg, props)
         if ttl is not None:
             entry.expires_at = now + ttl
-            q.timers.add(entry.expires_at + 1, self.expire_due, entry)
-        at = not_before(props, now, q.timers.wall_to_monotonic)
-        if at > now:
+            if leads:
+                q.timers.add(entry.expires_at + 1, self.expire_due, entry)
+        due = not_before(props, now, q.timers.wall_to_monotonic)
+        if due > now:
             entry.state = HELD
-            entry.not_before = at
+            entry.not_before = due
             q.held += 1
-            q.timers.add(at, self.unhold, entry)
+            if leads:
+                q.timers.add(due, self.unhold, entry)
         else:
             q.available += 1
         q.ready_bytes += len(entry.body)
@@ -68,9 +78,11 @@ class QueueFeatures:
         entries.add(entry)
         if cfg.type is QueueType.LAST_VALUE and entries.replaced is not None:
             self.gone_ready(entries.replaced, entries.replaced_held)
+            if rep is not None:
+                rep.removed(entries.replaced)   # the leader logs the replacement (drop)
         if entries.inserts_before_tail:
             q.rewind_pointers(entry)
-        if cfg.overflow is Overflow.DROP_HEAD:
+        if cfg.overflow is Overflow.DROP_HEAD and leads:
             self.drop_head()
         return entry
 
@@ -128,8 +140,11 @@ class QueueFeatures:
             q.sink.dead_letter(q, e, reason)
 
     def expired(self, e: QueueEntry) -> bool:
+        """Whether ``e``'s TTL has passed on the queue's clock (never on a quorum queue's
+        follower: it reads no clock, its leader logs the expiry)."""
         q = self.queue
-        return e.expires_at != 0 and q.timers.now > e.expires_at
+        return e.expires_at != 0 and q.timers.now > e.expires_at and \
+            (q.replica is None or q.replica.leading)
 
     def expire_due(self, e: QueueEntry) -> None:
         """Timer: a message's TTL passed. Ready ones go now; acquired ones when released."""
@@ -138,9 +153,10 @@ class QueueFeatures:
             self.remove_ready(e, EXPIRED)
 
     def unhold(self, e: QueueEntry) -> None:
-        """Timer: a scheduled message's time came: it becomes visible where it stands."""
+        """Timer: a scheduled message's time came: it becomes visible where it stands (on
+        a quorum queue's follower it waits: its leader re-arms this when it leads)."""
         q = self.queue
-        if q.deleted or not e.unhold():
+        if q.deleted or (q.replica is not None and not q.replica.leading) or not e.unhold():
             return
         q.held -= 1
         q.available += 1
@@ -215,8 +231,8 @@ class QueueFeatures:
         """Timer (x-expires): delete the queue once unused for that long (RabbitMQ: no
         consumers, no basic.get, no redeclare)."""
         q = self.queue
-        if q.deleted:
-            return
+        if q.deleted or q.replica is not None:      # a quorum queue: its leader's clock
+            return                                  # (node/replication/group.py)
         due = q.last_used + q.cfg.expires
         if q.qcm.all:
             due = q.timers.now + q.cfg.expires

@@ -123,10 +123,12 @@ class Queue:
 
     # --- entries ---
     def enqueue(self, exchange: str, routing_key: str, header: bytes, body: bytes,
-                publisher: str | None = None) -> QueueEntry | None:
+                publisher: str | None = None, at: float | None = None) -> QueueEntry | None:
         """Add a message in its place; returns its entry, or None when ``x-overflow``
         refused it (reject-publish: the publisher gets basic.nack). Does NOT notify: call
-        :meth:`notify_work`."""
+        :meth:`notify_work`. ``at``: when it was enqueued on the queue's clock (ms), from
+        which its TTL and schedule count; default now (a quorum queue's log gives its
+        leader's time: node/replication/machine.py)."""
         cfg = self.cfg
         flags = header[12] if len(header) > 13 else 0      # high byte of the property flags
         entry = QueueEntry(self.next_id(), exchange, routing_key, header, body, self)
@@ -136,7 +138,7 @@ class Queue:
             self.available += 1
             self.ready_bytes += len(body)
             return entry
-        return self.features.enqueue(entry, flags << 8)
+        return self.features.enqueue(entry, flags << 8, at)
 
     def discard(self, e: QueueEntry) -> None:
         """Take back a just-enqueued entry that could not be journaled (not dead-lettered)."""
@@ -222,6 +224,8 @@ class Queue:
         """``basic.get``: acquire the first AVAILABLE entry (no consumer), or None. Skips
         expired entries (removing them) and messages of groups owned by a consumer."""
         self.touch()
+        if self.replica is not None:
+            self.replica.used()         # a quorum queue's leader logs it (x-expires)
         e = self.entries.first()
         nxt = self.entries.next
         groups = self.groups
@@ -343,6 +347,8 @@ class Queue:
         if self.lease is consumer:
             self.lease = None
         self.touch()
+        if self.replica is not None:
+            self.replica.used()         # a quorum queue's leader logs it (x-expires)
         if self.exclusive_consumer is consumer:
             self.exclusive_consumer = None
         if self.groups is not None and not self.cfg.shared_groups:

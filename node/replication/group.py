@@ -14,6 +14,7 @@ import logging
 import random
 from typing import Any, Callable, Protocol
 
+from shoal.node.queues.args import Overflow
 from shoal.node.queues.entry import QueueEntry
 from shoal.node.queues.queue import Queue
 from shoal.node.replication.log import Entry, NORMAL, Snapshot
@@ -84,6 +85,10 @@ class QuorumGroup:
         #: the leader's lease: member -> when (ms) it last answered in this term
         self.acked_at: dict[str, float] = {}
         self.retire_ticks = 0       #: a deleted leader's ticks left (manager.py RETIRE_TICKS)
+        #: the enqueues this leader logged in its term and has not applied yet: [count,
+        #: bytes] (x-overflow reject-publish counts them as queued)
+        self.pending = [0, 0]
+        self.expiring = False       #: this leader proposed the delete of x-expires
         queue.sink = None               # a follower never delivers or dead-letters
 
     def state(self) -> dict:
@@ -111,10 +116,67 @@ class QuorumGroup:
             self.propose([op, idx])     # refused when not leader: the new leader redelivers
 
     def removed(self, entry: QueueEntry) -> None:
-        """The queue removed ``entry`` by itself (TTL expiry): as leader, the other members
-        drop it too (they also expire it by their own clocks; the first wins)."""
+        """The leader's queue removed ``entry`` by itself (TTL expiry, x-overflow drop-head,
+        a last value replaced): the other members drop it when that is applied (they
+        decide none of these themselves: machine.py)."""
         if self.leading:
             self.settle("drop", [entry])
+
+    # ---- the leader's decisions (docs/replication.md "Time from the leader") ---------------
+    def wall_now(self) -> float:
+        """This member's clock, epoch ms: what it logs as the leader's time."""
+        t = self.queue.timers
+        return t.now + t.wall_offset_ms
+
+    def enqueue_command(self, exchange: str, routing_key: str, header: bytes, body: bytes,
+                        publisher: Any, again: bool) -> list:
+        """The ``enq`` command of a publish (machine.py), stamped with the leader's time."""
+        return ["enq", exchange, routing_key, header, body, publisher, again, self.wall_now()]
+
+    def refuses(self, size: int) -> bool:
+        """x-overflow reject-publish (``qpid.policy_type: reject``) as leader: whether a
+        message of ``size`` bytes would take the queue over ``x-max-length`` or
+        ``x-max-length-bytes`` (ready messages, as RabbitMQ counts them, plus those logged
+        and not applied yet). Decided before the message is logged, so that every member
+        applies only what was accepted (RabbitMQ: basic.nack to a confirming publisher)."""
+        q = self.queue
+        cfg = q.cfg
+        if cfg.overflow is not Overflow.REJECT_PUBLISH:
+            return False
+        if cfg.max_length is not None and q.available + q.held + self.pending[0] >= \
+                cfg.max_length:
+            return True
+        return cfg.max_length_bytes is not None and \
+            q.ready_bytes + self.pending[1] + size > cfg.max_length_bytes
+
+    def logged(self, size: int) -> None:
+        """An enqueue of ``size`` bytes was logged by this leader (see ``pending``)."""
+        self.pending[0] += 1
+        self.pending[1] += size
+
+    def used(self) -> None:
+        """The queue was used (a basic.get, a consumer came or went): with x-expires, the
+        leader logs the time (``active``), from which every member counts (rabbit_fifo's
+        ``last_active``, set by the commands of a get and of a consumer leaving)."""
+        if self.leading and self.queue.cfg.expires:
+            self.propose(["active", self.wall_now()])
+
+    def check_expiry(self) -> None:
+        """x-expires, as leader (every tick; rabbit_fifo ``tick`` -> ``is_expired``): a
+        queue without consumers whose last use (``last_active``, in the log) is older than
+        x-expires by this leader's clock is deleted through the log, on every member."""
+        q = self.queue
+        expires = q.cfg.expires
+        if not expires or not self.leading or self.expiring or q.qcm.all or self.deleted:
+            return
+        m = self.machine
+        now = self.wall_now()
+        if not m.last_active:
+            m.last_active = now         # a queue of a release that did not log it: from now
+        if now > m.last_active + expires:
+            log.info("quorum queue '%s' in vhost '%s' expired (x-expires %d ms)", self.key[1],
+                     self.key[0], expires)
+            self.expiring = self.propose(["delete"])
 
     # ---- applying the log ------------------------------------------------------------------
     def install(self, snap: Snapshot) -> None:
@@ -131,6 +193,9 @@ class QuorumGroup:
     def apply(self, entry: Entry) -> None:
         result: Any = None
         if entry.kind == NORMAL and entry.data is not None:
+            if self.leading and entry.term == self.raft.term and entry.data[0] == "enq":
+                self.pending[0] -= 1
+                self.pending[1] -= len(entry.data[4])
             try:
                 # an older leader's entry: it may have applied and delivered it already (the
                 # flag is set before the queue is told of the message, which may deliver it)
@@ -173,12 +238,14 @@ class QuorumGroup:
             self.leading = True
             now = self.host.now()
             self.acked_at = {m: now for m, granted in r.votes.items() if granted}
-            self.machine.lead()
+            self.pending = [0, 0]
             self.queue.sink = self.host.sink
+            self.machine.lead()
             log.info("quorum queue '%s' in vhost '%s': %s leads (term %d)", self.key[1],
                      self.key[0], self.host.node_id, r.term)
         elif self.leading and not r.is_leader:
             self.leading = False
+            self.expiring = False
             self.host.stopped_leading(self)
             self.machine.follow()
             self.queue.sink = None

@@ -10,9 +10,10 @@ every one is marked redelivered (it may have been delivered by the old leader: A
 
 Commands (lists, msgpack values), each applied by :meth:`QueueMachine.apply`:
 
-- ``["enq", exchange, routing_key, header, body, publisher, again]`` -> whether it was
+- ``["enq", exchange, routing_key, header, body, publisher, again, ts]`` -> whether it was
   accepted; ``again``: the router sent it again after a leader change (it may be in the
-  queue already), so it is enqueued ``redelivered``;
+  queue already), so it is enqueued ``redelivered``; ``ts``: the leader's clock when it
+  appended the message (epoch ms), from which every member reckons its TTL and schedule;
 - ``["ack", [index, ...]]``: the messages enqueued at those log indexes are settled;
 - ``["requeue", [index, ...]]``: returned to the queue: redelivered, one more delivery
   counted (``x-delivery-limit``);
@@ -26,16 +27,27 @@ acts on the message as it finds it.
 - ``["purge", [index, ...]]``: the leader's AVAILABLE messages when it was asked -> count;
 - ``["delete"]`` -> the message count (the group then removes the queue on every member);
 - ``["wanted", [node, ...]]``: the nodes that should hold a member (an operator's
-  add_member, delete_member, grow or shrink; the leader then changes the membership).
+  add_member, delete_member, grow or shrink; the leader then changes the membership);
+- ``["active", ts]``: the queue was used at ``ts`` (the leader's clock, epoch ms: a
+  basic.get, a consumer gone), from which ``x-expires`` counts (rabbit_fifo's
+  ``last_active``).
+
+Time is the leader's (docs/replication.md, "Time from the leader"). A member reads no clock
+of its own while it follows: it arms no TTL, schedule or expiry timer, refuses no publish
+and drops no head (x-overflow), and replaces no last value; what the leader decided reaches
+it as ``drop``. A member that becomes leader arms the timers of what it holds from the
+times in the log.
 
 Snapshot data: ``{"queue": [vhost, name, arguments, uid], "messages": [[index, exchange,
-routing_key, header, body, redelivered, delivery_count, publisher], ...]}`` in queue order.
+routing_key, header, body, redelivered, delivery_count, publisher, ts], ...],
+"last_active": epoch ms}`` in queue order (``ts``: the leader's clock at the enqueue, for
+messages whose TTL or schedule reckon from it, else 0).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from shoal.node.queues.entry import ACQUIRED, QueueEntry
+from shoal.node.queues.entry import ACQUIRED, HELD, QueueEntry
 from shoal.node.queues.paging import body_bytes
 from shoal.node.queues.queue import Queue
 
@@ -49,6 +61,14 @@ class QueueMachine:
         self.by_index: dict[int, QueueEntry] = {}
         self.index_of: dict[int, int] = {}          # entry_id -> log index
         self.leading = False
+        #: the leader's clock (epoch ms) at the enqueue of each message whose TTL or schedule
+        #: reckons from it, by log index (kept for snapshots)
+        self.ts_of: dict[int, float] = {}
+        #: when the queue was last used (epoch ms, the leader's clock): x-expires counts
+        #: from here (rabbit_fifo's last_active)
+        self.last_active = 0.0
+        if hasattr(queue.entries, "conflate"):
+            queue.entries.conflate = False      # a follower: its leader logs replacements
 
     def index(self, entry: QueueEntry) -> int | None:
         return self.index_of.get(entry.entry_id)
@@ -61,12 +81,18 @@ class QueueMachine:
         op = cmd[0]
         q = self.queue
         if op == "enq":
-            e = q.enqueue(cmd[1], cmd[2], cmd[3], cmd[4], cmd[5])
+            ts = cmd[7] if len(cmd) > 7 else None
+            at = None if ts is None else q.timers.wall_to_monotonic(ts)
+            e = q.enqueue(cmd[1], cmd[2], cmd[3], cmd[4], cmd[5], at)
             if e is None:
                 return False
             if older or (len(cmd) > 6 and cmd[6]):
                 e.redelivered = True
             self._track(index, e)
+            if ts is not None and (e.expires_at or e.state is HELD):
+                self.ts_of[index] = ts
+            if e.is_dead and self.leading and q.replica is not None:
+                q.replica.settle("drop", [e])   # its own drop-head took it (x-max-length 0)
             q.stats[0] += 1
             if self.leading:
                 q.notify_work()
@@ -99,6 +125,9 @@ class QueueMachine:
             return q.message_count
         if op == "wanted":
             return None             # the group's (node/replication/group.py)
+        if op == "active":
+            self.last_active = max(self.last_active, float(cmd[1]))
+            return None
         raise ValueError(f"unknown quorum queue command {op!r}")
 
     def _track(self, index: int, e: QueueEntry) -> None:
@@ -108,6 +137,7 @@ class QueueMachine:
     def _untrack(self, index: int, e: QueueEntry) -> None:
         self.by_index.pop(index, None)
         self.index_of.pop(e.entry_id, None)
+        self.ts_of.pop(index, None)
 
     def forget_dead(self) -> None:
         """Drop the entries the queue removed by itself (TTL expiry, delivery limit)."""
@@ -115,15 +145,30 @@ class QueueMachine:
         for i, e in dead:
             self._untrack(i, e)
 
-    def lead(self) -> None:
-        """This member became leader: every entry may have been delivered by the old one."""
+    def lead(self) -> list[QueueEntry]:
+        """This member became leader: every entry may have been delivered by the old one.
+        Its clock now decides: the TTL and schedule timers of what it holds are armed from
+        the times in the log. A last-value queue replaces from now on; an older value it
+        still holds stays (the old leader's consumer may hold it acquired, or its
+        replacement was not committed: either way it is a message, not lost)."""
         self.leading = True
         self.forget_dead()
+        q = self.queue
+        features = q.features
+        timers = q.timers
+        if hasattr(q.entries, "conflate"):
+            q.entries.conflate = True
         for e in self.by_index.values():
             e.redelivered = True
+            if e.expires_at:
+                timers.add(e.expires_at + 1, features.expire_due, e)
+            if e.state is HELD:
+                timers.add(e.not_before, features.unhold, e)
 
     def follow(self) -> None:
         self.leading = False
+        if hasattr(self.queue.entries, "conflate"):
+            self.queue.entries.conflate = False
 
     def snapshot(self, header: list) -> dict:
         """The snapshot data: ``header`` ([vhost, name, arguments, uid]) and every live
@@ -134,17 +179,22 @@ class QueueMachine:
             if i is None or e.is_dead:
                 continue
             msgs.append([i, e.exchange, e.routing_key, e.header, body_bytes(e.body),
-                         e.redelivered, e.delivery_count, e.publisher])
-        return {"queue": header, "messages": msgs}
+                         e.redelivered, e.delivery_count, e.publisher, self.ts_of.get(i, 0)])
+        return {"queue": header, "messages": msgs, "last_active": self.last_active}
 
     def restore(self, data: dict) -> None:
         """Load a snapshot's messages into the (empty) queue."""
         q = self.queue
-        for i, exchange, rk, header, body, redelivered, count, publisher in \
-                data.get("messages") or ():
-            e = q.enqueue(exchange, rk, header, body, publisher)
+        self.last_active = float(data.get("last_active") or 0)
+        for row in data.get("messages") or ():
+            i, exchange, rk, header, body, redelivered, count, publisher = row[:8]
+            ts = row[8] if len(row) > 8 and row[8] else None
+            at = None if ts is None else q.timers.wall_to_monotonic(ts)
+            e = q.enqueue(exchange, rk, header, body, publisher, at)
             if e is None:
                 continue
             e.redelivered = bool(redelivered)
             e.delivery_count = count
             self._track(i, e)
+            if ts is not None:
+                self.ts_of[i] = ts

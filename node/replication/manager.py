@@ -20,7 +20,6 @@ from typing import Any
 from shoal.shared.errors import AMQPError
 from shoal.shared.wire import EV_QUEUE_LEADER, TAG_TOPOLOGY_EVENT, WIRE_VERSION, T
 
-from shoal.node.queues.args import parse_queue_arguments
 from shoal.node.replication import catalogue, membership, requests
 from shoal.node.replication.catalogue import Catalogue
 from shoal.node.replication.group import QuorumGroup, new_raft
@@ -102,9 +101,9 @@ class Replication:
         return len(self.groups)
 
     def make_group(self, header: list, raft: Any, wanted: list[str]) -> QuorumGroup | None:
-        vhost, name, args, uid = header
+        vhost, name, args, uid = header[:4]
         try:
-            cfg = parse_queue_arguments(vhost, name, args, restored=True)
+            cfg = requests.queue_config(header)
         except AMQPError as err:
             log.error("cannot restore quorum queue '%s': %s", name, err.text)
             return None
@@ -174,6 +173,7 @@ class Replication:
             g = self.make_group(snap.data["queue"], raft, list(snap.data.get("wanted") or []))
             if g is not None:
                 g.snapshot = snap
+                g.machine.last_active = float(snap.data.get("last_active") or 0)
                 self.store.append(g.key, uid, "snap", snap_w)
 
     def _to_peer(self, node: str, msg: list) -> None:
@@ -235,6 +235,8 @@ class Replication:
         for g in list(self.groups.values()):
             g.raft.tick()
             g.check_role()
+            if g.leading:
+                g.check_expiry()
         if self.links is not None and self.ticks % 5 == 1:
             self.links.broadcast([_PEER_HELLO, WIRE_VERSION, self.node_id, self.member_id,
                                   self.catalogue.seq])
@@ -338,9 +340,9 @@ class Replication:
         data = snap.data if isinstance(snap.data, dict) else {}
         header = data.get("queue")
         if header is not None and header != g.header:
-            vhost, name, args, _ = header
+            vhost, name, args = header[:3]
             try:
-                cfg = parse_queue_arguments(vhost, name, args, restored=True)
+                cfg = requests.queue_config(header)
             except AMQPError as err:
                 log.error("quorum queue '%s': bad declaration in snapshot: %s", name, err.text)
                 return

@@ -7,23 +7,23 @@ log, and the answer of a member that does not lead. Functions of a node's
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from typing import Any
 
 from shoal.shared.errors import PRECONDITION_FAILED, soft_error
 from shoal.shared.wire import MOVED, TAG_REPLY, T
 
-from shoal.node.queues.args import as_int, parse_queue_arguments
+from shoal.node.queues.args import Overflow, as_int, parse_queue_arguments
 from shoal.node.replication import membership
 from shoal.node.replication.group import LOST, QuorumGroup, new_raft
 from shoal.node.replication.raft import bootstrap
 
+log = logging.getLogger("shoal.node.replication")
+
 _GROUP_CREATE = int(T.GROUP_CREATE)
-#: Arguments a quorum queue refuses (406 naming them): they need state only the leader has
-#: (how many messages are acquired) or a queue-wide clock, and are not replicated yet.
-UNSUPPORTED = ("x-max-length", "x-max-length-bytes", "x-overflow", "qpid.max_count",
-               "qpid.max_size", "qpid.policy_type", "x-expires", "qpid.last_value_queue",
-               "qpid.last_value_queue_key", "x-dead-letter-strategy")
+#: ``x-dead-letter-strategy`` values (RabbitMQ's; anything else: 406 invalid_dlx_strategy)
+DLX_STRATEGIES = ("at-most-once", "at-least-once")
 DEFAULT_GROUP_SIZE = 3
 #: Ticks after start during which a declare waits for every chosen node's PEER_HELLO.
 STARTUP_TICKS = 30
@@ -40,14 +40,21 @@ def declare(rep: Any, peer: bytes, req_id: int, vhost: str, name: str, durable: 
         if bad:
             raise soft_error(PRECONDITION_FAILED, f"invalid property '{prop}' for queue "
                                                   f"'{name}' in vhost '{vhost}'")
-    for arg in UNSUPPORTED:
-        if arg in args:             # RabbitMQ 3.10's text for an argument it refuses
-            raise soft_error(PRECONDITION_FAILED,
-                             f"invalid arg '{arg}' for queue '{name}' in vhost '{vhost}' "
-                             f"of queue type rabbit_quorum_queue")
+    strategy = args.get("x-dead-letter-strategy")
+    if strategy is not None and strategy not in DLX_STRATEGIES:
+        raise soft_error(PRECONDITION_FAILED, f"invalid arg 'x-dead-letter-strategy' for "
+                                              f"queue '{name}' in vhost '{vhost}': "
+                                              f"invalid_dlx_strategy")
+    if strategy == "at-least-once":
+        raise soft_error(PRECONDITION_FAILED,
+                         f"invalid arg 'x-dead-letter-strategy' for queue '{name}' in vhost "
+                         f"'{vhost}': at-least-once is not supported yet (docs/queues.md)")
     size = as_int(args, "x-quorum-initial-group-size", 1, None, (name, vhost)) or \
         DEFAULT_GROUP_SIZE
-    parse_queue_arguments(vhost, name, args)       # 406 for bad values
+    cfg = parse_queue_arguments(vhost, name, args)       # 406 for bad values
+    if cfg.overflow is Overflow.REJECT_PUBLISH_DLX:      # rabbit_quorum_queue:overflow/3
+        log.warning("Invalid overflow strategy <<\"reject-publish-dlx\">> for quorum queue: "
+                    "queue '%s' in vhost '%s' (drop-head applies)", name, vhost)
     wanted = choose_nodes(rep, vhost, name, size)
     if any(n not in rep.peers for n in wanted) and rep.ticks < STARTUP_TICKS:
         # Just started: the other nodes have not said PEER_HELLO yet (their first comes
@@ -68,12 +75,15 @@ def create(rep: Any, peer: bytes, req_id: int, vhost: str, name: str, args: dict
     members = [rep.member_id] + [rep.peers[n][0] for n in wanted[1:]
                                   if n in rep.peers and rep.online(n)]
     uid = uuid.uuid4().hex[:12]
-    header = [vhost, name, args, uid]
-    snap = bootstrap(members, {"queue": header, "messages": [], "wanted": wanted})
+    header = [vhost, name, args, uid, defaults(rep.shard.settings, args)]
+    created = rep.shard.timers.now + rep.shard.timers.wall_offset_ms
+    snap = bootstrap(members, {"queue": header, "messages": [], "wanted": wanted,
+                               "last_active": created})
     raft = new_raft(rep.member_id, snapshot=snap)
     g = rep.make_group(header, raft, wanted)
     assert g is not None
     g.snapshot = snap
+    g.machine.last_active = created
     rep.store.append(g.key, uid, "snap", snap.to_wire())
     for m in members[1:]:
         rep.outgoing.append((membership.node_of(m), [_GROUP_CREATE, vhost, name, uid,
@@ -81,6 +91,30 @@ def create(rep: Any, peer: bytes, req_id: int, vhost: str, name: str, args: dict
     g.pending_declares.append(lambda: reply(rep, peer, req_id, [name, 0, 0]))
     raft.campaign()
     g.check_role()
+
+def defaults(settings: Any, args: dict) -> dict:
+    """The arguments a quorum queue has that its declare did not give, fixed at declare
+    and the same on every member (the group's header): ``x-delivery-limit`` from the
+    setting ``quorum_delivery_limit`` (RabbitMQ 4.0's default of 20; -1: none, as 3.10)."""
+    limit = settings.quorum_delivery_limit
+    if limit >= 0 and "x-delivery-limit" not in args and \
+            "x-qpid-maximum-delivery-count" not in args:
+        return {"x-delivery-limit": limit}
+    return {}
+
+
+def queue_config(header: list, restored: bool = True) -> Any:
+    """The QueueConfig of a quorum queue's header ``[vhost, name, args, uid(, defaults)]``:
+    its declared arguments over the defaults of its declare; ``x-overflow:
+    reject-publish-dlx`` is drop-head, as in RabbitMQ (rabbit_quorum_queue:overflow/3).
+    Raises AMQPError 406."""
+    vhost, name, args = header[0], header[1], header[2]
+    fixed = header[4] if len(header) > 4 and isinstance(header[4], dict) else {}
+    cfg = parse_queue_arguments(vhost, name, {**fixed, **(args or {})}, restored=restored)
+    if cfg.overflow is Overflow.REJECT_PUBLISH_DLX:
+        cfg.overflow = Overflow.DROP_HEAD
+    return cfg
+
 
 def choose_nodes(rep: Any, vhost: str, name: str, size: int) -> list[str]:
     """This node and the ``size - 1`` others that rank highest for the queue

@@ -1,7 +1,8 @@
 """Quorum queues with a real client (issue 35, point 6; docs/queues.md "Quorum queues"): the
-queue model's features a quorum queue supports behave as on a classic queue, and what it does
-not support yet is refused with RabbitMQ 3.10's 406 texts (checked side by side: the texts
-below are the ones RabbitMQ 3.10.8 answered on this machine).
+queue model's features a quorum queue supports behave as on a classic queue, and what
+RabbitMQ refuses too is refused with RabbitMQ 3.10's 406 texts (checked side by side: the
+texts below are the ones RabbitMQ 3.10.8 answered on this machine). Length limits, overflow,
+x-expires and last values: test_quorum_limits.py.
 
 Supported: publish, get, consume, ack, nack and reject, purge, delete, redeclare;
 x-delivery-limit, x-dead-letter-exchange and -routing-key, x-message-ttl and per-message TTL,
@@ -75,9 +76,9 @@ def test_publish_get_ack_purge_and_delete(chan, uid):
      "invalid property 'exclusive-owner' for queue '{q}' in vhost '/'"),
     ({"durable": True, "auto_delete": True},
      "invalid property 'auto-delete' for queue '{q}' in vhost '/'"),
-    ({"durable": True, "arguments": {**QQ, "x-max-length": 5}},
-     "invalid arg 'x-max-length' for queue '{q}' in vhost '/' of queue type "
-     "rabbit_quorum_queue"),
+    ({"durable": True, "arguments": {**QQ, "x-dead-letter-strategy": "bogus"}},
+     "invalid arg 'x-dead-letter-strategy' for queue '{q}' in vhost '/': "
+     "invalid_dlx_strategy"),
 ])
 def test_what_a_quorum_queue_cannot_be_is_refused_as_rabbitmq_does(chan, uid, kw, text):
     ch = chan()

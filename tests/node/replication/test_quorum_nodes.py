@@ -279,8 +279,8 @@ def test_delete_removes_the_queue_on_every_member(tmp_path):
 
 
 @pytest.mark.parametrize("args,durable,text", [
-    ({**QQ, "x-max-length": 10}, 1, "invalid arg 'x-max-length' for queue 'q' in vhost '/' of queue type rabbit_quorum_queue"),
-    ({**QQ, "x-expires": 1000}, 1, "invalid arg 'x-expires'"),
+    ({**QQ, "x-dead-letter-strategy": "bogus"}, 1, "invalid arg 'x-dead-letter-strategy' for queue 'q' in vhost '/': invalid_dlx_strategy"),
+    ({**QQ, "x-overflow": "bogus"}, 1, "invalid arg 'x-overflow' for queue 'q' in vhost '/'"),
     (QQ, 0, "invalid property 'non-durable' for queue 'q' in vhost '/'"),
 ])
 def test_what_a_quorum_queue_cannot_be_is_refused_naming_it(tmp_path, args, durable, text):

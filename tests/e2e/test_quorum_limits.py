@@ -1,0 +1,187 @@
+"""Quorum queues that refuse nothing (issue 44), with pika and aio-pika against a real 3-node
+cluster: x-max-length(-bytes) with x-overflow drop-head (dead-lettered, reason maxlen) and
+reject-publish (basic.nack), Qpid's qpid.max_count/qpid.policy_type, x-expires, last-value
+queues, RabbitMQ 4's default x-delivery-limit of 20; and, after kill -9 of the leader's node,
+a new leader that holds what the old one held (the limits and last values were decided by the
+leader and logged, so every member agrees). RabbitMQ 3.10 accepts each of these declares on
+a quorum queue (checked side by side on this machine); where it behaves otherwise, the test
+says so.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+
+import pytest
+
+from .clients import BrokerError, Nacked, connect
+from .faults.test_quorum import EMBED, leader_of
+
+pytestmark = pytest.mark.e2e
+
+QQ = {"x-queue-type": "quorum"}
+DEADLINE = 15.0
+
+
+@pytest.fixture(params=["pika", "aio_pika"])
+def make(cluster3, request):
+    """``make(confirms=False)`` -> a connected adapter of this test's client on the 3-node
+    cluster, closed after."""
+    made = []
+
+    def connect_(confirms: bool = False, url: str | None = None):
+        c = connect(request.param, url or cluster3.url, confirms=confirms)
+        made.append(c)
+        return c
+    yield connect_
+    for c in made:
+        with contextlib.suppress(Exception):
+            c.close()
+
+
+def wait_for(fn, what: str):
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"not within {DEADLINE:.0f} s: {what}")
+
+
+def drain(c, q: str) -> list[bytes]:
+    out = []
+    while (d := c.get(q, no_ack=True)) is not None:
+        out.append(d.body)
+    return out
+
+
+def dlx_pair(c, uid: str, name: str, **args) -> tuple[str, str]:
+    """A quorum queue ``name`` dead-lettering to a classic queue through the default
+    exchange."""
+    q, dlq = f"{name}-{uid}", f"{name}-dl-{uid}"
+    c.declare_queue(dlq, durable=True)
+    c.declare_queue(q, durable=True, arguments={**QQ, "x-dead-letter-exchange": "",
+                                                 "x-dead-letter-routing-key": dlq, **args})
+    return q, dlq
+
+
+def test_drop_head_dead_letters_the_oldest_with_reason_maxlen(make, uid):
+    c = make(confirms=True)
+    q, dlq = dlx_pair(c, uid, "qq-maxlen", **{"x-max-length": 2})
+    for i in range(5):
+        c.publish("", q, str(i).encode(), {"delivery_mode": 2})
+    dead: list = []
+    wait_for(lambda: dead.extend(iter(lambda: c.get(dlq, no_ack=True), None)) or
+             len(dead) == 3, "three dead letters")
+    assert [d.body for d in dead] == [b"0", b"1", b"2"]
+    assert {d.props["headers"]["x-death"][0]["reason"] for d in dead} == {"maxlen"}
+    assert drain(c, q) == [b"3", b"4"]
+
+
+def test_max_length_bytes_drops_by_size(make, uid):
+    c = make(confirms=True)
+    q = f"qq-bytes-{uid}"
+    c.declare_queue(q, durable=True, arguments={**QQ, "x-max-length-bytes": 10})
+    for body in (b"aaaa", b"bbbb", b"cccc"):
+        c.publish("", q, body)
+    assert drain(c, q) == [b"bbbb", b"cccc"]
+
+
+@pytest.mark.parametrize("args", [{"x-max-length": 2, "x-overflow": "reject-publish"},
+                                  {"qpid.max_count": 2, "qpid.policy_type": "reject"}])
+def test_reject_publish_nacks_over_the_limit(make, uid, args):
+    c = make(confirms=True)
+    q = f"qq-reject-{uid}"
+    c.declare_queue(q, durable=True, arguments={**QQ, **args})
+    c.publish("", q, b"1")
+    c.publish("", q, b"2")
+    with pytest.raises(Nacked):
+        c.publish("", q, b"3")
+    d = c.get(q)                # acquired messages do not count: there is room again
+    c.publish("", q, b"4")
+    c.ack(d)
+    assert drain(c, q) == [b"2", b"4"]
+
+
+def test_x_expires_deletes_the_unused_queue(make, uid):
+    c = make()
+    q = f"qq-expires-{uid}"
+    c.declare_queue(q, durable=True, arguments={**QQ, "x-expires": 500})
+
+    def gone() -> bool:
+        try:
+            c.declare_queue(q, passive=True)
+            return False
+        except BrokerError as err:
+            assert err.code == 404
+            c.reopen()
+            return True
+    wait_for(gone, "the queue expired")
+
+
+def test_a_last_value_queue_keeps_the_newest_per_key(make, uid):
+    c = make(confirms=True)
+    q = f"qq-lvq-{uid}"
+    c.declare_queue(q, durable=True, arguments={**QQ, "qpid.last_value_queue_key": "sym"})
+    for body, key in ((b"A1", "A"), (b"B1", "B"), (b"A2", "A")):
+        c.publish("", q, body, {"headers": {"sym": key}})
+    assert drain(c, q) == [b"B1", b"A2"]
+
+
+def test_the_default_delivery_limit_is_20_as_in_rabbitmq_4(make, uid):
+    """RabbitMQ 4.0: a quorum queue declared without x-delivery-limit has 20 (3.10: none;
+    the setting quorum_delivery_limit: -1 keeps that)."""
+    c = make(confirms=True)
+    q, dlq = dlx_pair(c, uid, "qq-limit")
+    c.publish("", q, b"poison")
+    for _ in range(21):
+        d = wait_for(lambda: c.get(q), "the message back")
+        c.nack(d, requeue=True)
+    d = wait_for(lambda: c.get(dlq, no_ack=True), "the dead letter")
+    assert d.body == b"poison"
+    assert d.props["headers"]["x-death"][0]["reason"] == "delivery_limit"
+    assert c.get(q) is None
+
+
+def test_at_least_once_dead_lettering_is_refused_until_it_is_built(make, uid):
+    c = make()
+    with pytest.raises(BrokerError) as err:
+        c.declare_queue(f"qq-alo-{uid}", durable=True,
+                        arguments={**QQ, "x-dead-letter-strategy": "at-least-once",
+                                   "x-overflow": "reject-publish"})
+    assert err.value.code == 406 and "at-least-once" in err.value.text
+
+
+@pytest.mark.skipif(EMBED, reason="--embed-node: node-0 has no links to the other nodes, so "
+                                  "its quorum queues have one member")
+@pytest.mark.parametrize("own_cluster", [3], indirect=True)
+def test_a_new_leader_holds_what_the_old_one_decided(own_cluster, uid):
+    """Limits and last values are decided by the leader and logged: after kill -9 of its
+    node, the new leader holds the same messages (one consumer's unacked message included,
+    redelivered), and the limits hold on it."""
+    cluster = own_cluster
+    c = connect("pika", cluster.url, confirms=True)
+    lvq, capped = f"qq-lvq-kill-{uid}", f"qq-capped-kill-{uid}"
+    c.declare_queue(lvq, durable=True, arguments={**QQ, "qpid.last_value_queue_key": "k"})
+    c.declare_queue(capped, durable=True, arguments={**QQ, "x-max-length": 2})
+    c.publish("", lvq, b"A1", {"headers": {"k": "A"}})
+    held = c.get(lvq)                      # acquired: a later A does not replace it
+    for body, key in ((b"A2", "A"), (b"A3", "A"), (b"B1", "B")):
+        c.publish("", lvq, body, {"headers": {"k": key}})
+    for i in range(4):
+        c.publish("", capped, str(i).encode())
+    assert held.body == b"A1"
+    leader, term = leader_of(cluster, lvq)
+    cluster.kill_node(leader, signal.SIGKILL)
+    cluster.killed = True
+    leader_of(cluster, lvq, term)
+    with contextlib.suppress(Exception):
+        c.close()
+    c = connect("pika", cluster.url, confirms=True)
+    first = wait_for(lambda: c.get(lvq, no_ack=True), "the queue at its new leader")
+    assert (first.body, first.redelivered) == (b"A1", True)
+    assert drain(c, lvq) == [b"A3", b"B1"]
+    assert sorted(drain(c, capped)) == [b"2", b"3"]
+    c.close()

@@ -1,0 +1,217 @@
+"""A quorum queue's limits, last values and clocks over three sans-IO nodes (issue 44):
+x-max-length with drop-head and reject-publish, last-value queues, TTL and x-expires by the
+leader's clock, the default delivery limit. What every test checks in the end is what a
+router would see after a leader change: every member holds the same messages, because only
+the leader decides and its decisions are in the log (node/replication/machine.py).
+"""
+from __future__ import annotations
+
+from pamqp import commands, header
+
+from shoal.shared.errors import RESOURCE_ERROR
+from shoal.shared.wire import OUTCOME_REQUEUE, T
+
+from tests.node.replication.test_quorum_nodes import QQ, Cluster, declare, publish
+
+
+def props(**kw) -> bytes:
+    """A content header (the wire's bytes) with these basic properties, persistent."""
+    return header.ContentHeader(0, 1, commands.Basic.Properties(delivery_mode=2, **kw)).marshal()
+
+
+def send(c: Cluster, node: str, seq: int, body: bytes, hdr: bytes, name: str = "q") -> None:
+    c.send(node, T.PUBLISH, seq, "/", [name], "", name, hdr, body, None)
+
+
+def held(c: Cluster, node: str, name: str = "q") -> list[bytes]:
+    """The live messages of ``node``'s member, in queue order (acquired ones too)."""
+    q = c.shards[node].queues[("/", name)]
+    return [bytes(e.body) for e in q.entries if not e.is_dead]
+
+
+def consume(c: Cluster, node: str, credit: int, cid: int = 5, name: str = "q") -> list[list]:
+    reply = c.request(node, T.CONSUME, cid, "/", name, "tag", 0, 0, {}, None)
+    assert reply[2] == 0
+    c.send(node, T.CREDIT, cid, credit, False)
+    return c.take(node, T.DELIVER)
+
+
+def test_drop_head_drops_the_same_messages_on_every_member(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c, args={**QQ, "x-max-length": 3})
+    for i in range(5):
+        publish(c, "node-0", 1 + i, str(i).encode())
+    c.tick(2)
+    assert [held(c, n) for n in c.ids] == [[b"2", b"3", b"4"]] * 3
+
+
+def test_acquired_messages_do_not_count_and_followers_do_not_drop_them(tmp_path):
+    """RabbitMQ counts ready messages only. The leader has 2 acquired and 2 ready: under
+    x-max-length 2, nothing is dropped; a follower, which does not know what is acquired,
+    must not drop by its own count (it would lose what the consumer holds)."""
+    c = Cluster(tmp_path)
+    declare(c, args={**QQ, "x-max-length": 2})
+    publish(c, "node-0", 1, b"a")
+    publish(c, "node-0", 2, b"b")
+    assert [d[7] for d in consume(c, "node-0", 2)] == [b"a", b"b"]
+    publish(c, "node-0", 3, b"c")
+    publish(c, "node-0", 4, b"d")
+    c.tick(2)
+    assert [held(c, n) for n in c.ids] == [[b"a", b"b", b"c", b"d"]] * 3
+    c.crash("node-0")
+    leader = c.leader()
+    reply = c.request(leader, T.GET, "/", "q", 1, None)
+    assert reply[4][5] == b"a" and reply[4][1] is True          # kept, and redelivered
+
+
+def test_reject_publish_refuses_over_the_limit_and_no_member_holds_it(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c, args={**QQ, "x-max-length": 2, "x-overflow": "reject-publish"})
+    for i in range(3):
+        publish(c, "node-0", 10 + i, str(i).encode())
+    results = sorted(c.take("node-0", T.PUBLISH_RESULT))
+    assert [r[1:3] for r in results] == [[10, 0], [11, 0], [12, RESOURCE_ERROR]]
+    c.tick(2)
+    assert [held(c, n) for n in c.ids] == [[b"0", b"1"]] * 3
+
+
+def test_qpid_reject_policy_counts_bytes(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c, args={**QQ, "qpid.max_size": 10, "qpid.policy_type": "reject"})
+    publish(c, "node-0", 1, b"123456")
+    publish(c, "node-0", 2, b"123456")
+    assert [r[2] for r in sorted(c.take("node-0", T.PUBLISH_RESULT))] == [0, RESOURCE_ERROR]
+
+
+def test_reject_publish_dlx_is_drop_head_as_in_rabbitmq(tmp_path):
+    """RabbitMQ accepts it on a quorum queue, logs "Invalid overflow strategy" and applies
+    drop-head (rabbit_quorum_queue:overflow/3)."""
+    c = Cluster(tmp_path)
+    reply = declare(c, args={**QQ, "x-max-length": 1, "x-overflow": "reject-publish-dlx"})
+    assert reply[2] == 0
+    publish(c, "node-0", 1, b"old")
+    publish(c, "node-0", 2, b"new")
+    assert [r[2] for r in sorted(c.take("node-0", T.PUBLISH_RESULT))] == [0, 0]
+    c.tick(2)
+    assert [held(c, n) for n in c.ids] == [[b"new"]] * 3
+
+
+def test_a_last_value_replaces_the_older_on_every_member(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c, args={**QQ, "qpid.last_value_queue_key": "sym"})
+    send(c, "node-0", 1, b"A1", props(headers={"sym": "A"}))
+    send(c, "node-0", 2, b"B1", props(headers={"sym": "B"}))
+    send(c, "node-0", 3, b"A2", props(headers={"sym": "A"}))
+    c.tick(2)
+    assert [held(c, n) for n in c.ids] == [[b"B1", b"A2"]] * 3
+
+
+def test_an_acquired_last_value_is_not_replaced_anywhere(tmp_path):
+    """Qpid: an acquired older value stays (its consumer holds it). A follower keeps it
+    too, so that a new leader redelivers it when the consumer's leader is lost."""
+    c = Cluster(tmp_path)
+    declare(c, args={**QQ, "qpid.last_value_queue_key": "sym"})
+    send(c, "node-0", 1, b"A1", props(headers={"sym": "A"}))
+    assert [d[7] for d in consume(c, "node-0", 1)] == [b"A1"]
+    send(c, "node-0", 2, b"A2", props(headers={"sym": "A"}))
+    send(c, "node-0", 3, b"A3", props(headers={"sym": "A"}))
+    c.tick(2)
+    assert [held(c, n) for n in c.ids] == [[b"A1", b"A3"]] * 3
+    c.crash("node-0")
+    leader = c.leader()
+    got = [c.request(leader, T.GET, "/", "q", 1, None)[4] for _ in range(3)]
+    assert [g[5] for g in got if g] == [b"A1", b"A3"]
+
+
+def test_a_follower_never_expires_by_its_own_clock(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c, args={**QQ, "x-message-ttl": 1000})
+    publish(c, "node-0", 1, b"m")
+    c.tick(1)
+    follower = c.shards["node-1"]
+    follower.tick(c.now + 60_000)          # its clock jumps a minute ahead: nothing happens
+    assert held(c, "node-1") == [b"m"]
+    follower.timers.now = c.now
+    c.tick(12)                             # the leader's TTL passes: it logs the expiry
+    assert [held(c, n) for n in c.ids] == [[]] * 3
+
+
+def test_a_new_leader_expires_by_the_time_of_the_enqueue_in_the_log(tmp_path):
+    """The TTL counts from when the old leader enqueued the message, not from the new
+    leader's election."""
+    c = Cluster(tmp_path)
+    declare(c, args={**QQ, "x-message-ttl": 4000})
+    t0 = c.now
+    publish(c, "node-0", 1, b"m")
+    c.tick(5)
+    c.crash("node-0")
+    leader = c.leader()
+    assert held(c, leader) == [b"m"] and c.now < t0 + 4000
+    while c.now < t0 + 4200:
+        c.tick()
+    assert [held(c, n) for n in c.ids if n != "node-0"] == [[]] * 2
+
+
+def test_x_expires_deletes_an_unused_queue_on_every_member(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c, args={**QQ, "x-expires": 2000})
+    c.tick(10)
+    assert all(("/", "q") in c.shards[n].queues for n in c.ids)
+    c.tick(15)
+    assert not any(("/", "q") in c.shards[n].queues for n in c.ids)
+
+
+def test_x_expires_waits_for_consumers_and_counts_from_the_last_use(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c, args={**QQ, "x-expires": 2000})
+    consume(c, "node-0", 1)
+    c.tick(30)
+    assert ("/", "q") in c.shards["node-0"].queues
+    c.request("node-0", T.CANCEL, 5)
+    c.tick(10)
+    c.request("node-0", T.GET, "/", "q", 1, None)      # a use: counts again from here
+    c.tick(15)
+    assert ("/", "q") in c.shards["node-1"].queues
+    c.tick(10)
+    assert not any(("/", "q") in c.shards[n].queues for n in c.ids)
+
+
+def test_x_expires_does_not_restart_with_a_new_leader(tmp_path):
+    """rabbit_fifo keeps last_active in the log: a new leader counts from the last use,
+    by its own clock, not from its election."""
+    c = Cluster(tmp_path)
+    declare(c, args={**QQ, "x-expires": 3000})
+    t0 = c.now
+    c.tick(10)
+    c.crash("node-0")
+    c.leader()
+    while c.now < t0 + 3300:
+        c.tick()
+    assert not any(("/", "q") in c.shards[n].queues for n in ("node-1", "node-2"))
+
+
+def test_the_default_delivery_limit_is_rabbitmq_4s_20_on_every_member(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c)
+    assert {c.shards[n].queues[("/", "q")].cfg.max_returns for n in c.ids} == {20}
+    declare(c, name="own", args={**QQ, "x-delivery-limit": 3})
+    assert {c.shards[n].queues[("/", "own")].cfg.max_returns for n in c.ids} == {3}
+    declare(c, name="none", args={**QQ, "x-delivery-limit": -1})
+    assert {c.shards[n].queues[("/", "none")].cfg.max_returns for n in c.ids} == {None}
+    for n in c.ids:
+        c.shards[n].settings.quorum_delivery_limit = -1     # RabbitMQ 3.10's behaviour
+    declare(c, name="old")
+    assert {c.shards[n].queues[("/", "old")].cfg.max_returns for n in c.ids} == {None}
+
+
+def test_a_message_returned_more_often_than_the_limit_goes_from_every_member(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c, args={**QQ, "x-delivery-limit": 1})
+    publish(c, "node-0", 1, b"m")
+    for _ in range(2):
+        d = consume(c, "node-0", 1) or c.take("node-0", T.DELIVER)
+        assert [x[7] for x in d] == [b"m"]
+        c.send("node-0", T.SETTLE, OUTCOME_REQUEUE, [d[0][2]])
+        c.request("node-0", T.CANCEL, 5)
+    c.tick(2)
+    assert [held(c, n) for n in c.ids] == [[]] * 3
