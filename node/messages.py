@@ -280,6 +280,7 @@ def settle_with_quorum(state: RouterPeer, outcome: int, ids: list) -> None:
     """SETTLE on a node with quorum queues: each delivery is settled here as on a classic
     queue (the leader's acquisitions are its own), and a quorum queue's settlements then go
     to its log for the other members: ``ack``, ``requeue`` (returned: redelivered, counted),
+    ``release`` (returned, not counted: AMQP 1.0 released),
     ``drop`` (rejected, or dead-lettered at its delivery limit)."""
     unsettled = state.unsettled
     ops: dict[Any, dict[str, list]] = {}
@@ -294,9 +295,11 @@ def settle_with_quorum(state: RouterPeer, outcome: int, ids: list) -> None:
             q.dequeue(e)
             op = "ack"
         elif outcome == OUTCOME_REQUEUE or outcome == OUTCOME_RELEASE:
+            if outcome == OUTCOME_RELEASE and e.delivery_count > 0:
+                e.delivery_count -= 1       # not a failed attempt (AMQP 1.0 released)
             if q.release(e):
                 touched[q] = None
-                op = "requeue"
+                op = "requeue" if outcome == OUTCOME_REQUEUE else "release"
             else:
                 op = "drop"
         elif outcome == OUTCOME_REJECT:
@@ -331,20 +334,29 @@ def on_get(shard: ShardCore, state: RouterPeer, msg: list) -> Any:
     _, req_id, vhost, name, no_ack, owner = msg
     q = shard.queue_for(vhost, name, owner)
     g = q.replica
-    if g is not None:
-        if not g.may_deliver():
-            raise moved(shard, state, q)
-        last = g.raft.log.last_index
-        if last > g.raft.log.applied:
-            def then(result: Any) -> None:
-                if result is LOST or not g.may_deliver():
-                    reply = [TAG_REPLY, req_id, MOVED, f"quorum queue '{name}' moved", None]
-                else:
-                    reply = [TAG_REPLY, req_id, 0, "", take(shard, state, q, bool(no_ack))]
-                shard.send(state.identity, reply)
-            g.waiters.setdefault(last, []).append(then)
-            return DEFERRED
-    return take(shard, state, q, bool(no_ack))
+    if g is None:
+        return take(shard, state, q, bool(no_ack))
+    if not g.leading or not g.in_lease():
+        raise moved(shard, state, q)
+    gone = [TAG_REPLY, req_id, MOVED, f"quorum queue '{name}' moved", None]
+
+    def then(result: Any = None) -> None:
+        if result is LOST or not g.may_deliver():
+            shard.send(state.identity, gone)
+            return
+        e = q.get()
+        if e is None:
+            shard.send(state.identity, [TAG_REPLY, req_id, 0, "", None])
+            return
+        flag = e.redelivered
+        reply = [TAG_REPLY, req_id, 0, "", taken(shard, state, q, e, bool(no_ack))]
+        g.check_out(e, state.identity, reply, flag, bool(no_ack), gone)
+    last = g.raft.log.last_index
+    if last > g.raft.log.applied:
+        g.waiters.setdefault(last, []).append(then)
+    else:
+        then()
+    return DEFERRED
 
 
 def take(shard: ShardCore, state: RouterPeer, q: Queue, no_ack: bool) -> list | None:
@@ -352,12 +364,16 @@ def take(shard: ShardCore, state: RouterPeer, q: Queue, no_ack: bool) -> list | 
     e = q.get()
     if e is None:
         return None
+    return taken(shard, state, q, e, no_ack)
+
+
+def taken(shard: ShardCore, state: RouterPeer, q: Queue, e: Any, no_ack: bool) -> list:
+    """GET's payload for ``e``, just acquired from ``q``: settled at once with ``no_ack``,
+    else unsettled for ``state``'s router."""
     q.stats[1] += 1
     reply = [e.entry_id, e.redelivered, e.exchange, e.routing_key, delivered_header(e),
              body_bytes(e.body), 0]
     if no_ack:
-        if q.replica is not None:
-            q.replica.settle("ack", [e])
         q.dequeue(e)        # drops the entry's bytes: the reply holds them
     else:
         state.unsettled[e.entry_id] = e

@@ -103,6 +103,11 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
         # with a default type, a redeclare that names none means the queue's own (RabbitMQ
         # 3.11+); without one, RabbitMQ 3.10's strict check holds (406 inequivalent arg)
         args = {**(args or {}), "x-queue-type": q.arguments["x-queue-type"]}
+    elif not passive and "x-queue-type" not in q.arguments and (args or {}).get(
+            "x-queue-type") == ("quorum" if q.replica is not None else "classic"):
+        # a vhost's default type named by the router (router/broker.py with_default_type)
+        # for a queue declared without one: the type it has
+        args = {k: v for k, v in args.items() if k != "x-queue-type"}
     if passive:
         check_owner(q, owner)
     else:

@@ -254,15 +254,20 @@ class Shard:
     def deliver(self, consumer: QueueConsumer, entry: QueueEntry) -> None:
         peer = consumer.peer
         entry.queue.stats[1] += 1
-        self.send(peer.identity, [TAG_DELIVER, consumer.consumer_id, entry.entry_id,
-                                  entry.redelivered, entry.exchange, entry.routing_key,
-                                  delivered_header(entry), body_bytes(entry.body)])
+        msg = [TAG_DELIVER, consumer.consumer_id, entry.entry_id, entry.redelivered,
+               entry.exchange, entry.routing_key, delivered_header(entry),
+               body_bytes(entry.body)]
+        g = entry.queue.replica
+        if g is not None and consumer.acquires:     # a quorum queue: sent once logged
+            if not consumer.no_ack:
+                peer.unsettled[entry.entry_id] = entry
+            g.check_out(entry, peer.identity, msg, entry.redelivered, consumer.no_ack)
+            return
+        self.send(peer.identity, msg)
         if not consumer.no_ack and consumer.acquires:
             peer.unsettled[entry.entry_id] = entry
             if entry.queue.journaled:
                 self.durable.delivered.append((entry.entry_id, True, entry.delivery_count))
-        elif consumer.acquires and entry.queue.replica is not None:
-            entry.queue.replica.settle("ack", [entry])      # no_ack: settled as sent
 
     def work(self, consumer: QueueConsumer) -> None:
         self.send(consumer.peer.identity, [TAG_WORK, consumer.consumer_id])

@@ -101,6 +101,7 @@ def apply(broker: Broker, version: int, doc: dict) -> None:
     broker.definitions.permissions = defs.permissions
     broker.definitions.topic_permissions = defs.topic_permissions
     broker.definitions.vhost_limits = defs.vhost_limits
+    broker.definitions.default_queue_types = defs.default_queue_types
     for vhost in defs.vhosts:
         broker.topology.add_builtins(vhost)
     for client in list(broker.connections):

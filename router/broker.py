@@ -161,6 +161,7 @@ class Broker:
         no node has heard from yet (a cluster still forming) is waited for first, up to
         ``link_heartbeat_timeout``. Returns the payload; raises AMQPError (404 when it is on
         an unreachable node)."""
+        msg = self.with_default_type(vhost, msg)
         if (vhost, name) in self.quorum.leaders:
             return await self.queue_request(vhost, name, msg)
         usual = placement.owner(vhost, name, self.node_ids)
@@ -173,6 +174,20 @@ class Broker:
             if placed:
                 self.locations.unplace(vhost, name, node)
             raise
+
+    def with_default_type(self, vhost: str, msg: list) -> list:
+        """QUEUE_DECLARE ``msg`` with ``x-queue-type`` set to ``vhost``'s default queue type
+        when it names none (RabbitMQ's ``rabbit_amqqueue:augment_declare_args``): a quorum
+        default applies to durable, non-exclusive, non-auto-delete queues only (others stay
+        classic, as the types' ``is_compatible`` says)."""
+        qtype = self.definitions.default_queue_types.get(vhost)
+        args = msg[7] or {}
+        if qtype is None or "x-queue-type" in args:
+            return msg
+        durable, exclusive, auto_delete = msg[4], msg[5], msg[6]
+        if qtype == "quorum" and not (durable and not exclusive and not auto_delete):
+            return msg
+        return [*msg[:7], {**args, "x-queue-type": qtype}, *msg[8:]]
 
     def set_queue_node(self, vhost: str, name: str, node: str) -> None:
         """Route queue ``name`` to ``node`` (a quorum queue's new leader)."""

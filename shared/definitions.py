@@ -125,9 +125,16 @@ class Definitions:
     #: vhost -> {"max-connections": n, "max-queues": n} (``parameters`` of component
     #: ``vhost-limits``, or a vhost's own ``limits``)
     vhost_limits: dict[str, dict] = field(default_factory=dict)
+    #: vhost -> ``classic`` or ``quorum``: the type of a queue declared there without
+    #: ``x-queue-type`` (a vhost's ``metadata.default_queue_type``, RabbitMQ 3.11+)
+    default_queue_types: dict[str, str] = field(default_factory=dict)
     queues: list[dict] = field(default_factory=list)
     exchanges: list[dict] = field(default_factory=list)
     bindings: list[dict] = field(default_factory=list)
+
+
+#: The queue types a vhost's ``default_queue_type`` may name (streams: not yet, issue 47).
+DEFAULT_QUEUE_TYPES = ("classic", "quorum")
 
 
 def from_settings(users: dict[str, str], vhosts: list[str]) -> Definitions:
@@ -219,6 +226,13 @@ def parse_definitions(data: Any, source: str = "definitions") -> Definitions:
             limits = dict(p for p in limits if isinstance(p, list) and len(p) == 2)
         if limits:
             defs.vhost_limits[name] = _checked_limits(limits, f"{source}: vhost '{name}'")
+        meta = v.get("metadata") if isinstance(v.get("metadata"), dict) else {}
+        qtype = meta.get("default_queue_type", v.get("default_queue_type"))
+        if qtype not in (None, "", "undefined"):
+            if qtype not in DEFAULT_QUEUE_TYPES:
+                raise ConfigError(f"{source}: vhost '{name}': default_queue_type must be "
+                                  f"{' or '.join(DEFAULT_QUEUE_TYPES)} (got {qtype!r})")
+            defs.default_queue_types[name] = qtype
     for i, p in enumerate(items("parameters")):
         if p.get("component") == "vhost-limits":
             vhost = text(p, "vhost", f"parameters[{i}]")
@@ -267,7 +281,8 @@ def access_document(defs: Definitions) -> dict:
         "users": [{"name": u.name, "password_hash": u.password_hash,
                    "hashing_algorithm": u.hashing_algorithm, "tags": list(u.tags),
                    "limits": dict(u.limits)} for u in defs.users.values()],
-        "vhosts": [{"name": v} for v in defs.vhosts],
+        "vhosts": [{"name": v, "metadata": {"default_queue_type": defs.default_queue_types[v]}}
+                   if v in defs.default_queue_types else {"name": v} for v in defs.vhosts],
         "permissions": [{"user": p.user, "vhost": p.vhost, "configure": p.configure,
                          "write": p.write, "read": p.read} for p in defs.permissions.values()],
         "topic_permissions": [{"user": t.user, "vhost": t.vhost, "exchange": t.exchange,
@@ -285,7 +300,9 @@ def merge_access(base: Definitions, extra: Definitions) -> Definitions:
     out = Definitions(users={**base.users, **extra.users},
                       vhosts=list(dict.fromkeys(base.vhosts + extra.vhosts)),
                       permissions={**base.permissions, **extra.permissions},
-                      vhost_limits={**base.vhost_limits, **extra.vhost_limits})
+                      vhost_limits={**base.vhost_limits, **extra.vhost_limits},
+                      default_queue_types={**base.default_queue_types,
+                                           **extra.default_queue_types})
     seen = {(t.user, t.vhost, t.exchange) for t in extra.topic_permissions}
     out.topic_permissions = [t for t in base.topic_permissions
                              if (t.user, t.vhost, t.exchange) not in seen] + \

@@ -49,6 +49,8 @@ class GroupHost(Protocol):
     def now(self) -> float: ...
     sink: Any                   #: the shard: a leader's queue delivers through it
 
+    def send(self, identity: bytes, msg: list) -> None: ...
+
     def leader_changed(self, group: "QuorumGroup") -> None: ...
 
     def stopped_leading(self, group: "QuorumGroup") -> None: ...
@@ -89,6 +91,14 @@ class QuorumGroup:
         #: bytes] (x-overflow reject-publish counts them as queued)
         self.pending = [0, 0]
         self.expiring = False       #: this leader proposed the delete of x-expires
+        #: the log index of this leader's first entry of its term: it delivers nothing
+        #: before that is applied (every older checkout is applied by then)
+        self.term_start = 0
+        #: deliveries (and basic.get answers) held until their checkout is applied:
+        #: [identity, message, entry, its redelivered flag, message if lost or None]
+        self.held: list[list] = []
+        self.checkouts: list[int] = []      # their log indexes, acquired
+        self.settled_out: list[int] = []    # those settled as sent (no_ack)
         queue.sink = None               # a follower never delivers or dead-letters
 
     def state(self) -> dict:
@@ -121,6 +131,49 @@ class QuorumGroup:
         decide none of these themselves: machine.py)."""
         if self.leading:
             self.settle("drop", [entry])
+
+    # ---- checkouts (docs/replication.md "Checkouts in the log") ---------------------------
+    def check_out(self, entry: QueueEntry, identity: bytes, msg: list, redelivered: bool,
+                  settled: bool, lost: list | None = None) -> None:
+        """The leader hands ``entry`` to a consumer or a basic.get: ``msg`` (the DELIVER, or
+        the REPLY) goes to ``identity`` once the checkout is in the log and applied, so a
+        new leader knows exactly what was delivered (RabbitMQ's checkouts, rabbit_fifo).
+        ``settled``: no_ack (acknowledged as sent); ``lost``: sent instead if this member
+        stops leading first (a basic.get's MOVED)."""
+        index = self.machine.index(entry)
+        if index is None:                   # not from the log: nothing to record
+            self.host.send(identity, msg)
+            return
+        (self.settled_out if settled else self.checkouts).append(index)
+        self.held.append([identity, msg, entry, redelivered, lost])
+
+    def log_checkouts(self) -> None:
+        """The turn's checkouts become one log entry (``checkout``); their messages go
+        when it is applied here (at the end of each Ready pass: manager.py)."""
+        if not self.held:
+            return
+        held, self.held = self.held, []
+        cmd = ["checkout", self.checkouts, self.settled_out]
+        self.checkouts, self.settled_out = [], []
+
+        def applied(result: Any) -> None:
+            if result is LOST:
+                self._unsent(held)
+                return
+            send = self.host.send
+            for identity, msg, _, _, _ in held:
+                send(identity, msg)
+        if not self.propose(cmd, applied):
+            self._unsent(held)
+
+    def _unsent(self, held: list[list]) -> None:
+        """Deliveries never sent (this member stopped leading first): their entries (now
+        released) keep the redelivered flag they had; a basic.get is answered MOVED."""
+        for identity, _, entry, redelivered, lost in held:
+            if not entry.is_dead:
+                entry.redelivered = redelivered
+            if lost is not None:
+                self.host.send(identity, lost)
 
     # ---- the leader's decisions (docs/replication.md "Time from the leader") ---------------
     def wall_now(self) -> float:
@@ -197,10 +250,7 @@ class QuorumGroup:
                 self.pending[0] -= 1
                 self.pending[1] -= len(entry.data[4])
             try:
-                # an older leader's entry: it may have applied and delivered it already (the
-                # flag is set before the queue is told of the message, which may deliver it)
-                result = self.machine.apply(entry.index, entry.data,
-                                            self.leading and entry.term < self.raft.term)
+                result = self.machine.apply(entry.index, entry.data)
             except Exception:  # noqa: BLE001 - a bad command must not stop the group
                 log.exception("quorum queue '%s': cannot apply entry %d", self.key[1],
                               entry.index)
@@ -212,6 +262,8 @@ class QuorumGroup:
                 self.host.deleted(self)
                 return
         self._answer(entry.index, result)
+        if entry.index == self.term_start and self.leading:
+            self.queue.notify_work()        # it may deliver now (may_deliver)
 
     def _answer(self, index: int, result: Any) -> None:
         waiting = self.waiters.pop(index, None)
@@ -239,6 +291,7 @@ class QuorumGroup:
             now = self.host.now()
             self.acked_at = {m: now for m, granted in r.votes.items() if granted}
             self.pending = [0, 0]
+            self.term_start = r.log.last_index      # its empty entry of the new term
             self.queue.sink = self.host.sink
             self.machine.lead()
             log.info("quorum queue '%s' in vhost '%s': %s leads (term %d)", self.key[1],
@@ -249,6 +302,9 @@ class QuorumGroup:
             self.host.stopped_leading(self)
             self.machine.follow()
             self.queue.sink = None
+            unlogged, self.held = self.held, []
+            self.checkouts, self.settled_out = [], []
+            self._unsent(unlogged)
             lost, self.waiters = self.waiters, {}
             for fns in lost.values():
                 for fn in fns:
@@ -293,10 +349,12 @@ class QuorumGroup:
         return fresh > len(r.voters) // 2
 
     def may_deliver(self) -> bool:
-        """A quorum queue delivers (and answers basic.get) only from a leader in its lease:
-        one that was stopped or cut off may have been replaced, and what it would deliver
-        may already be gone (etcd's lease-based reads)."""
-        return self.leading and self.in_lease()
+        """A quorum queue delivers (and answers basic.get) only from a leader in its lease
+        (one that was stopped or cut off may have been replaced, and what it would deliver
+        may already be gone: etcd's lease-based reads) that has applied its term's first
+        entry (so every checkout of an older leader is applied: what that one delivered is
+        flagged redelivered before this one hands it out)."""
+        return self.leading and self.in_lease() and self.raft.log.applied >= self.term_start
 
     def lists_here(self) -> bool:
         """Whether this member reports the queue (QUEUE_LIST): the leader, or while there is

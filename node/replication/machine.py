@@ -4,9 +4,9 @@ Every member holds the same :class:`~shoal.node.queues.queue.Queue` (the Qpid qu
 node/queues/) and applies the group's committed log to it in order, so that all members hold
 the same messages in the same order. What is not in the log stays with the leader: consumers,
 credit and which entry is acquired by whom. A follower's queue has no consumers and no sink
-(it never delivers or dead-letters); when it becomes leader its entries are all AVAILABLE, and
-every one is marked redelivered (it may have been delivered by the old leader: AMQP 0-9-1 spec
-1.8.3.9 allows the flag on a message that may have been delivered before).
+(it never delivers or dead-letters); when it becomes leader its entries are all AVAILABLE,
+and those an older leader checked out (and nothing else) are flagged redelivered (AMQP 0-9-1
+spec 1.8.3.9; RabbitMQ's quorum queues, whose checkouts are in their log, do the same).
 
 Commands (lists, msgpack values), each applied by :meth:`QueueMachine.apply`:
 
@@ -15,15 +15,20 @@ Commands (lists, msgpack values), each applied by :meth:`QueueMachine.apply`:
   queue already), so it is enqueued ``redelivered``; ``ts``: the leader's clock when it
   appended the message (epoch ms), from which every member reckons its TTL and schedule;
 - ``["ack", [index, ...]]``: the messages enqueued at those log indexes are settled;
-- ``["requeue", [index, ...]]``: returned to the queue: redelivered, one more delivery
-  counted (``x-delivery-limit``);
+- ``["checkout", [index, ...], [index, ...]]``: the leader delivered these messages (to a
+  consumer or a basic.get), the second list settled as sent (no_ack). It sends them only
+  once this is applied, so every member knows what was delivered: each is marked
+  redelivered and counted as a delivery (``x-delivery-limit``) where it was not acquired;
+- ``["requeue", [index, ...]]``: returned to the queue (a nack or reject with requeue, a
+  modified outcome: the delivery stays counted);
+- ``["release", [index, ...]]``: returned, not counted (AMQP 1.0 released);
 - ``["drop", [index, ...]]``: gone (rejected, expired, or dead-lettered at the delivery
   limit);
 
 A leader settles its deliveries at once, as a classic queue does (acquisitions are its own),
-then appends ``ack``, ``requeue`` or ``drop`` for the other members: applied on the leader
-they only forget what was already done. A leader that applies an older leader's settlement
-acts on the message as it finds it.
+then appends ``ack``, ``requeue``, ``release`` or ``drop`` for the other members: applied on
+the leader they only forget what was already done. A leader that applies an older leader's
+settlement acts on the message as it finds it.
 - ``["purge", [index, ...]]``: the leader's AVAILABLE messages when it was asked -> count;
 - ``["delete"]`` -> the message count (the group then removes the queue on every member);
 - ``["wanted", [node, ...]]``: the nodes that should hold a member (an operator's
@@ -73,11 +78,9 @@ class QueueMachine:
     def index(self, entry: QueueEntry) -> int | None:
         return self.index_of.get(entry.entry_id)
 
-    def apply(self, index: int, cmd: Any, older: bool = False) -> Any:
+    def apply(self, index: int, cmd: Any) -> Any:
         """Apply one committed command; returns its result (see the module docstring).
-        ``older``: the entry is an older leader's, applied by this leader (that one may have
-        delivered it already: an ``enq`` is marked redelivered before any consumer is told).
-        Raises nothing for a malformed command (it is logged by the caller and skipped)."""
+        Raises ValueError for an unknown command (the caller logs it and goes on)."""
         op = cmd[0]
         q = self.queue
         if op == "enq":
@@ -86,7 +89,7 @@ class QueueMachine:
             e = q.enqueue(cmd[1], cmd[2], cmd[3], cmd[4], cmd[5], at)
             if e is None:
                 return False
-            if older or (len(cmd) > 6 and cmd[6]):
+            if len(cmd) > 6 and cmd[6]:
                 e.redelivered = True
             self._track(index, e)
             if ts is not None and (e.expires_at or e.state is HELD):
@@ -113,13 +116,23 @@ class QueueMachine:
                 else:
                     q.features.remove_ready(e, None)
             return n
-        if op == "requeue":
+        if op == "checkout":
+            for i in cmd[1]:
+                e = self.by_index.get(i)
+                if e is not None and not e.is_dead:
+                    e.redelivered = True
+                    if e.state is not ACQUIRED:     # the leader counted it as it acquired
+                        e.delivery_count += 1
+            if len(cmd) > 2 and cmd[2]:
+                self.apply(index, ["ack", cmd[2]])
+            return None
+        if op in ("requeue", "release"):
             for i in cmd[1]:
                 e = self.by_index.get(i)
                 if e is not None and not e.is_dead and e.state is not ACQUIRED:
                     e.redelivered = True
-                    if not self.leading:
-                        e.delivery_count += 1
+                    if op == "release" and not self.leading and e.delivery_count > 0:
+                        e.delivery_count -= 1       # released: not a delivery attempt
             return None
         if op == "delete":
             return q.message_count
@@ -146,8 +159,9 @@ class QueueMachine:
             self._untrack(i, e)
 
     def lead(self) -> list[QueueEntry]:
-        """This member became leader: every entry may have been delivered by the old one.
-        Its clock now decides: the TTL and schedule timers of what it holds are armed from
+        """This member became leader (what an older one delivered is flagged by its
+        checkouts, applied before this one delivers: group.py ``may_deliver``). Its clock
+        now decides: the TTL and schedule timers of what it holds are armed from
         the times in the log. A last-value queue replaces from now on; an older value it
         still holds stays (the old leader's consumer may hold it acquired, or its
         replacement was not committed: either way it is a message, not lost)."""
@@ -159,7 +173,6 @@ class QueueMachine:
         if hasattr(q.entries, "conflate"):
             q.entries.conflate = True
         for e in self.by_index.values():
-            e.redelivered = True
             if e.expires_at:
                 timers.add(e.expires_at + 1, features.expire_due, e)
             if e.state is HELD:

@@ -280,6 +280,9 @@ class Replication:
             return                              # a node without quorum queues: nothing
         self._announce_new_routers()
         for _ in range(4):
+            for g in self.groups.values():
+                if g.held:
+                    g.log_checkouts()       # the deliveries of the turn: one entry each
             readies = [(g, g.raft.ready()) for g in list(self.groups.values())
                        if not g.deleted and g.raft.has_ready()]
             for g in self.retiring:
@@ -365,6 +368,11 @@ class Replication:
             log.error("cannot rewrite the Raft log: %s", exc)
 
     # ---- what the routers are told ---------------------------------------------------------
+    def send(self, identity: bytes, msg: list) -> None:
+        """A message to a router that is still connected (a group's held deliveries)."""
+        if identity in self.shard.peers:
+            self.shard.send(identity, msg)
+
     def leader_changed(self, g: QuorumGroup) -> None:
         self.stats_counts["leader_changes"] += 1
         if g.raft.is_leader:

@@ -17,7 +17,8 @@ import re
 
 from aiohttp import web
 
-from shoal.shared.definitions import (DEFAULT_HASHING, HASHING_ALGORITHMS, Definitions,
+from shoal.shared.definitions import (DEFAULT_HASHING, DEFAULT_QUEUE_TYPES, HASHING_ALGORITHMS,
+                                      Definitions,
                                       Permission, User, hash_password, merge_access,
                                       parse_definitions)
 from shoal.shared.topology import BUILTIN_EXCHANGES
@@ -92,23 +93,37 @@ async def delete_user(request: web.Request):
 
 
 async def vhost(request: web.Request):
-    name = _arg(request, "name")
-    if name not in _broker(request).users.vhosts:
+    b, name = _broker(request), _arg(request, "name")
+    if name not in b.users.vhosts:
         raise _not_found()
-    return {"name": name, "description": "", "tags": []}
+    qtype = b.definitions.default_queue_types.get(name, "undefined")
+    return {"name": name, "description": "", "tags": [], "default_queue_type": qtype,
+            "metadata": {"description": "", "tags": [], "default_queue_type": qtype}}
 
 
 async def put_vhost(request: web.Request):
+    """``PUT /api/vhosts/{name}``; the body's ``default_queue_type`` (RabbitMQ 3.11+:
+    ``classic`` or ``quorum``; ``undefined`` clears it) sets the type of queues declared
+    there without ``x-queue-type``. 400 for another type."""
     name = _arg(request, "name")
-    await _body(request)
+    body = await _body(request)
     if not name:
         raise ApiError(400, "bad_request", "a vhost needs a name")
+    qtype = body.get("default_queue_type") if isinstance(body, dict) else None
+    if qtype not in (None, "", "undefined", *DEFAULT_QUEUE_TYPES):
+        raise ApiError(400, "bad_request", f"default_queue_type must be "
+                                           f"{' or '.join(DEFAULT_QUEUE_TYPES)}, got {qtype!r}")
     created = []
 
     def edit(defs: Definitions) -> Definitions | None:
         created.append(name not in defs.vhosts)
+        before = defs.default_queue_types.get(name)
+        if qtype in ("", "undefined"):
+            defs.default_queue_types.pop(name, None)
+        elif qtype is not None:
+            defs.default_queue_types[name] = qtype
         if not created[-1]:
-            return None
+            return defs if defs.default_queue_types.get(name) != before else None
         defs.vhosts.append(name)
         return defs
     await access_sync.change(_broker(request), edit)
@@ -136,6 +151,7 @@ async def delete_vhost(request: web.Request):
         defs.permissions = {k: p for k, p in defs.permissions.items() if p.vhost != name}
         defs.topic_permissions = [t for t in defs.topic_permissions if t.vhost != name]
         defs.vhost_limits.pop(name, None)
+        defs.default_queue_types.pop(name, None)
         return defs
     await access_sync.change(b, edit)
     return None

@@ -19,6 +19,7 @@ from pamqp import commands as C
 from pamqp.header import ContentHeader
 
 from shoal.shared import wire
+from shoal.shared.definitions import access_document
 from shoal.shared.errors import AMQPError
 from shoal.shared.topology import BUILTIN_EXCHANGES, EXCHANGE_TYPES
 from shoal.shared.wire import T
@@ -375,7 +376,13 @@ async def node_stats(broker: Broker) -> dict[str, tuple[dict | None, float]]:
 
 
 async def vhosts(request: web.Request):
-    return [{"name": v, "description": "", "tags": []} for v in _broker(request).users.vhosts]
+    b = _broker(request)
+    types = b.definitions.default_queue_types
+    return [{"name": v, "description": "", "tags": [],
+             "default_queue_type": types.get(v, "undefined"),
+             "metadata": {"description": "", "tags": [],
+                          "default_queue_type": types.get(v, "undefined")}}
+            for v in b.users.vhosts]
 
 
 async def users(request: web.Request):
@@ -398,7 +405,7 @@ async def definitions(request: web.Request):
     return {
         "rabbit_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
         "product_name": "Shoal", "product_version": shoal_version(),
-        "users": await users(request), "vhosts": [{"name": v} for v in b.users.vhosts],
+        "users": await users(request), "vhosts": access_document(b.definitions)["vhosts"],
         "permissions": await permissions(request),
         "topic_permissions": [{"user": u, "vhost": v, "exchange": x, "write": w, "read": r}
                               for (u, v), t in b.users.topics.items()

@@ -243,3 +243,59 @@ def test_a_consumer_of_a_new_quorum_queue_on_a_fresh_cluster_keeps_its_connectio
     if EXTERNAL_URL:
         pytest.skip("starts clusters of its own; SHOAL_E2E_URL points at an external broker")
     assert runs(3, tmp_path) == []
+
+
+def test_a_vhosts_default_queue_type_from_definitions_and_the_api(tmp_path, uid):
+    """Issue 44 point 6: a definitions file's vhost ``metadata.default_queue_type`` (RabbitMQ
+    3.11+'s export) makes that vhost's durable queues declared without a type quorum queues
+    (exclusive ones stay classic; other vhosts are untouched), and ``PUT /api/vhosts/{name}``
+    with ``default_queue_type`` sets it at run time (RabbitMQ's management API)."""
+    import json
+    from shoal.shared.definitions import hash_password
+    from tests.conftest import start_cluster, stop_cluster
+    from tests.e2e.management.test_management import _free_port, call
+    if EXTERNAL_URL:
+        pytest.skip("starts its own cluster")
+    defs = tmp_path / "defs.json"
+    perms = [{"user": "guest", "vhost": v, "configure": ".*", "write": ".*", "read": ".*"}
+             for v in ("/", "plain")]
+    defs.write_text(json.dumps({
+        "users": [{"name": "guest", "password_hash": hash_password("guest"),
+                   "tags": ["administrator"]}],
+        "vhosts": [{"name": "/", "metadata": {"default_queue_type": "quorum"}},
+                   {"name": "plain"}],
+        "permissions": perms}))
+    port = _free_port()
+    cluster = start_cluster(tmp_path / "cluster", 2, env={
+        "SHOAL_LOAD_DEFINITIONS": str(defs), "SHOAL_MANAGEMENT_PORT": str(port)})
+    cluster.mgmt_port = port
+    plain_url = cluster.url.rsplit("/", 1)[0] + "/plain"
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(cluster.url))
+        ch = conn.channel()
+        ch.queue_declare(f"vq-{uid}", durable=True)
+        ch.queue_declare(f"vq-{uid}", durable=True)          # a redeclare naming no type
+        excl = ch.queue_declare("", exclusive=True).method.queue
+        ch.basic_publish("", excl, b"x")
+        assert ch.basic_get(excl, auto_ack=True)[2] == b"x"
+        conn.close()
+        assert queue_type(cluster.url, f"vq-{uid}") == "quorum"
+        conn = pika.BlockingConnection(pika.URLParameters(plain_url))
+        conn.channel().queue_declare(f"pq-{uid}", durable=True)
+        conn.close()
+        assert queue_type(plain_url, f"pq-{uid}") == "classic"
+        assert call(cluster, "GET", "/vhosts/%2F")[1]["default_queue_type"] == "quorum"
+        assert call(cluster, "PUT", "/vhosts/plain", {"default_queue_type": "quorum"}
+                    )[0] == 204
+        conn = pika.BlockingConnection(pika.URLParameters(plain_url))
+        conn.channel().queue_declare(f"pq2-{uid}", durable=True)
+        conn.close()
+        assert queue_type(plain_url, f"pq2-{uid}") == "quorum"
+        assert queue_type(plain_url, f"pq-{uid}") == "classic"     # made before: as it was
+        status, body, _ = call(cluster, "PUT", "/vhosts/plain", {"default_queue_type": "lazy"})
+        assert status == 400 and "default_queue_type" in body["reason"]
+        exported = call(cluster, "GET", "/definitions")[1]["vhosts"]
+        assert {v["name"]: v.get("metadata", {}).get("default_queue_type")
+                for v in exported} == {"/": "quorum", "plain": "quorum"}
+    finally:
+        stop_cluster(cluster)

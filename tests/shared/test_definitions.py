@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from shoal.shared.definitions import (check_password, definitions_for, from_settings,
+from shoal.shared.definitions import (access_document, check_password, definitions_for,
+                                      from_settings,
                                       hash_password, load_definitions, parse_definitions)
 from shoal.shared.errors import ConfigError
 from shoal.shared.settings import load_settings
@@ -145,3 +146,18 @@ def test_rabbitmqctl_export_definitions_output_loads_unchanged():
     assert defs.permissions[("u", "/")].configure == "^c.*"
     assert any(q["name"] == "acc-def-q" for q in defs.queues)
     assert any(b["destination"] == "acc-def-q" for b in defs.bindings)
+
+
+def test_a_vhosts_default_queue_type_is_read_kept_and_checked():
+    """RabbitMQ 3.11+ exports it in the vhost's ``metadata`` (older exports at the top of
+    the vhost); ``undefined`` means none; an unknown type is a clear error."""
+    defs = parse_definitions({"vhosts": [
+        {"name": "/", "metadata": {"default_queue_type": "quorum"}},
+        {"name": "a", "default_queue_type": "classic"},
+        {"name": "b", "metadata": {"default_queue_type": "undefined"}}]})
+    assert defs.default_queue_types == {"/": "quorum", "a": "classic"}
+    again = parse_definitions(access_document(defs))
+    assert again.default_queue_types == defs.default_queue_types
+    with pytest.raises(ConfigError, match="vhost 'c': default_queue_type must be classic or "
+                                          "quorum"):
+        parse_definitions({"vhosts": [{"name": "c", "metadata": {"default_queue_type": "x"}}]})

@@ -19,18 +19,31 @@ class Sink:
         pass
 
 
-def test_an_older_leaders_message_reaches_a_waiting_consumer_flagged():
-    """A new leader applies an entry of an older term (committed by the old leader, which may
-    have delivered it): a consumer waiting with credit gets it with redelivered set (it was
-    set after the queue had already handed it over: the fault campaign's unflagged
-    duplicates)."""
-    sink = Sink()
-    q = Queue("/", "qq", sink=sink)
+def test_a_checkout_flags_and_counts_what_was_delivered_and_nothing_else():
+    """The leader's checkouts are in the log: a member that applies one marks the message
+    redelivered and counts the delivery, so that as a new leader it flags exactly what an
+    older leader delivered (the fault campaign's unflagged duplicates came from a leader
+    that flagged nothing; flagging everything was the fix before checkouts)."""
+    q = Queue("/", "qq")
     m = QueueMachine(q)
+    for i, body in enumerate((b"delivered", b"never", b"released"), start=1):
+        assert m.apply(i, ["enq", "", "qq", b"h", body, None]) is True
+    m.apply(4, ["checkout", [1, 3], []])
+    m.apply(5, ["release", [3]])
+    got = {bytes(e.body): (e.redelivered, e.delivery_count) for e in q.entries}
+    assert got == {b"delivered": (True, 1), b"never": (False, 0), b"released": (True, 0)}
+    sink = Sink()
+    q.sink = sink
     m.lead()
     c = QueueConsumer(1, None, "t1")
     q.add_consumer(c)
     q.add_credit(c, 10)
-    assert m.apply(1, ["enq", "", "qq", b"h", b"old", None], older=True) is True
-    assert m.apply(2, ["enq", "", "qq", b"h", b"new", None]) is True
-    assert sink.delivered == [(b"old", True), (b"new", False)]
+    assert sink.delivered == [(b"delivered", True), (b"never", False), (b"released", True)]
+
+
+def test_a_checkout_settled_as_sent_removes_the_message():
+    q = Queue("/", "qq")
+    m = QueueMachine(q)
+    m.apply(1, ["enq", "", "qq", b"h", b"no-ack", None])
+    m.apply(2, ["checkout", [], [1]])
+    assert q.message_count == 0 and not m.by_index
