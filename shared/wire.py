@@ -207,6 +207,11 @@ class T(IntEnum):
     PEER_EVENT = 74       # N->N [T, node_id, catalogue_seq, event, data]: one TOPOLOGY_EVENT
                           #   of the sender
     PEER_WANT = 75        # N->N [T, node_id]: send me your PEER_CATALOGUE
+    GROUP_ASK = 76        # N->N [T, vhost, name, uid, member_id]: a member that has had no
+                          #   leader for a while asks whether the group still has it
+                          #   (node/replication/reconcile.py)
+    GROUP_ANSWER = 77     # N->N [T, vhost, name, uid, node_id, status]: "member", "removed"
+                          #   (the group is here and the asker is not in it) or "none"
 
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the
@@ -248,7 +253,7 @@ def leasable(header: bytes) -> bool:
 MOVED = 1
 
 #: N->N tags: the shard hands them to node/replication, not to a router's state.
-PEER_TAGS = frozenset({70, 71, 72, 73, 74, 75})
+PEER_TAGS = frozenset({70, 71, 72, 73, 74, 75, 76, 77})
 
 # Topology events.
 EV_EXCHANGE_ADDED = 1

@@ -99,6 +99,10 @@ class QuorumGroup:
         self.held: list[list] = []
         self.checkouts: list[int] = []      # their log indexes, acquired
         self.settled_out: list[int] = []    # those settled as sent (no_ack)
+        #: membership reconciliation (reconcile.py): since when (ms) this member has known
+        #: no leader, and the other nodes' answers (node -> member, removed, none)
+        self.leaderless_since: float | None = None
+        self.answers: dict[str, str] = {}
         queue.sink = None               # a follower never delivers or dead-letters
 
     def state(self) -> dict:

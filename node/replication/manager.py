@@ -20,7 +20,7 @@ from typing import Any
 from shoal.shared.errors import AMQPError
 from shoal.shared.wire import EV_QUEUE_LEADER, TAG_TOPOLOGY_EVENT, WIRE_VERSION, T
 
-from shoal.node.replication import catalogue, membership, requests
+from shoal.node.replication import catalogue, membership, reconcile, requests
 from shoal.node.replication.catalogue import Catalogue
 from shoal.node.replication.group import QuorumGroup, new_raft
 from shoal.node.replication.links import PeerLinks
@@ -33,6 +33,7 @@ log = logging.getLogger("shoal.node.replication")
 
 _RAFT, _PEER_HELLO, _GROUP_CREATE = int(T.RAFT), int(T.PEER_HELLO), int(T.GROUP_CREATE)
 _CATALOGUE_TAGS = frozenset({int(T.PEER_CATALOGUE), int(T.PEER_EVENT), int(T.PEER_WANT)})
+_GROUP_ASK, _GROUP_ANSWER = int(T.GROUP_ASK), int(T.GROUP_ANSWER)
 #: Marks a peer whose link closed as long silent (its last heard time).
 OFFLINE_MS = 5000
 #: Ticks a deleted group's leader keeps telling its followers the delete is committed.
@@ -65,12 +66,14 @@ class Replication:
         self.waiting_declares: list[tuple] = []
         #: what this node knows of the others' topology, and tells them of its own
         self.catalogue = Catalogue(self.node_id, shard.incarnation, shard.catalogue_own,
-                                   self._to_peer, lambda: self.links.nodes if self.links else [])
+                                   self.to_peer, lambda: self.links.nodes if self.links else [])
         #: deleted groups whose leader still tells the followers (``deleted``)
         self.retiring: list[QuorumGroup] = []
         self.now_ms = 0.0
         #: counters for the metrics: leader changes seen here
         self.stats_counts = {"leader_changes": 0}
+        #: nodes in some group's ``wanted`` that left the configuration: first noticed (ms)
+        self.departed: dict[str, float] = {}
 
     def now(self) -> float:
         """The node's clock (ms): the shard's, set at every message and timer run."""
@@ -161,6 +164,10 @@ class Replication:
                 self.catalogue.heard(node, msg[4], now_ms)
         elif tag in _CATALOGUE_TAGS:
             self.catalogue.on_peer(msg, now_ms)
+        elif tag == _GROUP_ASK:
+            reconcile.on_ask(self, msg)
+        elif tag == _GROUP_ANSWER:
+            reconcile.on_answer(self, msg)
         elif tag == _GROUP_CREATE:
             _, vhost, name, uid, snap_w = msg
             snap = Snapshot.from_wire(snap_w)
@@ -176,7 +183,8 @@ class Replication:
                 g.machine.last_active = float(snap.data.get("last_active") or 0)
                 self.store.append(g.key, uid, "snap", snap_w)
 
-    def _to_peer(self, node: str, msg: list) -> None:
+    def to_peer(self, node: str, msg: list) -> None:
+        """Queue ``msg`` for the link to ``node`` (sent with the turn's flush)."""
         if self.links is not None:
             self.links.queue(node, msg)
 
@@ -246,6 +254,7 @@ class Replication:
                             now_ms - p[1])
                 self.peer_lost(node)
         if self.ticks % 10 == 0:
+            reconcile.reconcile(self, now_ms)
             self._repair()
             if self.catalogue.dirty and self.store.directory is not None:
                 try:
@@ -429,6 +438,21 @@ class Replication:
         if q is g.queue:
             q.sink = self.shard
             self.shard.delete_queue(q)
+
+    def forget(self, g: QuorumGroup) -> None:
+        """Drop a group that no longer exists elsewhere (reconcile.py), and this node's copy
+        of its queue, without telling the routers: the name may be another queue's now."""
+        if self.groups.get(g.key) is g:
+            del self.groups[g.key]
+        self.store.append(g.key, g.uid, "del", None)
+        try:
+            self.store.sync()
+        except OSError as exc:      # it is asked again after a restart
+            log.error("cannot write the Raft log: %s", exc)
+        q = self.shard.queues.get(g.key)
+        if q is g.queue:
+            del self.shard.queues[g.key]
+            q.delete()
 
     def stats(self) -> dict:
         """NODE_STATS' ``raft``: ``{"leader_changes": n, "groups": [[vhost, name, role, term,

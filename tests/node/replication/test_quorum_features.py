@@ -215,3 +215,44 @@ def test_a_message_returned_more_often_than_the_limit_goes_from_every_member(tmp
         c.request("node-0", T.CANCEL, 5)
     c.tick(2)
     assert [held(c, n) for n in c.ids] == [[]] * 3
+
+
+def test_a_member_down_while_its_queue_was_deleted_drops_it_when_back(tmp_path):
+    """Reconciliation (node/replication/reconcile.py): the others no longer have the group;
+    after the grace period without a leader the returning member asks them and drops it."""
+    c = Cluster(tmp_path)
+    declare(c)
+    publish(c, "node-0", 1, b"m")
+    c.tick(2)
+    c.crash("node-2")
+    assert c.request("node-0", T.QUEUE_DELETE, "/", "q", 0, 0, None)[2] == 0
+    c.tick(3)
+    c.start("node-2")
+    assert ("/", "q") in c.shards["node-2"].replication.groups
+    c.tick(130)                                     # the grace period (10 s), then the asks
+    assert ("/", "q") not in c.shards["node-2"].replication.groups
+    assert ("/", "q") not in c.shards["node-2"].queues
+    c.crash("node-2")
+    c.start("node-2")                               # and it stays gone after a restart
+    assert ("/", "q") not in c.shards["node-2"].replication.groups
+
+
+def test_a_member_on_a_node_that_left_the_cluster_is_removed(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c)
+    g = c.shards["node-0"].replication.groups[("/", "q")]
+    assert len(g.raft.voters) == 3
+    c.crash("node-2")
+    c.ids.remove("node-2")                          # restarted without it in the config
+    c.tick(130)
+    assert sorted(m.split("@")[0] for m in g.raft.voters) == ["node-0", "node-1"]
+    assert g.wanted == ["node-0", "node-1"]
+    publish(c, "node-0", 2, b"still")
+    assert c.take("node-0", T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, 2, 0, 1]]
+
+
+def test_a_member_that_has_a_leader_asks_nothing(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c)
+    c.tick(130)
+    assert all(("/", "q") in c.shards[n].replication.groups for n in c.ids)

@@ -1,0 +1,109 @@
+"""Membership reconciliation (issue 44 point 6; RabbitMQ's
+``rabbit_quorum_queue_periodic_membership_reconciliation``): members that nobody else will
+ever answer are removed after a grace period, with no operator action.
+
+- **A member whose queue no longer exists.** A node that was down while its quorum queue was
+  deleted (or while its member was removed by ``delete_member``/``shrink``) comes back with
+  the group and no leader: the others dropped it, so nobody answers its elections. After
+  ``GRACE_MS`` without a leader it asks the nodes of the other voters it knows (GROUP_ASK).
+  When a majority of its voters say the group is gone (``none``) or goes on without it
+  (``removed``), and none says it is a member, it drops the group and its copy of the queue,
+  quietly: the queue's name may already belong to a new queue elsewhere, which routers must
+  not be told is gone.
+- **A member whose node left.** A node that is no longer in the cluster's configuration (a
+  restart with fewer ``--nodes`` or ``--peer``s, a smaller StatefulSet) is taken out of the
+  nodes that should hold members (``wanted``) by each leader, ``GRACE_MS`` after the leader
+  first finds it missing; the membership repair then removes its member.
+
+Functions of a node's :class:`~shoal.node.replication.manager.Replication` (``rep``), called
+from its tick (every second) and for the two wire messages (shared/wire.py GROUP_ASK,
+GROUP_ANSWER).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from shoal.shared.wire import T
+
+from shoal.node.replication import membership
+from shoal.node.replication.group import QuorumGroup
+
+log = logging.getLogger("shoal.node.replication")
+
+#: How long (ms) a member waits without a leader, and a leader waits for a node that left
+#: the configuration to come back, before reconciling.
+GRACE_MS = 10_000
+
+_ASK, _ANSWER = int(T.GROUP_ASK), int(T.GROUP_ANSWER)
+MEMBER, REMOVED, NONE = "member", "removed", "none"
+
+
+def reconcile(rep: Any, now: float) -> None:
+    """Every second: leaders drop departed nodes from ``wanted``; members without a leader
+    for GRACE_MS ask whether their group still has them."""
+    known = set(rep.node_ids)
+    for g in list(rep.groups.values()):
+        if g.leading:
+            _departed(rep, g, known, now)
+            continue
+        if g.raft.leader is not None:
+            g.leaderless_since = None
+            g.answers.clear()
+            continue
+        if g.leaderless_since is None:
+            g.leaderless_since = now
+        elif now - g.leaderless_since >= GRACE_MS:
+            ask = [_ASK, g.key[0], g.key[1], g.uid, g.raft.id]
+            for m in g.raft.voters:
+                node = membership.node_of(m)
+                if m != g.raft.id and rep.online(node):
+                    rep.to_peer(node, ask)
+
+
+def _departed(rep: Any, g: QuorumGroup, known: set[str], now: float) -> None:
+    wanted = list(g.wanted) or sorted(membership.node_of(m) for m in g.raft.voters)
+    gone = [n for n in wanted if n not in known]
+    for n in list(rep.departed):
+        if n in known:
+            del rep.departed[n]         # configured again
+    if not gone:
+        return
+    if any(now - rep.departed.setdefault(n, now) < GRACE_MS for n in gone):
+        return
+    keep = [n for n in wanted if n in known]
+    if keep and g.propose(["wanted", keep]):
+        log.warning("quorum queue '%s' in vhost '%s': node(s) %s left the cluster: their "
+                    "members are removed", g.key[1], g.key[0], ", ".join(gone))
+
+
+def on_ask(rep: Any, msg: list) -> None:
+    """GROUP_ASK from another node: is its member still in this node's group?"""
+    _, vhost, name, uid, asker = msg
+    g = rep.groups.get((vhost, name))
+    if g is None or g.uid != uid:
+        status = NONE
+    elif asker in g.raft.voters or asker in g.raft.learners:
+        status = MEMBER
+    else:
+        status = REMOVED
+    rep.to_peer(membership.node_of(asker), [_ANSWER, vhost, name, uid, rep.node_id, status])
+
+
+def on_answer(rep: Any, msg: list) -> None:
+    """GROUP_ANSWER: once a majority of this member's voters say the group is gone or goes
+    on without it (and none says it is a member), the group is dropped here."""
+    _, vhost, name, uid, node, status = msg
+    g = rep.groups.get((vhost, name))
+    if g is None or g.uid != uid or g.leading or g.raft.leader is not None:
+        return
+    g.answers[node] = status
+    voters = g.raft.voters
+    if MEMBER in g.answers.values():
+        return
+    gone = sum(1 for m in voters if g.answers.get(membership.node_of(m)) in (NONE, REMOVED))
+    if gone > len(voters) // 2:
+        log.warning("quorum queue '%s' in vhost '%s': the other members no longer have "
+                    "this node's member (the queue was deleted, or the member removed, while "
+                    "it was down): removed here", name, vhost)
+        rep.forget(g)
