@@ -210,7 +210,7 @@ class T(IntEnum):
     GROUP_ASK = 76        # N->N [T, vhost, name, uid, member_id]: a member that has had no
                           #   leader for a while asks whether the group still has it
                           #   (node/replication/reconcile.py)
-    GROUP_ANSWER = 77     # N->N [T, vhost, name, uid, node_id, status]: "member", "removed"
+    GROUP_ANSWER = 77     # N->N [T, vhost, name, uid, member_id, status]: "member", "removed"
                           #   (the group is here and the asker is not in it) or "none"
 
 

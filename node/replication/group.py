@@ -100,7 +100,7 @@ class QuorumGroup:
         self.checkouts: list[int] = []      # their log indexes, acquired
         self.settled_out: list[int] = []    # those settled as sent (no_ack)
         #: membership reconciliation (reconcile.py): since when (ms) this member has known
-        #: no leader, and the other nodes' answers (node -> member, removed, none)
+        #: no leader, and the other members' answers (member id -> member, removed, none)
         self.leaderless_since: float | None = None
         self.answers: dict[str, str] = {}
         queue.sink = None               # a follower never delivers or dead-letters

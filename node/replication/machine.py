@@ -45,8 +45,9 @@ times in the log.
 
 Snapshot data: ``{"queue": [vhost, name, arguments, uid], "messages": [[index, exchange,
 routing_key, header, body, redelivered, delivery_count, publisher, ts], ...],
-"last_active": epoch ms}`` in queue order (``ts``: the leader's clock at the enqueue, for
-messages whose TTL or schedule reckon from it, else 0).
+"last_active": epoch ms, "out": [index, ...]}`` in queue order (``ts``: the leader's clock at
+the enqueue, for messages whose TTL or schedule reckon from it, else 0; ``out``: the
+messages checked out and not settled).
 """
 from __future__ import annotations
 
@@ -72,6 +73,8 @@ class QueueMachine:
         #: when the queue was last used (epoch ms, the leader's clock): x-expires counts
         #: from here (rabbit_fifo's last_active)
         self.last_active = 0.0
+        #: log indexes checked out and not settled (delivered, as the log says)
+        self.out: set[int] = set()
         if hasattr(queue.entries, "conflate"):
             queue.entries.conflate = False      # a follower: its leader logs replacements
 
@@ -120,6 +123,7 @@ class QueueMachine:
             for i in cmd[1]:
                 e = self.by_index.get(i)
                 if e is not None and not e.is_dead:
+                    self.out.add(i)
                     e.redelivered = True
                     if e.state is not ACQUIRED:     # the leader counted it as it acquired
                         e.delivery_count += 1
@@ -128,6 +132,7 @@ class QueueMachine:
             return None
         if op in ("requeue", "release"):
             for i in cmd[1]:
+                self.out.discard(i)
                 e = self.by_index.get(i)
                 if e is not None and not e.is_dead and e.state is not ACQUIRED:
                     e.redelivered = True
@@ -151,6 +156,7 @@ class QueueMachine:
         self.by_index.pop(index, None)
         self.index_of.pop(e.entry_id, None)
         self.ts_of.pop(index, None)
+        self.out.discard(index)
 
     def forget_dead(self) -> None:
         """Drop the entries the queue removed by itself (TTL expiry, delivery limit)."""
@@ -158,7 +164,7 @@ class QueueMachine:
         for i, e in dead:
             self._untrack(i, e)
 
-    def lead(self) -> list[QueueEntry]:
+    def lead(self) -> None:
         """This member became leader (what an older one delivered is flagged by its
         checkouts, applied before this one delivers: group.py ``may_deliver``). Its clock
         now decides: the TTL and schedule timers of what it holds are armed from
@@ -193,7 +199,8 @@ class QueueMachine:
                 continue
             msgs.append([i, e.exchange, e.routing_key, e.header, body_bytes(e.body),
                          e.redelivered, e.delivery_count, e.publisher, self.ts_of.get(i, 0)])
-        return {"queue": header, "messages": msgs, "last_active": self.last_active}
+        return {"queue": header, "messages": msgs, "last_active": self.last_active,
+                "out": sorted(self.out)}
 
     def restore(self, data: dict) -> None:
         """Load a snapshot's messages into the (empty) queue."""
@@ -211,3 +218,4 @@ class QueueMachine:
             self._track(i, e)
             if ts is not None:
                 self.ts_of[i] = ts
+        self.out = {i for i in data.get("out") or () if i in self.by_index}

@@ -87,21 +87,24 @@ def on_ask(rep: Any, msg: list) -> None:
         status = MEMBER
     else:
         status = REMOVED
-    rep.to_peer(membership.node_of(asker), [_ANSWER, vhost, name, uid, rep.node_id, status])
+    rep.to_peer(membership.node_of(asker), [_ANSWER, vhost, name, uid, rep.member_id,
+                                            status])
 
 
 def on_answer(rep: Any, msg: list) -> None:
     """GROUP_ANSWER: once a majority of this member's voters say the group is gone or goes
-    on without it (and none says it is a member), the group is dropped here."""
-    _, vhost, name, uid, node, status = msg
+    on without it (and none says it is a member), the group is dropped here. Only a voter's
+    own disk counts: a node whose disk was wiped since answers under another member id (it
+    has forgotten the group, which says nothing of whether it still exists)."""
+    _, vhost, name, uid, member, status = msg
     g = rep.groups.get((vhost, name))
     if g is None or g.uid != uid or g.leading or g.raft.leader is not None:
         return
-    g.answers[node] = status
+    g.answers[member] = status
     voters = g.raft.voters
     if MEMBER in g.answers.values():
         return
-    gone = sum(1 for m in voters if g.answers.get(membership.node_of(m)) in (NONE, REMOVED))
+    gone = sum(1 for m in voters if g.answers.get(m) in (NONE, REMOVED))
     if gone > len(voters) // 2:
         log.warning("quorum queue '%s' in vhost '%s': the other members no longer have "
                     "this node's member (the queue was deleted, or the member removed, while "

@@ -77,6 +77,11 @@ from shoal.node.replication.log import ADD_VOTER, CONF, REMOVE, Entry, Snapshot
 from shoal.node.replication.raft import (CANDIDATE, LEADER, VOTE, VOTE_RESP, HardState, Message,
                                          Raft, bootstrap)
 
+try:
+    from .sim_queue import CONFIGS, Client, HostQueue, replay_into_classic
+except ImportError:         # imported by path (raft_sim.py, test_raft_sim.py's subprocess)
+    from sim_queue import CONFIGS, Client, HostQueue, replay_into_classic  # type: ignore
+
 #: The unsafe hosts of the checker's own tests (test_raft_sim.py): each must be caught.
 WIPE_KEEPS_ID = "wipe_keeps_id"          # a wiped node comes back under its old member id
 SEND_BEFORE_FSYNC = "send_before_fsync"  # a Ready's messages leave before its fsync
@@ -85,7 +90,7 @@ VARIANTS = (WIPE_KEEPS_ID, SEND_BEFORE_FSYNC)
 #: Invariants about safety (``liveness`` is the other kind).
 SAFETY = ("election safety", "vote safety", "log matching", "leader completeness",
           "state machine safety", "commit safety", "monotonic commit", "monotonic apply",
-          "durable state", "disk", "core exception")
+          "durable state", "disk", "core exception", "queue state", "queue replay")
 
 FINAL = "final"
 #: The quiet phase's bound (steps) for a leader, the final commit and a repaired membership.
@@ -194,9 +199,10 @@ class Host:
     not yet fsynced (``pending``), and its state machine."""
 
     __slots__ = ("node", "gen", "id", "disk", "raft", "pending", "sm", "sm_index",
-                 "last_commit", "final", "lead_term", "lead_commit")
+                 "last_commit", "final", "lead_term", "lead_commit", "hq")
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, hq: HostQueue) -> None:
+        self.hq = hq                    # the quorum queue's state machine (sim_queue.py)
         self.node = node
         self.gen = 0
         self.id = membership.member_id(node, "d0")
@@ -275,7 +281,14 @@ class Sim:
         self.step = 0
         self.faults = True
         self.nodes = [f"n{i}" for i in range(1, self.n + 1)]
-        self.hosts = {node: Host(node) for node in self.nodes}
+        # the quorum queue (sim_queue.py), from a Random of its own: the schedule above is
+        # the same with or without it
+        qrng = random.Random(f"queue/{seed}")
+        self.qargs = qrng.choice(CONFIGS)
+        self.client = Client(qrng, self.qargs)
+        self.qdigests: dict[int, tuple] = {}        # index -> the queue's digest there
+        self.hosts = {node: Host(node, HostQueue(self.qargs, qrng.uniform(-5000, 5000)))
+                      for node in self.nodes}
         self.by_id = {h.id: h for h in self.hosts.values()}
         self.net: list[list] = []       # [deliver_at, from node, to member, packed message]
         self.blocked: set[tuple[str, str]] = set()
@@ -289,7 +302,8 @@ class Sim:
         self.durable_term: dict[str, int] = {}                  # member -> synced term
         self.stats = {"steps": 0, "leaders": 0, "commits": 0, "snapshots_sent": 0,
                       "snapshots_installed": 0, "compactions": 0, "crashes": 0, "wipes": 0,
-                      "conf_changes": 0, "lost_writes": 0, "quiet_steps": 0}
+                      "conf_changes": 0, "lost_writes": 0, "quiet_steps": 0,
+                      "queue_commands": 0}
         snap = bootstrap([h.id for h in self.hosts.values()], ())
         for h in self.hosts.values():
             h.disk.snap = (snap.index, snap.term, snap.voters, snap.learners, ())
@@ -325,6 +339,7 @@ class Sim:
         h.pending = None
         h.sm = list(snap.data) if snap else []
         h.sm_index = snap.index if snap else 0
+        self._rebuild(h)
         h.final = any(x[3] == FINAL for x in h.sm)
         h.last_commit = h.raft.commit
         h.lead_term = h.lead_commit = 0
@@ -372,6 +387,9 @@ class Sim:
         r = h.raft
         r.advance(rd)
         if r.log.applied - r.log.snap_index > self.K:
+            if h.hq.snapshot_digest() != h.hq.digest():
+                self.fail("queue state", f"{h.id}: its queue's snapshot restores another "
+                          f"queue at {r.log.applied}")
             s = r.compact(r.log.applied, tuple(h.sm))
             h.disk.write(("compact", (s.index, s.term, tuple(s.voters), tuple(s.learners),
                                       s.data)))
@@ -426,6 +444,7 @@ class Sim:
         h.sm = list(data)
         h.sm_index = s.index
         h.final = any(x[3] == FINAL for x in data)
+        self._rebuild(h)
         self.stats["snapshots_installed"] += 1
         if self.trace is not None:
             self._note(f"   {h.id} installs snapshot {s.index}/{s.term} {s.voters} {s.learners}")
@@ -440,12 +459,41 @@ class Sim:
                       f"node applied {old}")
         h.sm.append((e.index,) + rec)
         h.sm_index = e.index
+        if h.hq.apply(e.index, e.kind, e.data):
+            self.stats["queue_commands"] += 1
+            self._check_queue(h, e.index)
         if e.data == FINAL:
             h.final = True
         if e.kind == CONF:
             self.stats["conf_changes"] += 1
             if self.trace is not None:
                 self._note(f"   {h.id} applies conf {e.data} at {e.index}")
+
+    def _rebuild(self, h: Host) -> None:
+        """``h``'s queue from its state machine's entries (a snapshot, a restart)."""
+        h.hq.rebuild(h.sm)
+        if h.sm:
+            self._check_queue(h, h.sm_index)
+
+    def _check_queue(self, h: Host, index: int) -> None:
+        """The same queue at the same applied index on every host (sim_queue.py)."""
+        d = h.hq.digest()
+        old = self.qdigests.setdefault(index, d)
+        if old != d:
+            self.fail("queue state", f"{h.id}'s queue at {index} is {d}, another host's was "
+                      f"{old}")
+
+    def check_queue_replay(self) -> None:
+        """The committed log replayed on one plain classic queue ends as the quorum queue
+        (sim_queue.py)."""
+        h = max(self.hosts.values(), key=lambda x: x.sm_index)
+        ref = replay_into_classic(h.sm)
+        if isinstance(ref, str):
+            self.fail("queue replay", f"a classic queue refuses the log: {ref}")
+        msgs, out, _ = h.hq.digest()
+        mine = (tuple(x[:4] for x in msgs), out)
+        if mine != ref:
+            self.fail("queue replay", f"{h.id}'s quorum queue {mine} != a classic queue's {ref}")
 
     def _crash(self, h: Host, mode: str) -> None:
         unsynced = len(h.disk.unsynced)
@@ -724,7 +772,11 @@ class Sim:
         if action == "propose":
             self.proposals += 1
             h = rng.choice(leaders)
-            self._propose(h, f"p{self.proposals}")
+            r = h.raft
+            cmd = self.client.command(h.id, r.term, r.log, h.hq, self.step)
+            index = self._propose(h, cmd if cmd is not None else f"p{self.proposals}")
+            if cmd is not None and index is not None:
+                self.client.last[(h.id, r.term)] = index
             return [h]
         if action == "partition":
             k = rng.randint(1, self.n - 1)
@@ -909,6 +961,7 @@ class Sim:
             self.check_pairs()
             self._quiet()
             self.check_pairs()
+            self.check_queue_replay()
         except Violation:
             raise
         except Exception as exc:    # the core's assertions, or a crash in it

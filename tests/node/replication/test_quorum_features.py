@@ -229,7 +229,7 @@ def test_a_member_down_while_its_queue_was_deleted_drops_it_when_back(tmp_path):
     c.tick(3)
     c.start("node-2")
     assert ("/", "q") in c.shards["node-2"].replication.groups
-    c.tick(130)                                     # the grace period (10 s), then the asks
+    c.tick(160)                                     # the grace period (10 s), then the asks
     assert ("/", "q") not in c.shards["node-2"].replication.groups
     assert ("/", "q") not in c.shards["node-2"].queues
     c.crash("node-2")
@@ -256,3 +256,20 @@ def test_a_member_that_has_a_leader_asks_nothing(tmp_path):
     declare(c)
     c.tick(130)
     assert all(("/", "q") in c.shards[n].replication.groups for n in c.ids)
+
+
+def test_a_wiped_node_does_not_speak_for_the_disk_it_lost(tmp_path):
+    """Two of three members wiped while the third was down: they answer "none" under new
+    member ids, which says nothing of the group (the third may hold its last copy); it is
+    kept."""
+    import shutil
+    c = Cluster(tmp_path)
+    declare(c)
+    c.crash("node-0")
+    for node in ("node-1", "node-2"):
+        c.crash(node)
+        shutil.rmtree(tmp_path / node)
+    for node in c.ids:
+        c.start(node)
+    c.tick(130)
+    assert ("/", "q") in c.shards["node-0"].replication.groups

@@ -150,3 +150,31 @@ def _seed_of(variant: str) -> int:
         except Violation:
             return seed
     raise AssertionError(variant)
+
+
+@pytest.mark.parametrize("bug,caught", [
+    # a follower reckoning a message's TTL from its own clock, not the leader's in the log
+    ("own clock", "queue state"),
+    # a released delivery counted as a failed attempt (as a requeue is)
+    ("release counted", "queue replay"),
+])
+def test_the_queue_checks_have_teeth(monkeypatch, bug, caught):
+    """The quorum queue's checks (sim_queue.py) catch a machine that breaks them, within
+    the first 300 seeds."""
+    from shoal.node.replication.machine import QueueMachine
+    apply = QueueMachine.apply
+
+    def broken(self, index, cmd):
+        if bug == "own clock" and cmd[0] == "enq":
+            cmd = cmd[:7]
+        if bug == "release counted" and cmd[0] == "release":
+            cmd = ["requeue", *cmd[1:]]
+        return apply(self, index, cmd)
+    monkeypatch.setattr(QueueMachine, "apply", broken)
+    for seed in range(300):
+        try:
+            Sim(seed).run()
+        except Violation as v:
+            assert v.invariant == caught, str(v)
+            return
+    raise AssertionError(f"{bug}: no violation in 300 seeds")

@@ -1,0 +1,225 @@
+"""The quorum queue's state machine in the Raft simulator (issue 44 point 7): every host of
+sim.py applies its committed entries to a :class:`~shoal.node.replication.machine.QueueMachine`
+as a follower does, and a client (:class:`Client`) proposes queue commands to the leader as
+the real leader does: enqueues stamped with the leader's clock, checkouts of the first
+available messages, settlements of what the log says is checked out (ack, requeue, release,
+drop), drops of available messages (the leader's expiry, drop-head, replacement), purges and
+uses (``active``); never before the leader has applied its term's first entry, and one at a
+time, as node/replication/group.py delivers.
+
+Checks (sim.py raises them as ``queue state`` and ``queue replay``):
+
+- **the same state at the same index**: after each applied entry, a digest of the queue as
+  the log made it (messages in order with their index, body, redelivered flag, delivery
+  count, leader's enqueue time; the checked-out set; last use) must equal the digest every
+  other host had at that index, whether it got there entry by entry, from a snapshot, or
+  after a restart. Each host's clock is skewed differently, so a follower that read its own
+  clock (TTL, schedules) would differ;
+- **snapshots restore the state**: at each compaction the machine's snapshot, restored into a
+  fresh queue, has the same digest;
+- **a plain classic queue agrees**: at the end, the committed log replayed as the operations
+  it records (enqueue, acquire, ack, release, reject, purge) on one plain classic
+  :class:`~shoal.node.queues.queue.Queue` accepts every one of them and ends with the same
+  messages, in the same order, each delivered before or not, with the same delivery counts
+  and the same checked-out (acquired) set.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pamqp import commands, header
+
+from shoal.node.queues.entry import ACQUIRED, AVAILABLE, HELD
+from shoal.node.queues.queue import Queue
+from shoal.node.replication.log import NORMAL
+from shoal.node.replication.machine import QueueMachine
+from shoal.node.timers import Timers
+
+PLAIN = bytes([0, 60, 0, 0, 0, 0, 0, 0, 0, 1, 0x10, 0, 2])
+#: The queue declarations a seed chooses from: features a follower must not act on.
+CONFIGS = ({}, {"x-message-ttl": 40}, {"qpid.last_value_queue_key": "k"},
+           {"x-max-length": 3, "x-overflow": "drop-head"}, {"x-delivery-limit": 1},
+           {"qpid.group_header_key": "k"})
+
+
+def keyed(key: str) -> bytes:
+    """A content header with header ``k: key`` (last-value key, message group), persistent."""
+    return header.ContentHeader(0, 1, commands.Basic.Properties(
+        delivery_mode=2, headers={"k": key}, expiration="30")).marshal()
+
+
+class Follower:
+    """What a follower's queue needs of its group (``queue.replica``): it never leads."""
+
+    leading = False
+
+    def used(self) -> None:
+        pass
+
+    def removed(self, entry: Any) -> None:
+        pass
+
+    def settle(self, op: str, entries: list) -> None:
+        pass
+
+
+class HostQueue:
+    """One host's queue and machine; ``wall_offset`` (ms): its clock's skew."""
+
+    def __init__(self, args: dict, wall_offset: float) -> None:
+        self.args = args
+        self.wall_offset = wall_offset
+        self.reset()
+
+    def reset(self) -> None:
+        q = Queue("/", "q", durable=True, arguments=dict(self.args),
+                  timers=Timers(0.0, self.wall_offset))
+        q.replica = Follower()
+        self.queue = q
+        self.machine = QueueMachine(q)
+
+    def apply(self, index: int, kind: int, data: Any) -> bool:
+        """Apply a queue command (a NORMAL entry's list); False for other entries
+        (configuration changes, noops, the sim's own)."""
+        if kind != NORMAL or not isinstance(data, (list, tuple)) or not data or \
+                not isinstance(data[0], str):
+            return False
+        self.machine.apply(index, list(data))
+        return True
+
+    def rebuild(self, applied: list[tuple]) -> None:
+        """The queue of a snapshot: its applied entries ``(index, term, kind, data)`` again."""
+        self.reset()
+        for x in applied:
+            self.apply(x[0], x[2], x[3])
+
+    def digest(self) -> tuple:
+        """(messages, checked out, last use); a message is (index, body, redelivered,
+        delivery count, its expiry on the wall clock (ms, 0: none))."""
+        m = self.machine
+        off = self.wall_offset
+        msgs = tuple((m.index_of[e.entry_id], bytes(e.body), e.redelivered, e.delivery_count,
+                      round(e.expires_at + off) if e.expires_at else 0)
+                     for e in self.queue.entries if not e.is_dead and e.entry_id in m.index_of)
+        return msgs, tuple(sorted(m.out)), m.last_active
+
+    def snapshot_digest(self) -> tuple:
+        """The digest of this machine's snapshot restored into a fresh queue."""
+        other = HostQueue(self.args, self.wall_offset + 17.0)
+        other.machine.restore(self.machine.snapshot(["/", "q", self.args, "u"]))
+        return other.digest()
+
+
+class Client:
+    """Proposes queue commands to the leader, from what the leader has applied."""
+
+    def __init__(self, rng: Any, args: dict) -> None:
+        self.rng = rng
+        self.args = args
+        self.n = 0
+        #: per (leader, term): its first entry's index, and its last queue command's
+        self.term_start: dict[tuple[str, int], int] = {}
+        self.last: dict[tuple[str, int], int] = {}
+
+    def command(self, leader_id: str, term: int, log: Any, hq: HostQueue, now: int
+                ) -> list | None:
+        """The next command for this leader, or None when it may not act yet."""
+        key = (leader_id, term)
+        start = self.term_start.setdefault(key, log.last_index)
+        if log.applied < max(start, self.last.get(key, 0)):
+            return None
+        rng = self.rng
+        m = hq.machine
+        live = [m.index_of[e.entry_id] for e in hq.queue.entries
+                if not e.is_dead and e.entry_id in m.index_of]
+        available = [i for i in live if i not in m.out]
+        out = sorted(m.out)
+        x = rng.random()
+        ts = 1_000_000 + now
+        if x < 0.4 or not live:
+            self.n += 1
+            hdr = keyed(rng.choice("ab")) if rng.random() < 0.5 else PLAIN
+            return ["enq", "", "q", hdr, f"m{self.n}".encode(), None, False, ts]
+        if x < 0.65 and available:
+            take = available[:rng.randint(1, 3)]
+            return ["checkout", [], take] if rng.random() < 0.2 else ["checkout", take, []]
+        if x < 0.9 and out:
+            op = rng.choice(("ack", "requeue", "release", "drop"))
+            return [op, [rng.choice(out)]]
+        if x < 0.96 and available:
+            return ["drop", [rng.choice(available)]]
+        if x < 0.98:
+            return ["purge", available]
+        return ["active", ts]
+
+
+def replay_into_classic(applied: list[tuple]) -> tuple[tuple, tuple] | str:
+    """The committed log as operations on one plain classic queue: its (messages, acquired)
+    in the digest's form, or a text naming the first operation the queue would not do."""
+    q = Queue("/", "ref")
+    by_index: dict[int, Any] = {}
+    for index, _, kind, data in applied:
+        if kind != NORMAL or not isinstance(data, (list, tuple)) or not data or \
+                not isinstance(data[0], str):
+            continue
+        op = data[0]
+        if op == "enq":
+            e = q.enqueue(data[1], data[2], data[3], data[4], data[5])
+            if e is None:
+                return f"enq at {index} refused"
+            by_index[index] = e
+            continue
+        if op == "active":
+            continue
+        if op == "checkout":
+            for i in list(data[1]) + list(data[2]):
+                e = by_index.get(i)
+                if e is None or not _acquire(q, e):
+                    return f"checkout of {i} at {index}: not available"
+            for i in data[2]:
+                q.dequeue(by_index.pop(i))
+            continue
+        for i in data[1]:
+            e = by_index.get(i)
+            if e is None:
+                continue        # an earlier drop or purge took it (a leader's race)
+            if op == "ack":
+                if not q.dequeue(e):
+                    return f"ack of {i} at {index}: not acquired"
+            elif op in ("requeue", "release"):
+                if e.state is not ACQUIRED:
+                    return f"{op} of {i} at {index}: not acquired"
+                if op == "release":
+                    e.delivery_count -= 1
+                q.release(e)
+                continue
+            elif op == "drop":
+                if e.state is ACQUIRED:
+                    q.reject(e)
+                else:
+                    q.features.remove_ready(e, None)
+            elif op == "purge":
+                if e.state is ACQUIRED:
+                    return f"purge of {i} at {index}: acquired"
+                q.features.remove_ready(e, None)
+            by_index.pop(i)
+    index_of = {e.entry_id: i for i, e in by_index.items()}
+    msgs = tuple((index_of[e.entry_id], bytes(e.body), e.redelivered or e.state is ACQUIRED,
+                  e.delivery_count) for e in q.entries if not e.is_dead)
+    return msgs, tuple(sorted(i for i, e in by_index.items() if e.state is ACQUIRED))
+
+
+def _acquire(q: Queue, e: Any) -> bool:
+    """Acquire this very entry, as the leader's consumer did (the log names it)."""
+    if e.state is not AVAILABLE and e.state is not HELD:
+        return False
+    was_held = e.state is HELD
+    e.state = AVAILABLE
+    if not e.acquire(None):
+        return False
+    if was_held:
+        q.held -= 1
+    else:
+        q.available -= 1
+    q.ready_bytes -= len(e.body)
+    return True
