@@ -144,6 +144,7 @@ class Shard:
             T.GET: (6, (int, str, str, int, _S), M.on_get, True),
             T.LEASED: (8, None, on_leased, False),          # checked inside
             T.LEASE_END: (2, None, on_lease_end, False),
+            T.REPUBLISH_RESULT: (3, (int, bool), cls._on_republish_result, False),
         }
         faults = injected_faults("node")        # tests only: SHOAL_INJECT_FAULTS
         self._spec = {int(k): (v if T(k).name.lower() not in faults else
@@ -273,7 +274,12 @@ class Shard:
         self.send(consumer.peer.identity, [TAG_WORK, consumer.consumer_id])
 
     def dead_letter(self, q: Queue, entry: QueueEntry, reason: str) -> None:
-        """Send ``entry`` to ``q``'s x-dead-letter-exchange (node/queues/deadletter.py)."""
+        """Send ``entry`` to ``q``'s x-dead-letter-exchange (node/queues/deadletter.py); a
+        quorum queue's at-least-once dead letter waits in its log for the targets' confirms
+        (node/replication/dead_letters.py)."""
+        g = q.replica
+        if g is not None and g.dlx is not None and g.dlx.dead_letter(entry, reason):
+            return
         send_dead_letter(self, q, entry, reason)
 
     def lease_broken(self, q: Queue) -> None:
@@ -288,6 +294,11 @@ class Shard:
         q.remove_consumer(consumer)
         self.send(consumer.peer.identity, [int(T.CONSUMER_CANCELLED), consumer.consumer_id,
                                             "browse complete"])
+
+    def _on_republish_result(self, state: RouterPeer, msg: list) -> None:
+        """REPUBLISH_RESULT: a confirmed dead letter's fate (node/replication/)."""
+        if self.replication is not None:
+            self.replication.dead_letter_result(msg[1], msg[2])
 
     def expire_queue(self, q: Queue) -> None:
         """x-expires: the queue was unused long enough; it is deleted."""

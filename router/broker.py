@@ -23,7 +23,7 @@ from shoal.shared.linkauth import connect_curve
 from shoal.shared.settings import Settings
 from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH, TAG_PUBLISH_MOVED, TAG_SETTLE
 
-from shoal.router import consumers as credit, node_events, pushback, quorum
+from shoal.router import consumers as credit, dead_letters, node_events, pushback, quorum
 from shoal.router.access.users import UserStore
 from shoal.router.access.limits import Limits
 from shoal.router.consumers import Consumer, ConsumerTarget
@@ -440,7 +440,11 @@ class Broker:
         elif tag == T.TOPOLOGY_SYNC:          # the events before it are applied: say so
             link.send([int(T.TOPOLOGY_SYNCED), msg[1]], urgent=True)
         elif tag == T.REPUBLISH:
-            self._republish(*msg[1:])
+            if len(msg) > 6 and msg[6]:         # at-least-once: answer when confirmed
+                asyncio.ensure_future(
+                    dead_letters.republish_confirmed(self, link, msg[6], *msg[1:6]))
+            else:
+                self._republish(*msg[1:6])
         elif tag == T.FORCE_CLOSE:            # the management API of some router asked
             self.close_connection(msg[2], msg[3])
         elif tag == T.NODE_BLOCKED:

@@ -131,9 +131,11 @@ class T(IntEnum):
     GET = 48              # R->N [T, req_id, vhost, queue, no_ack, owner]
                           #   -> payload None (empty) or [delivery_id, redelivered, exchange,
                           #      routing_key, header, body, message_count]
-    REPUBLISH = 49        # N->R [T, vhost, exchange, routing_key, header, body]: route and
-                          #   publish like a basic.publish without confirm (dead-lettering:
-                          #   the node has no exchange cache). Sent to any one router.
+    REPUBLISH = 49        # N->R [T, vhost, exchange, routing_key, header, body(, confirm)]:
+                          #   route and publish like a basic.publish without confirm
+                          #   (dead-lettering: the node has no exchange cache). Sent to any
+                          #   one router. ``confirm`` (an id, not 0): publish with confirms
+                          #   and answer REPUBLISH_RESULT (at-least-once dead-lettering)
 
     # --- flow control (N->R) ---
     NODE_BLOCKED = 50     # N->R [T, blocked, reason]: the node's journal cannot write (disk
@@ -192,6 +194,9 @@ class T(IntEnum):
                           #   enqueues it acquired by the consumer. Sent ahead of SETTLEs.
     LEASE_END = 63        # R->N [T, consumer_id]: the router holds the lease no longer
                           #   (returned, declined or revoked); sent behind its LEASEDs.
+    REPUBLISH_RESULT = 64  # R->N [T, confirm, ok]: a REPUBLISH with ``confirm`` reached every
+                          #   queue it was routed to, on disk where durable (ok true), or did
+                          #   not (unroutable, a missing exchange, a nack: ok false)
 
     # --- replication (N->N, over each node's links to the other nodes: design.md section 8) ---
     PEER_HELLO = 70       # N->N [T, wire_version, node_id, member_id, catalogue_seq], every

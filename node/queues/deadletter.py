@@ -6,7 +6,9 @@
   message had a per-message TTL, which is removed so the copy does not expire again), plus
   ``x-first-death-*`` (RabbitMQ 3.10 writes no ``x-last-death-*``; 3.13 added them). Returns None for a dead-letter cycle (the message
   already died in this queue and no death in its history was a rejection): it is dropped.
-* :func:`send_dead_letter`: sends the copy to a router (REPUBLISH) to be routed.
+* :func:`send_dead_letter`: sends the copy to a router (REPUBLISH) to be routed;
+  :func:`republish` makes that message (with a confirm id for at-least-once
+  dead-lettering, node/replication/dead_letters.py).
 * :func:`delivery_count_header`: sets ``x-delivery-count`` (failed deliveries so far, as
   RabbitMQ quorum queues do) on a redelivery from a queue with a delivery limit.
 
@@ -113,12 +115,25 @@ def send_dead_letter(shard: Any, q: Any, entry: Any, reason: str) -> None:
     if not shard.peers:
         log.warning("dropping dead letter from queue '%s': no router connected", q.name)
         return
+    msg = republish(shard, q, entry.exchange, entry.routing_key, entry.header,
+                    body_bytes(entry.body), reason)
+    if msg is not None:
+        shard.send(next(iter(shard.peers)), msg)
+
+
+def republish(shard: Any, q: Any, exchange: str, routing_key: str, header: bytes,
+              body: bytes, reason: str, confirm: int = 0) -> list | None:
+    """The REPUBLISH (shared/wire.py) of a message of queue ``q`` dead-lettered for
+    ``reason``, with ``confirm`` (an id) when the router must confirm it; None for a
+    cycle (logged: it is dropped)."""
     t = shard.timers
-    header = dead_letter_header(entry.header, len(entry.body), q.name, reason,
-                                entry.exchange, entry.routing_key, t.now + t.wall_offset_ms)
-    if header is None:
+    copy = dead_letter_header(header, len(body), q.name, reason, exchange, routing_key,
+                              t.now + t.wall_offset_ms)
+    if copy is None:
         log.info("dropping dead letter cycling through queue '%s'", q.name)
-        return
-    rk = q.cfg.dlrk if q.cfg.dlrk is not None else entry.routing_key
-    shard.send(next(iter(shard.peers)), [TAG_REPUBLISH, q.vhost, q.cfg.dlx, rk, header,
-                                          body_bytes(entry.body)])
+        return None
+    rk = q.cfg.dlrk if q.cfg.dlrk is not None else routing_key
+    msg = [TAG_REPUBLISH, q.vhost, q.cfg.dlx, rk, copy, body]
+    if confirm:
+        msg.append(confirm)
+    return msg

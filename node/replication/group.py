@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 from shoal.node.queues.args import Overflow
 from shoal.node.queues.entry import QueueEntry
 from shoal.node.queues.queue import Queue
+from shoal.node.replication.dead_letters import DeadLetters, at_least_once
 from shoal.node.replication.log import Entry, NORMAL, Snapshot
 from shoal.node.replication.machine import QueueMachine
 from shoal.node.replication.membership import node_of
@@ -50,6 +51,8 @@ class GroupHost(Protocol):
     sink: Any                   #: the shard: a leader's queue delivers through it
 
     def send(self, identity: bytes, msg: list) -> None: ...
+
+    def dead_letter_confirm(self, group: "QuorumGroup", index: int) -> int: ...
 
     def leader_changed(self, group: "QuorumGroup") -> None: ...
 
@@ -103,6 +106,8 @@ class QuorumGroup:
         #: no leader, and the other members' answers (member id -> member, removed, none)
         self.leaderless_since: float | None = None
         self.answers: dict[str, str] = {}
+        #: at-least-once dead-lettering (dead_letters.py), None when the queue has not it
+        self.dlx = DeadLetters(self) if at_least_once(header[2] or {}, queue.cfg) else None
         queue.sink = None               # a follower never delivers or dead-letters
 
     def state(self) -> dict:
@@ -125,7 +130,8 @@ class QuorumGroup:
     def settle(self, op: str, entries: list[QueueEntry]) -> None:
         """This leader settled these deliveries (``op``: ack, requeue or drop, see
         node/replication/machine.py): the other members do the same when it is applied."""
-        idx = [i for i in map(self.machine.index, entries) if i is not None]
+        captured = self.machine.captured        # dead-lettered at least once: ``dlx`` says it
+        idx = [i for i in map(self.machine.index, entries) if i is not None and i not in captured]
         if idx:
             self.propose([op, idx])     # refused when not leader: the new leader redelivers
 
@@ -151,9 +157,21 @@ class QuorumGroup:
         (self.settled_out if settled else self.checkouts).append(index)
         self.held.append([identity, msg, entry, redelivered, lost])
 
+    def has_turn_entries(self) -> bool:
+        """Whether the turn left deliveries or dead letters to log (:meth:`log_turn`)."""
+        return bool(self.held) or (self.dlx is not None and
+                                   bool(self.dlx.to_log or self.dlx.confirmed))
+
+    def log_turn(self) -> None:
+        """The turn's checkouts, and at-least-once dead letters, as log entries (at the
+        start of each Ready pass: manager.py)."""
+        if self.dlx is not None:
+            self.dlx.log_turn()
+        self.log_checkouts()
+
     def log_checkouts(self) -> None:
         """The turn's checkouts become one log entry (``checkout``); their messages go
-        when it is applied here (at the end of each Ready pass: manager.py)."""
+        when it is applied here."""
         if not self.held:
             return
         held, self.held = self.held, []
@@ -200,11 +218,12 @@ class QuorumGroup:
         cfg = q.cfg
         if cfg.overflow is not Overflow.REJECT_PUBLISH:
             return False
-        if cfg.max_length is not None and q.available + q.held + self.pending[0] >= \
-                cfg.max_length:
+        m = self.machine
+        if cfg.max_length is not None and \
+                q.available + q.held + self.pending[0] + len(m.discards) >= cfg.max_length:
             return True
         return cfg.max_length_bytes is not None and \
-            q.ready_bytes + self.pending[1] + size > cfg.max_length_bytes
+            q.ready_bytes + self.pending[1] + m.discard_bytes + size > cfg.max_length_bytes
 
     def logged(self, size: int) -> None:
         """An enqueue of ``size`` bytes was logged by this leader (see ``pending``)."""
@@ -260,6 +279,8 @@ class QuorumGroup:
                               entry.index)
             if entry.data[0] == "wanted":       # an operator's add/delete_member, grow, shrink
                 self.wanted = [str(n) for n in entry.data[1]]
+            elif entry.data[0] == "dlx" and self.leading and self.dlx is not None and result:
+                self.dlx.send(result, self.host.now())
             if entry.data[0] == "delete":
                 self._answer(entry.index, result)
                 self.deleted = True
@@ -298,6 +319,8 @@ class QuorumGroup:
             self.term_start = r.log.last_index      # its empty entry of the new term
             self.queue.sink = self.host.sink
             self.machine.lead()
+            if self.dlx is not None:
+                self.dlx.lead(now)
             log.info("quorum queue '%s' in vhost '%s': %s leads (term %d)", self.key[1],
                      self.key[0], self.host.node_id, r.term)
         elif self.leading and not r.is_leader:
@@ -305,6 +328,8 @@ class QuorumGroup:
             self.expiring = False
             self.host.stopped_leading(self)
             self.machine.follow()
+            if self.dlx is not None:
+                self.dlx.follow()
             self.queue.sink = None
             unlogged, self.held = self.held, []
             self.checkouts, self.settled_out = [], []

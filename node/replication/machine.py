@@ -33,6 +33,9 @@ settlement acts on the message as it finds it.
 - ``["delete"]`` -> the message count (the group then removes the queue on every member);
 - ``["wanted", [node, ...]]``: the nodes that should hold a member (an operator's
   add_member, delete_member, grow or shrink; the leader then changes the membership);
+- ``["dlx", [[index, reason], ...]]``: dead-lettered at least once: the message leaves the
+  queue for its discards until its targets confirm it (dead_letters.py) -> the indexes;
+- ``["dlx-done", [index, ...]]``: they did: the discards are gone;
 - ``["active", ts]``: the queue was used at ``ts`` (the leader's clock, epoch ms: a
   basic.get, a consumer gone), from which ``x-expires`` counts (rabbit_fifo's
   ``last_active``).
@@ -45,7 +48,8 @@ times in the log.
 
 Snapshot data: ``{"queue": [vhost, name, arguments, uid], "messages": [[index, exchange,
 routing_key, header, body, redelivered, delivery_count, publisher, ts], ...],
-"last_active": epoch ms, "out": [index, ...]}`` in queue order (``ts``: the leader's clock at
+"last_active": epoch ms, "out": [index, ...], "discards": [[index, exchange, routing_key,
+header, body, reason], ...]}`` in queue order (``ts``: the leader's clock at
 the enqueue, for messages whose TTL or schedule reckon from it, else 0; ``out``: the
 messages checked out and not settled).
 """
@@ -75,6 +79,12 @@ class QueueMachine:
         self.last_active = 0.0
         #: log indexes checked out and not settled (delivered, as the log says)
         self.out: set[int] = set()
+        #: at-least-once dead letters waiting for their targets' confirms (dead_letters.py):
+        #: index -> [exchange, routing_key, header, body, reason]; and their body bytes
+        self.discards: dict[int, list] = {}
+        self.discard_bytes = 0
+        #: the leader's copy of what it dead-lettered, until the ``dlx`` is applied
+        self.captured: dict[int, list] = {}
         if hasattr(queue.entries, "conflate"):
             queue.entries.conflate = False      # a follower: its leader logs replacements
 
@@ -146,7 +156,38 @@ class QueueMachine:
         if op == "active":
             self.last_active = max(self.last_active, float(cmd[1]))
             return None
+        if op == "dlx":
+            return self._discard(cmd[1])
+        if op == "dlx-done":
+            for i in cmd[1]:
+                d = self.discards.pop(i, None)
+                if d is not None:
+                    self.discard_bytes -= len(d[3])
+            return None
         raise ValueError(f"unknown quorum queue command {op!r}")
+
+    def _discard(self, pairs: list) -> list[int]:
+        """``dlx``: each [index, reason]'s message leaves the queue for the discards (the
+        leader took it out already and kept a copy: ``captured``). Returns the indexes."""
+        q = self.queue
+        added = []
+        for i, reason in pairs:
+            e = self.by_index.get(i)
+            data = self.captured.pop(i, None)
+            if e is not None:
+                if data is None and not e.is_dead:
+                    data = [e.exchange, e.routing_key, e.header, body_bytes(e.body), reason]
+                self._untrack(i, e)
+                if not e.is_dead:
+                    if e.state is ACQUIRED:
+                        q.dequeue(e)
+                    else:
+                        q.features.remove_ready(e, None)
+            if data is not None and i not in self.discards:
+                self.discards[i] = data
+                self.discard_bytes += len(data[3])
+                added.append(i)
+        return added
 
     def _track(self, index: int, e: QueueEntry) -> None:
         self.by_index[index] = e
@@ -200,7 +241,8 @@ class QueueMachine:
             msgs.append([i, e.exchange, e.routing_key, e.header, body_bytes(e.body),
                          e.redelivered, e.delivery_count, e.publisher, self.ts_of.get(i, 0)])
         return {"queue": header, "messages": msgs, "last_active": self.last_active,
-                "out": sorted(self.out)}
+                "out": sorted(self.out),
+                "discards": [[i, *d] for i, d in sorted(self.discards.items())]}
 
     def restore(self, data: dict) -> None:
         """Load a snapshot's messages into the (empty) queue."""
@@ -219,3 +261,6 @@ class QueueMachine:
             if ts is not None:
                 self.ts_of[i] = ts
         self.out = {i for i in data.get("out") or () if i in self.by_index}
+        for i, *d in data.get("discards") or ():
+            self.discards[i] = list(d)
+            self.discard_bytes += len(d[3])

@@ -74,6 +74,9 @@ class Replication:
         self.stats_counts = {"leader_changes": 0}
         #: nodes in some group's ``wanted`` that left the configuration: first noticed (ms)
         self.departed: dict[str, float] = {}
+        #: REPUBLISH confirm ids waiting for REPUBLISH_RESULT: id -> (group, discard index)
+        self.confirms: dict[int, tuple[QuorumGroup, int]] = {}
+        self.confirm_seq = 0
 
     def now(self) -> float:
         """The node's clock (ms): the shard's, set at every message and timer run."""
@@ -245,6 +248,8 @@ class Replication:
             g.check_role()
             if g.leading:
                 g.check_expiry()
+                if g.dlx is not None:
+                    g.dlx.tick(now_ms)
         if self.links is not None and self.ticks % 5 == 1:
             self.links.broadcast([_PEER_HELLO, WIRE_VERSION, self.node_id, self.member_id,
                                   self.catalogue.seq])
@@ -290,8 +295,8 @@ class Replication:
         self._announce_new_routers()
         for _ in range(4):
             for g in self.groups.values():
-                if g.held:
-                    g.log_checkouts()       # the deliveries of the turn: one entry each
+                if g.has_turn_entries():
+                    g.log_turn()            # the turn's deliveries, dead letters: an entry
             readies = [(g, g.raft.ready()) for g in list(self.groups.values())
                        if not g.deleted and g.raft.has_ready()]
             for g in self.retiring:
@@ -381,6 +386,28 @@ class Replication:
         """A message to a router that is still connected (a group's held deliveries)."""
         if identity in self.shard.peers:
             self.shard.send(identity, msg)
+
+    def dead_letter_confirm(self, g: QuorumGroup, index: int) -> int:
+        """A confirm id for a REPUBLISH of ``g``'s discard ``index`` (dead_letters.py)."""
+        self.confirm_seq += 1
+        old = g.dlx.confirm_ids.get(index) if g.dlx is not None else None
+        if old is not None:
+            self.confirms.pop(old, None)        # sent again: the earlier answer is moot
+        if g.dlx is not None:
+            g.dlx.confirm_ids[index] = self.confirm_seq
+        self.confirms[self.confirm_seq] = (g, index)
+        return self.confirm_seq
+
+    def dead_letter_result(self, confirm: int, ok: bool) -> None:
+        """REPUBLISH_RESULT from a router."""
+        waiting = self.confirms.pop(confirm, None)
+        if waiting is None:
+            return
+        g, index = waiting
+        if g.dlx is not None:
+            g.dlx.confirm_ids.pop(index, None)
+        if g.dlx is not None and g.leading and self.groups.get(g.key) is g:
+            g.dlx.result(index, bool(ok), self.now())
 
     def leader_changed(self, g: QuorumGroup) -> None:
         self.stats_counts["leader_changes"] += 1

@@ -45,16 +45,23 @@ def declare(rep: Any, peer: bytes, req_id: int, vhost: str, name: str, durable: 
         raise soft_error(PRECONDITION_FAILED, f"invalid arg 'x-dead-letter-strategy' for "
                                               f"queue '{name}' in vhost '{vhost}': "
                                               f"invalid_dlx_strategy")
-    if strategy == "at-least-once":
-        raise soft_error(PRECONDITION_FAILED,
-                         f"invalid arg 'x-dead-letter-strategy' for queue '{name}' in vhost "
-                         f"'{vhost}': at-least-once is not supported yet (docs/queues.md)")
     size = as_int(args, "x-quorum-initial-group-size", 1, None, (name, vhost)) or \
         DEFAULT_GROUP_SIZE
     cfg = parse_queue_arguments(vhost, name, args)       # 406 for bad values
     if cfg.overflow is Overflow.REJECT_PUBLISH_DLX:      # rabbit_quorum_queue:overflow/3
         log.warning("Invalid overflow strategy <<\"reject-publish-dlx\">> for quorum queue: "
                     "queue '%s' in vhost '%s' (drop-head applies)", name, vhost)
+    if strategy == "at-least-once":                     # rabbit_quorum_queue:dlh/5
+        if cfg.dlx is None:
+            log.warning("Disabling dead-lettering for queue '%s' in vhost '%s' despite "
+                        "configured dead-letter-strategy 'at-least-once' because "
+                        "dead-letter-exchange is not configured.", name, vhost)
+        elif cfg.overflow is not Overflow.REJECT_PUBLISH:
+            log.warning("Falling back to dead-letter-strategy at-most-once for queue '%s' in "
+                        "vhost '%s' because configured dead-letter-strategy at-least-once is "
+                        "incompatible with effective overflow strategy drop-head. To enable "
+                        "dead-letter-strategy at-least-once, set overflow strategy to "
+                        "reject-publish.", name, vhost)
     wanted = choose_nodes(rep, vhost, name, size)
     if any(n not in rep.peers for n in wanted) and rep.ticks < STARTUP_TICKS:
         # Just started: the other nodes have not said PEER_HELLO yet (their first comes

@@ -1,8 +1,9 @@
 """Quorum queues that refuse nothing (issue 44), with pika and aio-pika against a real 3-node
 cluster: x-max-length(-bytes) with x-overflow drop-head (dead-lettered, reason maxlen) and
 reject-publish (basic.nack), Qpid's qpid.max_count/qpid.policy_type, x-expires, last-value
-queues, RabbitMQ 4's default x-delivery-limit of 20; and, after kill -9 of the leader's node,
-a new leader that holds what the old one held (the limits and last values were decided by the
+queues, RabbitMQ 4's default x-delivery-limit of 20, at-least-once dead-lettering (also
+through kill -9 of the source's leader); and, after kill -9 of the leader's node, a new
+leader that holds what the old one held (the limits and last values were decided by the
 leader and logged, so every member agrees). RabbitMQ 3.10 accepts each of these declares on
 a quorum queue (checked side by side on this machine); where it behaves otherwise, the test
 says so.
@@ -145,13 +146,18 @@ def test_the_default_delivery_limit_is_20_as_in_rabbitmq_4(make, uid):
     assert c.get(q) is None
 
 
-def test_at_least_once_dead_lettering_is_refused_until_it_is_built(make, uid):
-    c = make()
-    with pytest.raises(BrokerError) as err:
-        c.declare_queue(f"qq-alo-{uid}", durable=True,
-                        arguments={**QQ, "x-dead-letter-strategy": "at-least-once",
-                                   "x-overflow": "reject-publish"})
-    assert err.value.code == 406 and "at-least-once" in err.value.text
+def test_at_least_once_dead_lettering_delivers_a_rejected_message(make, uid):
+    c = make(confirms=True)
+    q, dlq = f"qq-alo-{uid}", f"qq-alo-dl-{uid}"
+    c.declare_queue(dlq, durable=True, arguments=QQ)
+    c.declare_queue(q, durable=True, arguments={
+        **QQ, "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+    c.publish("", q, b"poison")
+    c.reject(wait_for(lambda: c.get(q), "the message"), requeue=False)
+    d = wait_for(lambda: c.get(dlq, no_ack=True), "the dead letter")
+    assert d.body == b"poison"
+    assert d.props["headers"]["x-death"][0]["reason"] == "rejected"
 
 
 @pytest.mark.skipif(EMBED, reason="--embed-node: node-0 has no links to the other nodes, so "
@@ -185,3 +191,57 @@ def test_a_new_leader_holds_what_the_old_one_decided(own_cluster, uid):
     assert drain(c, lvq) == [b"A3", b"B1"]
     assert sorted(drain(c, capped)) == [b"2", b"3"]
     c.close()
+
+
+@pytest.mark.skipif(EMBED, reason="--embed-node: node-0 has no links to the other nodes, so "
+                                  "its quorum queues have one member")
+@pytest.mark.parametrize("own_cluster", [3], indirect=True)
+def test_at_least_once_dead_letters_survive_kill9_of_the_sources_leader(own_cluster, uid):
+    """Messages expire (x-message-ttl) from a quorum queue that dead-letters at least once
+    into another quorum queue; the source's leader's node is killed (kill -9) in the middle.
+    Every confirmed message reaches the target (a duplicate is allowed, a loss is not)."""
+    import pika
+
+    from .durability.test_durability import params
+    cluster = own_cluster
+    src, dst = f"qq-alo-src-{uid}", f"qq-alo-dst-{uid}"
+    conn = pika.BlockingConnection(params(cluster))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare(dst, durable=True, arguments=QQ)
+    ch.queue_declare(src, durable=True, arguments={
+        **QQ, "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dst,
+        "x-message-ttl": 300})
+    leader, term = leader_of(cluster, src)
+    confirmed: list[int] = []
+    killed = False
+    deadline = time.monotonic() + 60
+    i = 0
+    while len(confirmed) < 400 and time.monotonic() < deadline:
+        if i == 150 and not killed:
+            cluster.kill_node(leader, signal.SIGKILL)
+            cluster.killed = killed = True
+        try:
+            ch.basic_publish("", src, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+            confirmed.append(i)
+        except pika.exceptions.NackError:
+            pass
+        except (pika.exceptions.AMQPError, OSError):
+            conn = pika.BlockingConnection(params(cluster))      # its router lived on
+            ch = conn.channel()
+            ch.confirm_delivery()
+        i += 1
+    assert killed and leader_of(cluster, src, term)[0] != leader
+    got: set[int] = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not set(confirmed) <= got:
+        m = ch.basic_get(dst, auto_ack=True)
+        if m[0] is None:
+            conn.sleep(0.1)
+            continue
+        got.add(int(m[2]))
+    lost = set(confirmed) - got
+    print(f"{len(confirmed)} confirmed, {len(got)} dead-lettered, lost {len(lost)}")
+    assert not lost, f"{len(lost)} confirmed messages never dead-lettered: {sorted(lost)[:20]}"
+    conn.close()

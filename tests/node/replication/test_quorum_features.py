@@ -9,7 +9,7 @@ from __future__ import annotations
 from pamqp import commands, header
 
 from shoal.shared.errors import RESOURCE_ERROR
-from shoal.shared.wire import OUTCOME_REQUEUE, T
+from shoal.shared.wire import OUTCOME_REJECT, OUTCOME_REQUEUE, T
 
 from tests.node.replication.test_quorum_nodes import QQ, Cluster, declare, publish
 
@@ -273,3 +273,81 @@ def test_a_wiped_node_does_not_speak_for_the_disk_it_lost(tmp_path):
         c.start(node)
     c.tick(130)
     assert ("/", "q") in c.shards["node-0"].replication.groups
+
+
+ALO = {**QQ, "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+       "x-dead-letter-exchange": "dlx", "x-max-length": 2}
+
+
+def discards(c: Cluster, node: str) -> list[int]:
+    return sorted(c.shards[node].replication.groups[("/", "q")].machine.discards)
+
+
+def reject_first(c: Cluster, node: str) -> None:
+    got = c.request(node, T.GET, "/", "q", 0, None)
+    c.send(node, T.SETTLE, OUTCOME_REJECT, [got[4][0]])
+
+
+def test_an_at_least_once_dead_letter_stays_until_its_targets_confirm(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c, args=ALO)
+    publish(c, "node-0", 1, b"poison")
+    reject_first(c, "node-0")
+    c.tick(2)
+    sent = c.take("node-0", T.REPUBLISH)
+    assert len(sent) == 1 and sent[0][2] == "dlx" and sent[0][6]        # a confirm id
+    assert [c.count(n) for n in c.ids] == [0, 0, 0]
+    assert all(discards(c, n) for n in c.ids)                           # on every member
+    # it still counts towards x-max-length (as RabbitMQ's): room for one more
+    c.take("node-0", T.PUBLISH_RESULT)
+    publish(c, "node-0", 2, b"a")
+    publish(c, "node-0", 3, b"b")
+    assert [r[2] for r in sorted(c.take("node-0", T.PUBLISH_RESULT))] == [0, RESOURCE_ERROR]
+    c.send("node-0", T.REPUBLISH_RESULT, sent[0][6], True)
+    c.tick(2)
+    assert [discards(c, n) for n in c.ids] == [[], [], []]
+    publish(c, "node-0", 4, b"c")
+    assert [r[2] for r in c.take("node-0", T.PUBLISH_RESULT)] == [0]
+
+
+def test_a_dead_letter_not_confirmed_is_sent_again(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c, args=ALO)
+    publish(c, "node-0", 1, b"poison")
+    reject_first(c, "node-0")
+    c.tick(2)
+    first = c.take("node-0", T.REPUBLISH)
+    c.send("node-0", T.REPUBLISH_RESULT, first[0][6], False)           # no route yet
+    c.tick(60)
+    again = c.take("node-0", T.REPUBLISH)
+    assert again and again[0][5] == b"poison" and again[0][6] != first[0][6]
+    assert discards(c, "node-1")
+
+
+def test_a_new_leader_sends_the_dead_letters_again(tmp_path):
+    c = Cluster(tmp_path)
+    declare(c, args=ALO)
+    publish(c, "node-0", 1, b"poison")
+    reject_first(c, "node-0")
+    c.tick(2)
+    assert c.take("node-0", T.REPUBLISH)
+    c.crash("node-0")                                 # before the router's answer
+    leader = c.leader()
+    c.tick(2)
+    again = c.take(leader, T.REPUBLISH)
+    assert [m[5] for m in again] == [b"poison"]
+    c.send(leader, T.REPUBLISH_RESULT, again[0][6], True)
+    c.tick(2)
+    assert discards(c, leader) == []
+
+
+def test_at_least_once_needs_reject_publish_else_at_most_once(tmp_path):
+    """As RabbitMQ (rabbit_quorum_queue:dlh/5): with drop-head it falls back, logged."""
+    c = Cluster(tmp_path)
+    declare(c, args={**ALO, "x-overflow": "drop-head"})
+    publish(c, "node-0", 1, b"poison")
+    reject_first(c, "node-0")
+    c.tick(2)
+    sent = c.take("node-0", T.REPUBLISH)
+    assert len(sent) == 1 and len(sent[0]) == 6                          # no confirm
+    assert discards(c, "node-1") == []
