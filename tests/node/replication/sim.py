@@ -490,8 +490,8 @@ class Sim:
         ref = replay_into_classic(h.sm)
         if isinstance(ref, str):
             self.fail("queue replay", f"a classic queue refuses the log: {ref}")
-        msgs, out, _ = h.hq.digest()
-        mine = (tuple(x[:4] for x in msgs), out)
+        msgs, out, discards, _ = h.hq.digest()
+        mine = (tuple(x[:4] for x in msgs), out, discards)
         if mine != ref:
             self.fail("queue replay", f"{h.id}'s quorum queue {mine} != a classic queue's {ref}")
 

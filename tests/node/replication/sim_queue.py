@@ -3,8 +3,8 @@ sim.py applies its committed entries to a :class:`~shoal.node.replication.machin
 as a follower does, and a client (:class:`Client`) proposes queue commands to the leader as
 the real leader does: enqueues stamped with the leader's clock, checkouts of the first
 available messages, settlements of what the log says is checked out (ack, requeue, release,
-drop), drops of available messages (the leader's expiry, drop-head, replacement), purges and
-uses (``active``); never before the leader has applied its term's first entry, and one at a
+drop), drops of available messages (the leader's expiry, drop-head, replacement), at-least-once
+dead letters and their confirmations (``dlx``, ``dlx-done``), purges and uses (``active``); never before the leader has applied its term's first entry, and one at a
 time, as node/replication/group.py delivers.
 
 Checks (sim.py raises them as ``queue state`` and ``queue replay``):
@@ -18,10 +18,10 @@ Checks (sim.py raises them as ``queue state`` and ``queue replay``):
 - **snapshots restore the state**: at each compaction the machine's snapshot, restored into a
   fresh queue, has the same digest;
 - **a plain classic queue agrees**: at the end, the committed log replayed as the operations
-  it records (enqueue, acquire, ack, release, reject, purge) on one plain classic
+  it records (enqueue, acquire, ack, release, reject, purge, dead-letter) on one plain classic
   :class:`~shoal.node.queues.queue.Queue` accepts every one of them and ends with the same
   messages, in the same order, each delivered before or not, with the same delivery counts
-  and the same checked-out (acquired) set.
+  and the same checked-out (acquired) set and dead letters waiting for confirms.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class HostQueue:
         msgs = tuple((m.index_of[e.entry_id], bytes(e.body), e.redelivered, e.delivery_count,
                       round(e.expires_at + off) if e.expires_at else 0)
                      for e in self.queue.entries if not e.is_dead and e.entry_id in m.index_of)
-        return msgs, tuple(sorted(m.out)), m.last_active
+        return msgs, tuple(sorted(m.out)), tuple(sorted(m.discards)), m.last_active
 
     def snapshot_digest(self) -> tuple:
         """The digest of this machine's snapshot restored into a fresh queue."""
@@ -146,18 +146,24 @@ class Client:
         if x < 0.9 and out:
             op = rng.choice(("ack", "requeue", "release", "drop"))
             return [op, [rng.choice(out)]]
-        if x < 0.96 and available:
+        if x < 0.93 and available:
             return ["drop", [rng.choice(available)]]
+        if x < 0.95 and live:               # dead-lettered at least once
+            return ["dlx", [[rng.choice(live), "rejected"]]]
+        if x < 0.96 and m.discards:         # and confirmed by its targets
+            return ["dlx-done", [rng.choice(sorted(m.discards))]]
         if x < 0.98:
             return ["purge", available]
         return ["active", ts]
 
 
 def replay_into_classic(applied: list[tuple]) -> tuple[tuple, tuple] | str:
-    """The committed log as operations on one plain classic queue: its (messages, acquired)
-    in the digest's form, or a text naming the first operation the queue would not do."""
+    """The committed log as operations on one plain classic queue: its (messages, acquired,
+    dead letters set aside) in the digest's form, or a text naming the first operation the
+    queue would not do."""
     q = Queue("/", "ref")
     by_index: dict[int, Any] = {}
+    discards: set[int] = set()
     for index, _, kind, data in applied:
         if kind != NORMAL or not isinstance(data, (list, tuple)) or not data or \
                 not isinstance(data[0], str):
@@ -170,6 +176,20 @@ def replay_into_classic(applied: list[tuple]) -> tuple[tuple, tuple] | str:
             by_index[index] = e
             continue
         if op == "active":
+            continue
+        if op == "dlx":                     # the dead letter leaves the queue, kept aside
+            for i, _ in data[1]:
+                e = by_index.pop(i, None)
+                if e is None:
+                    continue
+                if e.state is ACQUIRED:
+                    q.reject(e)
+                else:
+                    q.features.remove_ready(e, None)
+                discards.add(i)
+            continue
+        if op == "dlx-done":
+            discards.difference_update(data[1])
             continue
         if op == "checkout":
             for i in list(data[1]) + list(data[2]):
@@ -206,7 +226,8 @@ def replay_into_classic(applied: list[tuple]) -> tuple[tuple, tuple] | str:
     index_of = {e.entry_id: i for i, e in by_index.items()}
     msgs = tuple((index_of[e.entry_id], bytes(e.body), e.redelivered or e.state is ACQUIRED,
                   e.delivery_count) for e in q.entries if not e.is_dead)
-    return msgs, tuple(sorted(i for i, e in by_index.items() if e.state is ACQUIRED))
+    return (msgs, tuple(sorted(i for i, e in by_index.items() if e.state is ACQUIRED)),
+            tuple(sorted(discards)))
 
 
 def _acquire(q: Queue, e: Any) -> bool:
