@@ -35,13 +35,19 @@ measure, 1 KB persistent messages, publisher confirms:
 2. Highest sustainable confirmed rate: the same load with no rate limit and at most 500
    unconfirmed, 5 s: confirms received during the sending window / 5 s (the consumer's rate
    is shown beside it). Per-process CPU of the same window says which process saturates.
-3. kill -9 of the leader's node: one publisher (aio-pika) publishing one message at a time
+3. kill -9 of the leader's node (run last): one publisher (aio-pika) publishing one message at a time
    and waiting for each confirm, on a node other than the leader's (Shoal: the router);
    after 2 s the leader's node is killed with SIGKILL and its data deleted (RabbitMQ: the
    leader from ``rabbitmqctl list_queues name leader``, its beam.smp and its mnesia base
    folder; Shoal: the leader from the log line, its pid from cluster.json, ``D/<node-id>``);
    publishing goes on for 8 s after. Measure: the longest gap between consecutive confirms.
-4. SIGSTOP of the leader's node for 15 s, then SIGCONT, the same publisher, 5 s after.
+4. With a length limit (issue 44): measure 1 on a queue with ``x-max-length`` 100,000 and
+   reject-publish (checked on every publish, never reached).
+5. At-least-once dead-lettering (issue 44): 2,000 msg/s for the unlimited run's time, no
+   consumer, into a queue with ``x-message-ttl`` 0 that dead-letters at least once into a
+   second quorum queue: messages into the target per second (from the start until all
+   confirmed ones are there), CPU per message, and confirmed messages never dead-lettered.
+6. SIGSTOP of the leader's node for 15 s, then SIGCONT, the same publisher, 5 s after.
    Measure: the longest gap between consecutive confirms.
    After 3 and 4 the queue is drained by a consumer: confirmed messages not received are
    counted as lost (must be 0).
@@ -82,6 +88,7 @@ SIZE = 1024
 FIXED_RATE = 5000
 FIXED_CONFIRM = 1000
 MAX_CONFIRM = 500
+DL_RATE = 2000          #: msg/s into the queue whose messages are all dead-lettered
 QOS = 200
 PRE_FAULT_S = 2.0
 CAP_S = 60.0            #: a failover with no confirm for this long counts as failed
@@ -101,18 +108,21 @@ class Bench:
         self.stop_post_s = 4 if quick else 5
         self.n = 0
 
-    def loadtest(self, broker, name: str, args: list[str], time_s: float) -> dict:
-        """One ``shoal loadtest`` on a fresh quorum queue: its summary, the confirms received
-        during the sending window, and each broker process's CPU over that window."""
+    def loadtest(self, broker, name: str, args: list[str], time_s: float,
+                 queue_args: dict | None = None, queue: str | None = None) -> dict:
+        """One ``shoal loadtest`` on a fresh quorum queue (``queue_args`` besides its type):
+        its summary, the confirms received during the sending window, and each broker
+        process's CPU over that window."""
         self.n += 1
-        queue = f"qb-{name}-{uuid.uuid4().hex[:8]}"
+        queue = queue or f"qb-{name}-{uuid.uuid4().hex[:8]}"
         url = broker.load_url(queue)
         run_dir = self.work / "runs" / f"{self.n:02d}-{name}-{broker.tag}"
         cmd = [sys.executable, "-m", "shoal.cli", "loadtest", "--url", url,
                "--out", str(run_dir), "--label", broker.label, "--time", str(time_s),
                "--queue-pattern", queue, "--producers", "1", "--consumers", "1",
                "--queues", "1", "--size", str(SIZE), "--qos", str(QOS), "--persistent",
-               "--durable", "--queue-args", json.dumps(QUORUM), *args]
+               "--durable", "--queue-args", json.dumps({**QUORUM, **(queue_args or {})}),
+               *args]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             cpu = window_cpu_by_proc(proc, run_dir, broker.pids, time_s)
@@ -148,6 +158,53 @@ class Bench:
             f"{r.get('confirmed')} received {r.get('received')}, p50/p99 {lat.get('p50')}/"
             f"{lat.get('p99')} ms, CPU {r['cpu_s']} s = {r.get('cpu_us_per_msg')} us/msg "
             f"{r['cpu_pct_by_proc']} %")
+        return r
+
+    def max_length(self, broker) -> dict:
+        """Measure 1 on a queue with a length limit (``x-max-length`` 100,000 with
+        reject-publish: checked on every publish, never reached)."""
+        r = self.loadtest(broker, "maxlen", ["--rate", str(FIXED_RATE), "--confirm",
+                                             str(FIXED_CONFIRM)], self.fixed_s,
+                          {"x-max-length": 100_000, "x-overflow": "reject-publish"})
+        lat = r.get("latency_ms") or {}
+        log(f"{broker.label} {FIXED_RATE} msg/s, x-max-length: p50/p99 {lat.get('p50')}/"
+            f"{lat.get('p99')} ms, CPU {r.get('cpu_us_per_msg')} us/msg")
+        return r
+
+    def dead_letters(self, broker) -> dict:
+        """At-least-once dead-lettering: DL_RATE msg/s for max_s seconds, no consumer, into
+        a quorum queue whose messages expire at once (``x-message-ttl`` 0) and are
+        dead-lettered at least once into a second quorum queue. Measures the time from the
+        start until every confirmed message is in the target, and the broker's CPU per
+        message over the sending window."""
+        import pika
+        src = f"qb-dl-src-{uuid.uuid4().hex[:8]}"
+        dst = src.replace("src", "dst")
+        url = broker.load_url(src)
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        conn.channel().queue_declare(dst, durable=True, arguments=QUORUM)
+        t0 = time.monotonic()
+        r = self.loadtest(broker, "dlx", ["--rate", str(DL_RATE), "--confirm",
+                                          str(FIXED_CONFIRM), "--consumers", "0"], self.max_s,
+                          {"x-message-ttl": 0, "x-dead-letter-strategy": "at-least-once",
+                           "x-overflow": "reject-publish", "x-dead-letter-exchange": "",
+                           "x-dead-letter-routing-key": dst}, queue=src)
+        want = r.get("sent") or 0       # those not confirmed in the window too
+        ch = conn.channel()
+        count = 0
+        while time.monotonic() - t0 < CAP_S:
+            count = ch.queue_declare(dst, passive=True).method.message_count
+            if count >= want:
+                break
+            time.sleep(0.05)
+        r["dead_lettered"] = count
+        r["dl_all_in_s"] = round(time.monotonic() - t0, 2) if count >= want else None
+        if r["dl_all_in_s"]:
+            r["dl_rate"] = round(count / r["dl_all_in_s"], 1)
+        conn.close()
+        delete_queue(url, dst)
+        log(f"{broker.label} at-least-once dead letters: {count} of {want} sent in "
+            f"{r['dl_all_in_s']} s, CPU {r.get('cpu_us_per_msg')} us/msg")
         return r
 
     def max_rate(self, broker) -> dict:
@@ -357,9 +414,16 @@ async def drain(url: str, queue: str, expected: set[int], idle_s: float = 5.0,
 
 
 # -- rounds, medians, table ---------------------------------------------------------------
-def measures(fixed: dict, mx: dict, kill: dict, stop: dict) -> dict:
+def measures(fixed: dict, mx: dict, kill: dict, stop: dict, maxlen: dict | None = None,
+             dlx: dict | None = None) -> dict:
     lat = fixed.get("latency_ms") or {}
-    return {"cpu_us_per_msg": fixed.get("cpu_us_per_msg"), "p50_ms": lat.get("p50"),
+    ml, dl = maxlen or {}, dlx or {}
+    return {"maxlen_cpu_us_per_msg": ml.get("cpu_us_per_msg"),
+            "maxlen_p99_ms": (ml.get("latency_ms") or {}).get("p99"),
+            "dlx_cpu_us_per_msg": dl.get("cpu_us_per_msg"), "dlx_rate": dl.get("dl_rate"),
+            "dlx_lost": max(0, (dl.get("confirmed") or 0) - (dl.get("dead_lettered") or 0))
+            if dl.get("confirmed") is not None else None,
+            "cpu_us_per_msg": fixed.get("cpu_us_per_msg"), "p50_ms": lat.get("p50"),
             "p99_ms": lat.get("p99"), "p99_median_s_ms": fixed.get("p99_median_s_ms"),
             "fixed_send_rate": fixed.get("send_rate"),
             "max_confirmed_rate": mx.get("confirmed_rate"),
@@ -373,6 +437,7 @@ def run_broker(bench: Bench, broker) -> dict:
     broker.start()
     try:
         for name, fn in (("fixed", bench.fixed), ("max", bench.max_rate),
+                         ("maxlen", bench.max_length), ("dlx", bench.dead_letters),
                          ("sigstop", lambda b: bench.failover(b, "sigstop")),
                          ("kill9", lambda b: bench.failover(b, "kill9"))):
             try:
@@ -385,7 +450,8 @@ def run_broker(bench: Bench, broker) -> dict:
     finally:
         broker.stop()
     out["measures"] = measures(out.get("fixed", {}), out.get("max", {}),
-                               out.get("kill9", {}), out.get("sigstop", {}))
+                               out.get("kill9", {}), out.get("sigstop", {}),
+                               out.get("maxlen", {}), out.get("dlx", {}))
     return out
 
 
@@ -405,6 +471,12 @@ ROWS = [("cpu_us_per_msg", f"broker CPU per message at {FIXED_RATE} msg/s (us)")
         ("fixed_send_rate", "  publish rate reached in that run (msg/s)"),
         ("max_confirmed_rate", f"sustainable confirmed rate, window {MAX_CONFIRM} (msg/s)"),
         ("max_receive_rate", "  consumer rate in that run (msg/s)"),
+        ("maxlen_cpu_us_per_msg", f"with x-max-length: CPU per message at {FIXED_RATE} "
+                                  f"msg/s (us)"),
+        ("maxlen_p99_ms", "  consumer latency p99 (ms)"),
+        ("dlx_rate", "at-least-once dead-lettering: messages into the target per s"),
+        ("dlx_cpu_us_per_msg", "  CPU per message published (us)"),
+        ("dlx_lost", "  confirmed but not dead-lettered"),
         ("kill9_gap_s", "kill -9 leader: longest confirm gap (s)"),
         ("kill9_lost", "  confirmed but lost"),
         ("sigstop_gap_s", "SIGSTOP leader: longest confirm gap (s)"),
