@@ -161,12 +161,15 @@ def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Q
             if g.refuses(len(body)):        # x-overflow reject-publish: basic.nack
                 tally[1] += 1
                 continue
-            if cmd is None:
+            out = g.may_deliver() and g.can_mark()
+            if cmd is None or cmd[8] != out:
                 cmd = g.enqueue_command(exchange, routing_key, header, body, publisher,
-                                        seq < 0)
+                                        seq < 0, out)
             tally[2] += 1
             if g.propose(cmd, applied if seq else None):
                 g.logged(len(body))
+                if out:
+                    g.pending_marked += 1
             else:
                 tally[2] -= 1
                 moved.append(q.name)

@@ -93,6 +93,8 @@ class QuorumGroup:
         #: the enqueues this leader logged in its term and has not applied yet: [count,
         #: bytes] (x-overflow reject-publish counts them as queued)
         self.pending = [0, 0]
+        #: of those, the ones logged checked out (``can_mark``)
+        self.pending_marked = 0
         self.expiring = False       #: this leader proposed the delete of x-expires
         #: the log index of this leader's first entry of its term: it delivers nothing
         #: before that is applied (every older checkout is applied by then)
@@ -154,25 +156,65 @@ class QuorumGroup:
         if index is None:                   # not from the log: nothing to record
             self.host.send(identity, msg)
             return
+        fresh = self.machine.fresh
+        if index in fresh:                  # its enqueue was logged checked out: go now
+            fresh.discard(index)
+            self.host.send(identity, msg)
+            if settled:
+                self.settled_out.append(index)
+            return
         (self.settled_out if settled else self.checkouts).append(index)
         self.held.append([identity, msg, entry, redelivered, lost])
 
+    def _older_checkout(self, index: int) -> None:
+        """An older leader's enqueue logged checked out, applied by this leader: that one
+        may have handed it out, so it is a delivery made (flagged, counted), not this
+        leader's to hand out at once (it is not delivering yet: ``may_deliver``)."""
+        m = self.machine
+        m.fresh.discard(index)
+        e = m.by_index.get(index)
+        if e is not None and not e.is_dead:
+            e.redelivered = True
+            e.delivery_count += 1
+
+    def can_mark(self) -> bool:
+        """Whether a publish this leader logs now can be logged checked out (``enq``'s
+        ``out``, machine.py): nothing is ready ahead of it and its consumers have credit for
+        it besides the enqueues already so logged. Then the checkout rides on the enqueue's
+        entry and the delivery goes as it is applied; one that is not handed out after all
+        is logged ``unout``."""
+        q = self.queue
+        if q.available or q.held or not q.qcm.interested_count:
+            return False
+        spare = 0
+        for c in q.qcm.all:
+            if c.acquires:
+                spare += c.credit
+                if spare > self.pending_marked:
+                    return True
+        return False
+
     def has_turn_entries(self) -> bool:
         """Whether the turn left deliveries or dead letters to log (:meth:`log_turn`)."""
-        return bool(self.held) or (self.dlx is not None and
-                                   bool(self.dlx.to_log or self.dlx.confirmed))
+        return bool(self.held or self.settled_out or self.machine.fresh) or (
+            self.dlx is not None and bool(self.dlx.to_log or self.dlx.confirmed))
 
     def log_turn(self) -> None:
         """The turn's checkouts, and at-least-once dead letters, as log entries (at the
-        start of each Ready pass: manager.py)."""
+        start of each Ready pass: manager.py); enqueues logged checked out that were not
+        handed out are ``unout`` (they go the usual way from now on)."""
         if self.dlx is not None:
             self.dlx.log_turn()
+        fresh = self.machine.fresh
+        if fresh and self.leading:
+            self.propose(["unout", sorted(fresh)])
+            fresh.clear()
         self.log_checkouts()
 
     def log_checkouts(self) -> None:
         """The turn's checkouts become one log entry (``checkout``); their messages go
         when it is applied here."""
-        if not self.held:
+        if not (self.held or self.settled_out):
             return
         held, self.held = self.held, []
         cmd = ["checkout", self.checkouts, self.settled_out]
@@ -204,9 +246,11 @@ class QuorumGroup:
         return t.now + t.wall_offset_ms
 
     def enqueue_command(self, exchange: str, routing_key: str, header: bytes, body: bytes,
-                        publisher: Any, again: bool) -> list:
-        """The ``enq`` command of a publish (machine.py), stamped with the leader's time."""
-        return ["enq", exchange, routing_key, header, body, publisher, again, self.wall_now()]
+                        publisher: Any, again: bool, out: bool = False) -> list:
+        """The ``enq`` command of a publish (machine.py), stamped with the leader's time;
+        ``out``: logged checked out (:meth:`can_mark`)."""
+        return ["enq", exchange, routing_key, header, body, publisher, again, self.wall_now(),
+                out]
 
     def refuses(self, size: int) -> bool:
         """x-overflow reject-publish (``qpid.policy_type: reject``) as leader: whether a
@@ -272,11 +316,16 @@ class QuorumGroup:
             if self.leading and entry.term == self.raft.term and entry.data[0] == "enq":
                 self.pending[0] -= 1
                 self.pending[1] -= len(entry.data[4])
+                if len(entry.data) > 8 and entry.data[8]:
+                    self.pending_marked -= 1
             try:
                 result = self.machine.apply(entry.index, entry.data)
             except Exception:  # noqa: BLE001 - a bad command must not stop the group
                 log.exception("quorum queue '%s': cannot apply entry %d", self.key[1],
                               entry.index)
+            if self.leading and entry.term < self.raft.term and \
+                    entry.index in self.machine.fresh:
+                self._older_checkout(entry.index)
             if entry.data[0] == "wanted":       # an operator's add/delete_member, grow, shrink
                 self.wanted = [str(n) for n in entry.data[1]]
             elif entry.data[0] == "dlx" and self.leading and self.dlx is not None and result:
@@ -316,6 +365,7 @@ class QuorumGroup:
             now = self.host.now()
             self.acked_at = {m: now for m, granted in r.votes.items() if granted}
             self.pending = [0, 0]
+            self.pending_marked = 0
             self.term_start = r.log.last_index      # its empty entry of the new term
             self.queue.sink = self.host.sink
             self.machine.lead()

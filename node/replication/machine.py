@@ -15,6 +15,11 @@ Commands (lists, msgpack values), each applied by :meth:`QueueMachine.apply`:
   queue already), so it is enqueued ``redelivered``; ``ts``: the leader's clock when it
   appended the message (epoch ms), from which every member reckons its TTL and schedule;
 - ``["ack", [index, ...]]``: the messages enqueued at those log indexes are settled;
+- ``[..., "enq" as above, out]``: ``out`` true: the leader had a consumer waiting with
+  credit and nothing ahead, so the message is checked out as it is enqueued (the checkout
+  rides on the enqueue's entry: one round through the log, not two);
+- ``["unout", [index, ...]]``: such a message was not handed out after all (the consumer
+  went, its credit was taken): it is available again, unflagged, not counted;
 - ``["checkout", [index, ...], [index, ...]]``: the leader delivered these messages (to a
   consumer or a basic.get), the second list settled as sent (no_ack). It sends them only
   once this is applied, so every member knows what was delivered: each is marked
@@ -85,6 +90,11 @@ class QueueMachine:
         self.discard_bytes = 0
         #: the leader's copy of what it dead-lettered, until the ``dlx`` is applied
         self.captured: dict[int, list] = {}
+        #: enqueues logged checked out (``enq``'s ``out``), by index -> their ``again`` flag
+        #: (what ``unout`` gives back); and, on the leader, those it may still hand out at
+        #: once, their checkout being in the log already
+        self.marked: dict[int, bool] = {}
+        self.fresh: set[int] = set()
         if hasattr(queue.entries, "conflate"):
             queue.entries.conflate = False      # a follower: its leader logs replacements
 
@@ -98,6 +108,7 @@ class QueueMachine:
         q = self.queue
         if op == "enq":
             ts = cmd[7] if len(cmd) > 7 else None
+            marked = len(cmd) > 8 and cmd[8]
             at = None if ts is None else q.timers.wall_to_monotonic(ts)
             e = q.enqueue(cmd[1], cmd[2], cmd[3], cmd[4], cmd[5], at)
             if e is None:
@@ -107,6 +118,14 @@ class QueueMachine:
             self._track(index, e)
             if ts is not None and (e.expires_at or e.state is HELD):
                 self.ts_of[index] = ts
+            if marked and not e.is_dead:     # checked out as it is enqueued (group.py)
+                self.out.add(index)
+                self.marked[index] = bool(len(cmd) > 6 and cmd[6])
+                if self.leading:
+                    self.fresh.add(index)
+                else:
+                    e.redelivered = True
+                    e.delivery_count += 1
             if e.is_dead and self.leading and q.replica is not None:
                 q.replica.settle("drop", [e])   # its own drop-head took it (x-max-length 0)
             q.stats[0] += 1
@@ -129,6 +148,17 @@ class QueueMachine:
                 else:
                     q.features.remove_ready(e, None)
             return n
+        if op == "unout":                   # an enqueue logged checked out, not handed out
+            for i in cmd[1]:
+                again = self.marked.pop(i, False)
+                self.fresh.discard(i)
+                e = self.by_index.get(i)
+                if i in self.out and e is not None and not e.is_dead:
+                    self.out.discard(i)
+                    if not self.leading and e.state is not ACQUIRED:
+                        e.redelivered = again
+                        e.delivery_count = max(0, e.delivery_count - 1)
+            return None
         if op == "checkout":
             for i in cmd[1]:
                 e = self.by_index.get(i)
@@ -143,6 +173,7 @@ class QueueMachine:
         if op in ("requeue", "release"):
             for i in cmd[1]:
                 self.out.discard(i)
+                self.marked.pop(i, None)
                 e = self.by_index.get(i)
                 if e is not None and not e.is_dead and e.state is not ACQUIRED:
                     e.redelivered = True
@@ -198,6 +229,8 @@ class QueueMachine:
         self.index_of.pop(e.entry_id, None)
         self.ts_of.pop(index, None)
         self.out.discard(index)
+        self.marked.pop(index, None)
+        self.fresh.discard(index)
 
     def forget_dead(self) -> None:
         """Drop the entries the queue removed by itself (TTL expiry, delivery limit)."""
@@ -227,6 +260,7 @@ class QueueMachine:
 
     def follow(self) -> None:
         self.leading = False
+        self.fresh.clear()
         if hasattr(self.queue.entries, "conflate"):
             self.queue.entries.conflate = False
 
@@ -241,7 +275,7 @@ class QueueMachine:
             msgs.append([i, e.exchange, e.routing_key, e.header, body_bytes(e.body),
                          e.redelivered, e.delivery_count, e.publisher, self.ts_of.get(i, 0)])
         return {"queue": header, "messages": msgs, "last_active": self.last_active,
-                "out": sorted(self.out),
+                "out": sorted(self.out), "marked": sorted(self.marked.items()),
                 "discards": [[i, *d] for i, d in sorted(self.discards.items())]}
 
     def restore(self, data: dict) -> None:
@@ -261,6 +295,7 @@ class QueueMachine:
             if ts is not None:
                 self.ts_of[i] = ts
         self.out = {i for i in data.get("out") or () if i in self.by_index}
+        self.marked = {i: bool(a) for i, a in data.get("marked") or () if i in self.out}
         for i, *d in data.get("discards") or ():
             self.discards[i] = list(d)
             self.discard_bytes += len(d[3])

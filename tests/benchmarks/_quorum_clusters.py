@@ -156,8 +156,8 @@ class ShoalCluster:
                 return None
             time.sleep(0.05)
 
-    def load_url(self, queue: str) -> str:
-        return self.url
+    def load_url(self, queue: str, arguments: dict | None = None) -> str:
+        return self.url                 # the router: the load tool declares the queue
 
     def prepare_failover(self, queue: str) -> tuple[str, str]:
         declare(self.url, queue)
@@ -395,10 +395,11 @@ class RabbitCluster:
                 return None
             time.sleep(0.5)
 
-    def place(self, queue: str) -> tuple[str, str]:
-        """Declare ``queue`` through the first live node (its leader then: client-local) and
-        return (URL of another node for the clients, leader)."""
-        declare(amqp_url(self.ports[self.live()[0]]), queue)
+    def place(self, queue: str, arguments: dict | None = None) -> tuple[str, str]:
+        """Declare ``queue`` (with ``arguments``, default a plain quorum queue) through the
+        first live node (its leader then: client-local) and return (URL of another node for
+        the clients, leader)."""
+        declare(amqp_url(self.ports[self.live()[0]]), queue, arguments)
         lead = self.leader(queue)
         if lead is None:
             raise RuntimeError(f"no leader for {queue}")
@@ -406,8 +407,8 @@ class RabbitCluster:
         log(f"RabbitMQ queue {queue}: leader {lead}, clients on {client}")
         return amqp_url(self.ports[client]), lead
 
-    def load_url(self, queue: str) -> str:
-        return self.place(queue)[0]
+    def load_url(self, queue: str, arguments: dict | None = None) -> str:
+        return self.place(queue, arguments)[0]
 
     def prepare_failover(self, queue: str) -> tuple[str, str]:
         return self.place(queue)

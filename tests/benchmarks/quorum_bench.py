@@ -115,7 +115,7 @@ class Bench:
         process's CPU over that window."""
         self.n += 1
         queue = queue or f"qb-{name}-{uuid.uuid4().hex[:8]}"
-        url = broker.load_url(queue)
+        url = broker.load_url(queue, {**QUORUM, **(queue_args or {})})
         run_dir = self.work / "runs" / f"{self.n:02d}-{name}-{broker.tag}"
         cmd = [sys.executable, "-m", "shoal.cli", "loadtest", "--url", url,
                "--out", str(run_dir), "--label", broker.label, "--time", str(time_s),
@@ -180,7 +180,7 @@ class Bench:
         import pika
         src = f"qb-dl-src-{uuid.uuid4().hex[:8]}"
         dst = src.replace("src", "dst")
-        url = broker.load_url(src)
+        url = broker.load_url(dst)                  # the target first
         conn = pika.BlockingConnection(pika.URLParameters(url))
         conn.channel().queue_declare(dst, durable=True, arguments=QUORUM)
         t0 = time.monotonic()

@@ -253,6 +253,7 @@ def test_a_vhosts_default_queue_type_from_definitions_and_the_api(tmp_path, uid)
     import json
     from shoal.shared.definitions import hash_password
     from tests.conftest import start_cluster, stop_cluster
+    from tests.e2e.clients import connect
     from tests.e2e.management.test_management import _free_port, call
     if EXTERNAL_URL:
         pytest.skip("starts its own cluster")
@@ -266,7 +267,7 @@ def test_a_vhosts_default_queue_type_from_definitions_and_the_api(tmp_path, uid)
                    {"name": "plain"}],
         "permissions": perms}))
     port = _free_port()
-    cluster = start_cluster(tmp_path / "cluster", 2, env={
+    cluster = start_cluster(tmp_path / "cluster", 3, env={
         "SHOAL_LOAD_DEFINITIONS": str(defs), "SHOAL_MANAGEMENT_PORT": str(port)})
     cluster.mgmt_port = port
     plain_url = cluster.url.rsplit("/", 1)[0] + "/plain"
@@ -280,6 +281,10 @@ def test_a_vhosts_default_queue_type_from_definitions_and_the_api(tmp_path, uid)
         assert ch.basic_get(excl, auto_ack=True)[2] == b"x"
         conn.close()
         assert queue_type(cluster.url, f"vq-{uid}") == "quorum"
+        aio = connect("aio_pika", cluster.url)      # the same through aio-pika
+        aio.declare_queue(f"vq-aio-{uid}", durable=True)
+        aio.close()
+        assert queue_type(cluster.url, f"vq-aio-{uid}") == "quorum"
         conn = pika.BlockingConnection(pika.URLParameters(plain_url))
         conn.channel().queue_declare(f"pq-{uid}", durable=True)
         conn.close()

@@ -139,7 +139,11 @@ class Client:
         if x < 0.4 or not live:
             self.n += 1
             hdr = keyed(rng.choice("ab")) if rng.random() < 0.5 else PLAIN
-            return ["enq", "", "q", hdr, f"m{self.n}".encode(), None, False, ts]
+            out = not available and rng.random() < 0.5     # a consumer waits: fast path
+            return ["enq", "", "q", hdr, f"m{self.n}".encode(), None, False, ts, out]
+        marked = [i for i in out if i in m.marked]
+        if x < 0.45 and marked:
+            return ["unout", [rng.choice(marked)]]
         if x < 0.65 and available:
             take = available[:rng.randint(1, 3)]
             return ["checkout", [], take] if rng.random() < 0.2 else ["checkout", take, []]
@@ -174,6 +178,17 @@ def replay_into_classic(applied: list[tuple]) -> tuple[tuple, tuple] | str:
             if e is None:
                 return f"enq at {index} refused"
             by_index[index] = e
+            if len(data) > 8 and data[8] and not _acquire(q, e):   # delivered as enqueued
+                return f"enq out at {index}: not acquired"
+            continue
+        if op == "unout":                   # not handed out after all: as it was
+            for i in data[1]:
+                e = by_index.get(i)
+                if e is None or e.state is not ACQUIRED:
+                    return f"unout of {i} at {index}: not acquired"
+                q.release(e)
+                e.redelivered = False
+                e.delivery_count -= 1
             continue
         if op == "active":
             continue

@@ -11,7 +11,7 @@ from pamqp import commands, header
 from shoal.shared.errors import RESOURCE_ERROR
 from shoal.shared.wire import OUTCOME_REJECT, OUTCOME_REQUEUE, T
 
-from tests.node.replication.test_quorum_nodes import QQ, Cluster, declare, publish
+from tests.node.replication.test_quorum_nodes import HEADER, QQ, Cluster, declare, publish
 
 
 def props(**kw) -> bytes:
@@ -351,3 +351,51 @@ def test_at_least_once_needs_reject_publish_else_at_most_once(tmp_path):
     sent = c.take("node-0", T.REPUBLISH)
     assert len(sent) == 1 and len(sent[0]) == 6                          # no confirm
     assert discards(c, "node-1") == []
+
+
+def entries_of(c: Cluster, node: str, op: str) -> list:
+    g = c.shards[node].replication.groups[("/", "q")]
+    return [e.data for e in g.raft.log.entries if isinstance(e.data, list) and e.data[0] == op]
+
+
+def test_a_publish_to_a_waiting_consumer_is_checked_out_with_its_enqueue(tmp_path):
+    """The fast path: a consumer with credit and nothing ready ahead: the enqueue is logged
+    checked out, the delivery goes as it is applied (one round through the log, not two),
+    and every member knows it was delivered."""
+    c = Cluster(tmp_path)
+    declare(c)
+    assert consume(c, "node-0", 5) == []
+    publish(c, "node-0", 1, b"m")
+    delivered = c.take("node-0", T.DELIVER)
+    assert [(d[7], d[3]) for d in delivered] == [(b"m", False)]
+    assert entries_of(c, "node-0", "enq")[-1][8] is True
+    assert entries_of(c, "node-0", "checkout") == []
+    c.tick(2)
+    for n in ("node-1", "node-2"):
+        e = next(iter(c.shards[n].queues[("/", "q")].entries))
+        assert (e.redelivered, e.delivery_count) == (True, 1)
+    c.crash("node-0")
+    leader = c.leader()
+    got = c.request(leader, T.GET, "/", "q", 1, None)
+    assert (got[4][5], got[4][1]) == (b"m", True)
+
+
+def test_an_enqueue_logged_checked_out_but_not_handed_out_is_given_back(tmp_path):
+    """The consumer goes between the publish and its commit: ``unout`` makes it an
+    ordinary message again on every member, unflagged and uncounted."""
+    c = Cluster(tmp_path)
+    declare(c)
+    consume(c, "node-0", 5)
+    shard = c.shards["node-0"]
+    shard.handle(b"router", [T.PUBLISH, 1, "/", ["q"], "", "q", HEADER, b"m", None], c.now)
+    shard.handle(b"router", [T.CANCEL, 98, 5], c.now)       # before it is committed
+    c.pump()
+    c.tick(2)
+    assert c.take("node-0", T.DELIVER) == []
+    assert entries_of(c, "node-0", "enq")[-1][8] is True
+    assert entries_of(c, "node-0", "unout")
+    for n in c.ids:
+        e = next(iter(c.shards[n].queues[("/", "q")].entries))
+        assert (e.redelivered, e.delivery_count) == (False, 0)
+    got = c.request("node-0", T.GET, "/", "q", 1, None)
+    assert (got[4][5], got[4][1]) == (b"m", False)
