@@ -217,13 +217,18 @@ def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> int:
     return q.message_count
 
 
-def on_cancel(shard: ShardCore, state: RouterPeer, msg: list) -> None:
+def on_cancel(shard: ShardCore, state: RouterPeer, msg: list) -> Any:
     """CANCEL (spec 1.8.3.5): unsettled deliveries stay acquired. Auto-delete queues lose
     their last consumer -> deleted. Unknown consumer: success."""
     c = state.consumers.pop(msg[2], None)
     if c is not None and c.queue.remove_consumer(c):
         shard.maybe_auto_delete(c.queue)
         lease.maybe_grant(shard, c.queue)
+    if c is not None and c.queue.replica is not None:
+        # answered behind the deliveries held for their checkouts (the router must see
+        # them before it forgets the consumer)
+        c.queue.replica.send_ordered(state.identity, [TAG_REPLY, msg[1], 0, "", None])
+        return DEFERRED
 
 
 def on_credit(shard: ShardCore, state: RouterPeer, msg: list) -> None:
@@ -238,7 +243,11 @@ def on_credit(shard: ShardCore, state: RouterPeer, msg: list) -> None:
         if q.lease is None and not drain:
             lease.maybe_grant(shard, q)
     if drain:
-        shard.send(state.identity, [int(T.CREDIT_DRAINED), cid, q.drain(c)])
+        drained = [int(T.CREDIT_DRAINED), cid, q.drain(c)]
+        if q.replica is not None:       # behind the deliveries held for their checkouts
+            q.replica.send_ordered(state.identity, drained)
+        else:
+            shard.send(state.identity, drained)
     elif not credit:
         q.want_work(c)
 

@@ -103,6 +103,8 @@ class QuorumGroup:
         #: [identity, message, entry, its redelivered flag, message if lost or None]
         self.held: list[list] = []
         self.checkouts: list[int] = []      # their log indexes, acquired
+        #: the held lists whose ``checkout`` is logged and not applied yet
+        self.in_flight: list[list[list]] = []
         self.settled_out: list[int] = []    # those settled as sent (no_ack)
         #: membership reconciliation (reconcile.py): since when (ms) this member has known
         #: no leader, and the other members' answers (member id -> member, removed, none)
@@ -219,8 +221,11 @@ class QuorumGroup:
         held, self.held = self.held, []
         cmd = ["checkout", self.checkouts, self.settled_out]
         self.checkouts, self.settled_out = [], []
+        self.in_flight.append(held)
 
         def applied(result: Any) -> None:
+            if held in self.in_flight:
+                self.in_flight.remove(held)
             if result is LOST:
                 self._unsent(held)
                 return
@@ -228,12 +233,28 @@ class QuorumGroup:
             for identity, msg, _, _, _ in held:
                 send(identity, msg)
         if not self.propose(cmd, applied):
+            self.in_flight.remove(held)
             self._unsent(held)
+
+    def send_ordered(self, identity: bytes, msg: list) -> None:
+        """Send ``msg`` (CREDIT_DRAINED, a CANCEL's answer) to a router behind the
+        deliveries this leader holds for their checkouts: the router must see them first,
+        as it does from a classic queue (its credit accounting counts them)."""
+        if self.held:
+            self.held.append([identity, msg, None, False, None])
+        elif self.in_flight:
+            self.in_flight[-1].append([identity, msg, None, False, None])
+        else:
+            self.host.send(identity, msg)
 
     def _unsent(self, held: list[list]) -> None:
         """Deliveries never sent (this member stopped leading first): their entries (now
-        released) keep the redelivered flag they had; a basic.get is answered MOVED."""
-        for identity, _, entry, redelivered, lost in held:
+        released) keep the redelivered flag they had; a basic.get is answered MOVED; the
+        other messages held behind them go now."""
+        for identity, msg, entry, redelivered, lost in held:
+            if entry is None:
+                self.host.send(identity, msg)
+                continue
             if not entry.is_dead:
                 entry.redelivered = redelivered
             if lost is not None:
@@ -383,6 +404,7 @@ class QuorumGroup:
             self.queue.sink = None
             unlogged, self.held = self.held, []
             self.checkouts, self.settled_out = [], []
+            self.in_flight = []             # their waiters get LOST below
             self._unsent(unlogged)
             lost, self.waiters = self.waiters, {}
             for fns in lost.values():

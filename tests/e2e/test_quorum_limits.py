@@ -290,3 +290,21 @@ def test_a_member_down_while_its_queue_was_deleted_drops_it(tmp_path, uid):
         assert q not in [row["name"] for row in call(cluster, "GET", "/queues")[1]]
     finally:
         stop_cluster(cluster, require_clean_exit=False)
+
+
+def test_a_global_prefetch_holds_over_a_quorum_queue(make, uid):
+    """basic.qos global: the router moves credit between consumers with drains; a quorum
+    queue answers a drain behind the deliveries waiting for their checkout."""
+    c = make(confirms=True)
+    q = f"qq-qos-{uid}"
+    c.declare_queue(q, durable=True, arguments=QQ)
+    for i in range(10):
+        c.publish("", q, str(i).encode())
+    consumer = make()
+    consumer.qos(2, global_=True)
+    consumer.consume(q)
+    consumer.wait_for(2)
+    assert len(consumer.settle_quietly(1.0)) == 2
+    consumer.qos(5, global_=True)
+    consumer.wait_for(5)
+    assert len(consumer.settle_quietly(1.0)) == 5

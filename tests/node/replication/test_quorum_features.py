@@ -399,3 +399,23 @@ def test_an_enqueue_logged_checked_out_but_not_handed_out_is_given_back(tmp_path
         assert (e.redelivered, e.delivery_count) == (False, 0)
     got = c.request("node-0", T.GET, "/", "q", 1, None)
     assert (got[4][5], got[4][1]) == (b"m", False)
+
+
+def test_a_drain_is_answered_behind_the_deliveries_held_for_their_checkout(tmp_path):
+    """The router counts credit by what it was sent: CREDIT_DRAINED must come after the
+    deliveries that used the credit (they wait for their checkout), as from a classic
+    queue; else it grants the credit again and the consumer exceeds its prefetch (found by
+    the quorum switch over test_consume's global prefetch scenarios)."""
+    c = Cluster(tmp_path)
+    declare(c)
+    for i in range(3):
+        publish(c, "node-0", 1 + i, str(i).encode())
+    c.request("node-0", T.CONSUME, 5, "/", "q", "tag", 0, 0, {}, None)
+    c.inbox["node-0"].clear()
+    shard = c.shards["node-0"]
+    shard.handle(b"router", [T.CREDIT, 5, 2, False], c.now)
+    shard.handle(b"router", [T.CREDIT, 5, 0, True], c.now)     # drain what is left
+    c.pump()
+    c.tick(2)
+    seen = [m[0] for m in c.inbox["node-0"] if m[0] in (T.DELIVER, T.CREDIT_DRAINED)]
+    assert seen == [T.DELIVER, T.DELIVER, T.CREDIT_DRAINED]
