@@ -130,3 +130,30 @@ class DeadLetters:
         self.confirmed.clear()
         self.sent.clear()
         self.group.machine.captured.clear()
+
+
+# ---- the node's confirm ids (a node's Replication ``rep`` holds ``confirms``) -------------
+def confirm_id(rep: Any, g: Any, index: int) -> int:
+    """A new confirm id for a REPUBLISH of ``g``'s discard ``index``; the id of its earlier
+    send, if any, is forgotten (its answer is moot)."""
+    rep.confirm_seq += 1
+    old = g.dlx.confirm_ids.get(index) if g.dlx is not None else None
+    if old is not None:
+        rep.confirms.pop(old, None)
+    if g.dlx is not None:
+        g.dlx.confirm_ids[index] = rep.confirm_seq
+    rep.confirms[rep.confirm_seq] = (g, index)
+    return rep.confirm_seq
+
+
+def on_result(rep: Any, confirm: int, ok: bool) -> None:
+    """REPUBLISH_RESULT from a router: the discard's fate, if its group still leads."""
+    waiting = rep.confirms.pop(confirm, None)
+    if waiting is None:
+        return
+    g, index = waiting
+    if g.dlx is None:
+        return
+    g.dlx.confirm_ids.pop(index, None)
+    if g.leading and rep.groups.get(g.key) is g:
+        g.dlx.result(index, bool(ok), rep.now())

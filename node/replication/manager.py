@@ -20,7 +20,7 @@ from typing import Any
 from shoal.shared.errors import AMQPError
 from shoal.shared.wire import EV_QUEUE_LEADER, TAG_TOPOLOGY_EVENT, WIRE_VERSION, T
 
-from shoal.node.replication import catalogue, membership, reconcile, requests
+from shoal.node.replication import catalogue, dead_letters, membership, reconcile, requests
 from shoal.node.replication.catalogue import Catalogue
 from shoal.node.replication.group import QuorumGroup, new_raft
 from shoal.node.replication.links import PeerLinks
@@ -389,25 +389,11 @@ class Replication:
 
     def dead_letter_confirm(self, g: QuorumGroup, index: int) -> int:
         """A confirm id for a REPUBLISH of ``g``'s discard ``index`` (dead_letters.py)."""
-        self.confirm_seq += 1
-        old = g.dlx.confirm_ids.get(index) if g.dlx is not None else None
-        if old is not None:
-            self.confirms.pop(old, None)        # sent again: the earlier answer is moot
-        if g.dlx is not None:
-            g.dlx.confirm_ids[index] = self.confirm_seq
-        self.confirms[self.confirm_seq] = (g, index)
-        return self.confirm_seq
+        return dead_letters.confirm_id(self, g, index)
 
     def dead_letter_result(self, confirm: int, ok: bool) -> None:
-        """REPUBLISH_RESULT from a router."""
-        waiting = self.confirms.pop(confirm, None)
-        if waiting is None:
-            return
-        g, index = waiting
-        if g.dlx is not None:
-            g.dlx.confirm_ids.pop(index, None)
-        if g.dlx is not None and g.leading and self.groups.get(g.key) is g:
-            g.dlx.result(index, bool(ok), self.now())
+        """REPUBLISH_RESULT from a router (dead_letters.py)."""
+        dead_letters.on_result(self, confirm, ok)
 
     def leader_changed(self, g: QuorumGroup) -> None:
         self.stats_counts["leader_changes"] += 1
