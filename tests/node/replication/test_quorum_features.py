@@ -288,12 +288,18 @@ def reject_first(c: Cluster, node: str) -> None:
     c.send(node, T.SETTLE, OUTCOME_REJECT, [got[4][0]])
 
 
-def test_an_at_least_once_dead_letter_stays_until_its_targets_confirm(tmp_path):
+def poison_rejected(tmp_path, args: dict = ALO) -> Cluster:
+    """A cluster whose queue (``args``) had one message, rejected by a basic.get."""
     c = Cluster(tmp_path)
-    declare(c, args=ALO)
+    declare(c, args=args)
     publish(c, "node-0", 1, b"poison")
     reject_first(c, "node-0")
     c.tick(2)
+    return c
+
+
+def test_an_at_least_once_dead_letter_stays_until_its_targets_confirm(tmp_path):
+    c = poison_rejected(tmp_path)
     sent = c.take("node-0", T.REPUBLISH)
     assert len(sent) == 1 and sent[0][2] == "dlx" and sent[0][6]        # a confirm id
     assert [c.count(n) for n in c.ids] == [0, 0, 0]
@@ -311,11 +317,7 @@ def test_an_at_least_once_dead_letter_stays_until_its_targets_confirm(tmp_path):
 
 
 def test_a_dead_letter_not_confirmed_is_sent_again(tmp_path):
-    c = Cluster(tmp_path)
-    declare(c, args=ALO)
-    publish(c, "node-0", 1, b"poison")
-    reject_first(c, "node-0")
-    c.tick(2)
+    c = poison_rejected(tmp_path)
     first = c.take("node-0", T.REPUBLISH)
     c.send("node-0", T.REPUBLISH_RESULT, first[0][6], False)           # no route yet
     c.tick(60)
@@ -325,11 +327,7 @@ def test_a_dead_letter_not_confirmed_is_sent_again(tmp_path):
 
 
 def test_a_new_leader_sends_the_dead_letters_again(tmp_path):
-    c = Cluster(tmp_path)
-    declare(c, args=ALO)
-    publish(c, "node-0", 1, b"poison")
-    reject_first(c, "node-0")
-    c.tick(2)
+    c = poison_rejected(tmp_path)
     assert c.take("node-0", T.REPUBLISH)
     c.crash("node-0")                                 # before the router's answer
     leader = c.leader()
@@ -343,11 +341,7 @@ def test_a_new_leader_sends_the_dead_letters_again(tmp_path):
 
 def test_at_least_once_needs_reject_publish_else_at_most_once(tmp_path):
     """As RabbitMQ (rabbit_quorum_queue:dlh/5): with drop-head it falls back, logged."""
-    c = Cluster(tmp_path)
-    declare(c, args={**ALO, "x-overflow": "drop-head"})
-    publish(c, "node-0", 1, b"poison")
-    reject_first(c, "node-0")
-    c.tick(2)
+    c = poison_rejected(tmp_path, {**ALO, "x-overflow": "drop-head"})
     sent = c.take("node-0", T.REPUBLISH)
     assert len(sent) == 1 and len(sent[0]) == 6                          # no confirm
     assert discards(c, "node-1") == []
