@@ -167,9 +167,7 @@ def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Q
                                         seq < 0, out)
             tally[2] += 1
             if g.propose(cmd, applied if seq else None):
-                g.logged(len(body))
-                if out:
-                    g.pending_marked += 1
+                g.logged(len(body), out)
             else:
                 tally[2] -= 1
                 moved.append(q.name)
@@ -273,9 +271,7 @@ def on_settle(shard: ShardCore, state: RouterPeer, msg: list) -> None:
         touched: dict[Queue, None] = {}
         for i in ids:
             e = unsettled.pop(i, None)
-            if e is not None and outcome == OUTCOME_RELEASE and e.delivery_count > 0:
-                e.delivery_count -= 1       # not a failed attempt (AMQP 1.0 released)
-            if e is not None and e.queue.release(e):
+            if e is not None and e.queue.release(e, outcome == OUTCOME_REQUEUE):
                 touched[e.queue] = None
         for q in touched:
             q.notify_work()
@@ -307,9 +303,7 @@ def settle_with_quorum(state: RouterPeer, outcome: int, ids: list) -> None:
             q.dequeue(e)
             op = "ack"
         elif outcome == OUTCOME_REQUEUE or outcome == OUTCOME_RELEASE:
-            if outcome == OUTCOME_RELEASE and e.delivery_count > 0:
-                e.delivery_count -= 1       # not a failed attempt (AMQP 1.0 released)
-            if q.release(e):
+            if q.release(e, outcome == OUTCOME_REQUEUE):
                 touched[q] = None
                 op = "requeue" if outcome == OUTCOME_REQUEUE else "release"
             else:

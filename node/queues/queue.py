@@ -244,12 +244,16 @@ class Queue:
             e = n
         return None
 
-    def release(self, entry: QueueEntry) -> bool:
+    def release(self, entry: QueueEntry, counted: bool = True) -> bool:
         """ACQUIRED -> AVAILABLE at its original position, redelivered=True; consumer pointers
         past it move back so it is seen again (seed 000). Caller then calls notify_work.
+        ``counted`` False: the delivery was not a failed attempt (AMQP 1.0 ``released``), so
+        it does not count towards the delivery limit.
 
         With a delivery limit, an entry returned more often than allowed is dead-lettered
         (reason ``delivery_limit``) instead; an expired one is expired. Returns False then."""
+        if not counted and entry.delivery_count > 0:
+            entry.delivery_count -= 1
         if self.deleted:
             return False
         c = entry.consumer

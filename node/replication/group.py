@@ -277,7 +277,7 @@ class QuorumGroup:
         """x-overflow reject-publish (``qpid.policy_type: reject``) as leader: whether a
         message of ``size`` bytes would take the queue over ``x-max-length`` or
         ``x-max-length-bytes`` (ready messages, as RabbitMQ counts them, plus those logged
-        and not applied yet). Decided before the message is logged, so that every member
+        and not applied yet, plus at-least-once dead letters not confirmed yet). Decided before the message is logged, so that every member
         applies only what was accepted (RabbitMQ: basic.nack to a confirming publisher)."""
         q = self.queue
         cfg = q.cfg
@@ -290,10 +290,13 @@ class QuorumGroup:
         return cfg.max_length_bytes is not None and \
             q.ready_bytes + self.pending[1] + m.discard_bytes + size > cfg.max_length_bytes
 
-    def logged(self, size: int) -> None:
-        """An enqueue of ``size`` bytes was logged by this leader (see ``pending``)."""
+    def logged(self, size: int, out: bool) -> None:
+        """An enqueue of ``size`` bytes was logged by this leader (see ``pending``), checked
+        out with it when ``out`` (``pending_marked``)."""
         self.pending[0] += 1
         self.pending[1] += size
+        if out:
+            self.pending_marked += 1
 
     def used(self) -> None:
         """The queue was used (a basic.get, a consumer came or went): with x-expires, the
