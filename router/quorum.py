@@ -342,28 +342,31 @@ async def _register(broker: Any, ch: Any, c: Any) -> None:
 
 async def queue_request(broker: Any, vhost: str, name: str, msg: list
                         ) -> tuple[str, Any]:
-    """Send a request about queue ``name`` to the node that serves it; a quorum queue's
-    member that does not lead it answers MOVED, and the request goes again to the leader
-    once it is known (up to LEADER_WAIT_S). Returns (node id, REPLY payload). Raises
-    AMQPError (the node's; 404 when no leader came; a classic queue's node unreachable: 404
-    with RabbitMQ's "home node ... is down or inaccessible"), NodeDown (a quorum queue's)."""
+    """Send a request about queue ``name`` to the node that serves it. A quorum queue's
+    request goes again to its leader, once one is known (up to LEADER_WAIT_S s in all), when
+    the member asked does not lead it (MOVED) or its node is down (a failover: as RabbitMQ's
+    quorum queue client, which sends a command again to the next leader, the request may then
+    be performed twice, e.g. a get whose answer was lost with the node). Returns (node id,
+    REPLY payload). Raises AMQPError: the node's; when no leader came, 404 (no leader) or
+    NodeDown (its last leader's node is down); 404 with RabbitMQ's "home node ... is down or
+    inaccessible" for a classic queue's node down."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + LEADER_WAIT_S
     while True:
         link = broker.queue_link(vhost, name)
         try:
             return link.node_id, await link.request(msg)
-        except NodeDown:
-            if is_quorum(broker, vhost, name):
-                raise
-            raise home_down(link.node_id, vhost, name) from None
+        except NodeDown as down:
+            if not is_quorum(broker, vhost, name):
+                raise home_down(link.node_id, vhost, name) from None
+            last: AMQPError = down
         except AMQPError as err:
             if err.reply_code != wire.MOVED:
                 raise
-            left = deadline - loop.time()
-            if left <= 0:
-                raise soft_error(NOT_FOUND, f"queue '{name}' in vhost '{vhost}' has no "
-                                            f"leader: a majority of its members is not "
-                                            f"reachable") from None
-            if broker.quorum.leader(vhost, name) in (None, link.node_id):
-                await broker.quorum.changed(vhost, name, min(left, 1.0))
+            last = soft_error(NOT_FOUND, f"queue '{name}' in vhost '{vhost}' has no leader: "
+                                         f"a majority of its members is not reachable")
+        left = deadline - loop.time()
+        if left <= 0:
+            raise last
+        if broker.quorum.leader(vhost, name) in (None, link.node_id):
+            await broker.quorum.changed(vhost, name, min(left, 1.0))
