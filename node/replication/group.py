@@ -15,7 +15,7 @@ import random
 from typing import Any, Callable, Protocol
 
 from shoal.node.queues.args import Overflow
-from shoal.node.queues.entry import QueueEntry
+from shoal.node.queues.entry import AVAILABLE, QueueEntry
 from shoal.node.queues.queue import Queue
 from shoal.node.replication.dead_letters import DeadLetters, at_least_once
 from shoal.node.replication.log import Entry, NORMAL, Snapshot
@@ -37,6 +37,12 @@ LEASE_MS = (ELECTION_TICKS - 3) * TICK_MS
 #: Take a snapshot (and drop the log before it) once this many entries were applied since
 #: the last one and the log holds more entries than the queue holds messages.
 COMPACT_ENTRIES = 4096
+#: messages checked out in the log ahead of the consumers' credit (``mark_ahead``): twice
+#: what the consumers took while the last ``mark`` went through the log, within these
+#: bounds; and the fewest worth an entry of their own
+MARK_AHEAD_MIN = 64
+MARK_AHEAD_MAX = 4096
+MARK_BATCH = 16
 
 #: The result a waiter gets when its entry will not be applied by this member as leader.
 LOST = object()
@@ -103,6 +109,15 @@ class QuorumGroup:
         #: [identity, message, entry, its redelivered flag, message if lost or None]
         self.held: list[list] = []
         self.checkouts: list[int] = []      # their log indexes, acquired
+        #: of those, the ones this leader marked (``mark``, not applied yet when acquired)
+        self.premarked: list[int] = []
+        #: this leader's marks not applied yet, and the last entry it marked
+        self.marking: set[int] = set()
+        self._mark_cursor: QueueEntry | None = None
+        #: deliveries this leader made (to count what is taken while a mark is on its way),
+        #: and how many messages it keeps marked ahead (``mark_ahead``)
+        self.taken = 0
+        self.mark_want = MARK_AHEAD_MIN
         #: the held lists whose ``checkout`` is logged and not applied yet
         self.in_flight: list[list[list]] = []
         self.settled_out: list[int] = []    # those settled as sent (no_ack)
@@ -158,14 +173,20 @@ class QuorumGroup:
         if index is None:                   # not from the log: nothing to record
             self.host.send(identity, msg)
             return
+        self.taken += 1
         fresh = self.machine.fresh
-        if index in fresh:                  # its enqueue was logged checked out: go now
+        if index in fresh:                  # logged checked out already (enq out, mark)
             fresh.discard(index)
             self.host.send(identity, msg)
             if settled:
                 self.settled_out.append(index)
             return
-        (self.settled_out if settled else self.checkouts).append(index)
+        if settled:
+            self.settled_out.append(index)
+        elif index in self.marking:         # its mark is on its way: it counts for this
+            self.premarked.append(index)
+        else:
+            self.checkouts.append(index)
         self.held.append([identity, msg, entry, redelivered, lost])
 
     def _older_checkout(self, index: int) -> None:
@@ -197,21 +218,69 @@ class QuorumGroup:
         return False
 
     def has_turn_entries(self) -> bool:
-        """Whether the turn left deliveries or dead letters to log (:meth:`log_turn`)."""
+        """Whether the turn left deliveries, dead letters or marks to log (:meth:`log_turn`)."""
         return bool(self.held or self.settled_out or self.machine.fresh) or (
-            self.dlx is not None and bool(self.dlx.to_log or self.dlx.confirmed))
+            self.dlx is not None and bool(self.dlx.to_log or self.dlx.confirmed)) or (
+            self.leading and self.queue.available > len(self.machine.fresh) and
+            self.queue.consumer_count > 0)
 
     def log_turn(self) -> None:
         """The turn's checkouts, and at-least-once dead letters, as log entries (at the
-        start of each Ready pass: manager.py); enqueues logged checked out that were not
-        handed out are ``unout`` (they go the usual way from now on)."""
+        start of each Ready pass: manager.py); the next messages marked checked out ahead of
+        the consumers' credit (:meth:`mark_ahead`)."""
         if self.dlx is not None:
             self.dlx.log_turn()
-        fresh = self.machine.fresh
-        if fresh and self.leading:
-            self.propose(["unout", sorted(fresh)])
-            fresh.clear()
+        if self.leading:
+            self.mark_ahead()
         self.log_checkouts()
+
+    def mark_ahead(self) -> None:
+        """Keep messages checked out in the log before any consumer has credit for them
+        (``mark``): a consumer that is behind then gets them as its credit comes, without
+        waiting for a checkout to be committed (docs/replication.md "Checkouts in the
+        log"). How many: twice what the consumers took while the last mark went through the
+        log (``mark_want``, MARK_AHEAD_MIN to MARK_AHEAD_MAX). With no acquiring consumer
+        left, the marks not handed out are given back (``unout``). The price: after a
+        leader change, marked messages are flagged redelivered and counted though never
+        delivered (AMQP 0-9-1 1.8.3.9 allows the flag: "may have been delivered")."""
+        q, m = self.queue, self.machine
+        fresh = m.fresh
+        if not any(c.acquires for c in q.qcm.all):
+            if fresh:
+                self.propose(["unout", sorted(fresh)])
+                fresh.clear()
+            self.mark_want = MARK_AHEAD_MIN
+            return
+        have = len(fresh) + len(self.marking)
+        want = self.mark_want
+        if want - have < max(MARK_BATCH, want // 4) or q.available <= len(fresh) or \
+                not self.may_deliver():
+            return
+        e = self._mark_cursor
+        nxt = q.entries.next
+        e = nxt(e) if e is not None and not e.is_dead else q.entries.first()
+        index_of, out, marking = m.index_of, m.out, self.marking
+        picked: list[int] = []
+        last = None
+        while e is not None and have < want:
+            if e.state is AVAILABLE:
+                i = index_of.get(e.entry_id)
+                if i is not None and i not in out and i not in marking:
+                    picked.append(i)
+                    have += 1
+                    last = e
+            e = nxt(e)
+        if not picked:
+            return
+        taken = self.taken
+
+        def applied(result: Any) -> None:
+            if result is not LOST:
+                self.mark_want = min(MARK_AHEAD_MAX, max(
+                    MARK_AHEAD_MIN, 2 * (self.taken - taken), self.mark_want * 7 // 8))
+        if self.propose(["mark", picked], applied):
+            marking.update(picked)
+            self._mark_cursor = last
 
     def log_checkouts(self) -> None:
         """The turn's checkouts become one log entry (``checkout``); their messages go
@@ -220,6 +289,9 @@ class QuorumGroup:
             return
         held, self.held = self.held, []
         cmd = ["checkout", self.checkouts, self.settled_out]
+        if self.premarked:
+            cmd.append(self.premarked)
+            self.premarked = []
         self.checkouts, self.settled_out = [], []
         self.in_flight.append(held)
 
@@ -347,9 +419,15 @@ class QuorumGroup:
             except Exception:  # noqa: BLE001 - a bad command must not stop the group
                 log.exception("quorum queue '%s': cannot apply entry %d", self.key[1],
                               entry.index)
-            if self.leading and entry.term < self.raft.term and \
-                    entry.index in self.machine.fresh:
-                self._older_checkout(entry.index)
+            if self.leading:
+                older = entry.term < self.raft.term
+                if entry.data[0] == "mark":
+                    for i in entry.data[1]:
+                        self.marking.discard(i)
+                        if older and i in self.machine.fresh:
+                            self._older_checkout(i)
+                elif older and entry.index in self.machine.fresh:
+                    self._older_checkout(entry.index)
             if entry.data[0] == "wanted":       # an operator's add/delete_member, grow, shrink
                 self.wanted = [str(n) for n in entry.data[1]]
             elif entry.data[0] == "dlx" and self.leading and self.dlx is not None and result:
@@ -406,7 +484,9 @@ class QuorumGroup:
                 self.dlx.follow()
             self.queue.sink = None
             unlogged, self.held = self.held, []
-            self.checkouts, self.settled_out = [], []
+            self.checkouts, self.settled_out, self.premarked = [], [], []
+            self.marking.clear()
+            self._mark_cursor = None
             self.in_flight = []             # their waiters get LOST below
             self._unsent(unlogged)
             lost, self.waiters = self.waiters, {}

@@ -20,10 +20,16 @@ Commands (lists, msgpack values), each applied by :meth:`QueueMachine.apply`:
   rides on the enqueue's entry: one round through the log, not two);
 - ``["unout", [index, ...]]``: such a message was not handed out after all (the consumer
   went, its credit was taken): it is available again, unflagged, not counted;
-- ``["checkout", [index, ...], [index, ...]]``: the leader delivered these messages (to a
-  consumer or a basic.get), the second list settled as sent (no_ack). It sends them only
-  once this is applied, so every member knows what was delivered: each is marked
-  redelivered and counted as a delivery (``x-delivery-limit``) where it was not acquired;
+- ``["mark", [index, ...]]``: the leader checks out these available messages ahead of the
+  credit that will take them (its consumers are behind: group.py ``mark_ahead``), as an
+  enqueue's ``out`` does for a new one: it then hands them out at once, and ``unout`` gives
+  back those it did not;
+- ``["checkout", [index, ...], [index, ...], [index, ...]]``: the leader delivered these
+  messages (to a consumer or a basic.get), the second list settled as sent (no_ack). It
+  sends them only once this is applied, so every member knows what was delivered: each is
+  marked redelivered and counted as a delivery (``x-delivery-limit``) where it was not
+  acquired. The third (optional) list: delivered under this leader's own ``mark``, which
+  counted them already;
 - ``["requeue", [index, ...]]``: returned to the queue (a nack or reject with requeue, a
   modified outcome: the delivery stays counted);
 - ``["release", [index, ...]]``: returned, not counted (AMQP 1.0 released);
@@ -90,9 +96,9 @@ class QueueMachine:
         self.discard_bytes = 0
         #: the leader's copy of what it dead-lettered, until the ``dlx`` is applied
         self.captured: dict[int, list] = {}
-        #: enqueues logged checked out (``enq``'s ``out``), by index -> their ``again`` flag
-        #: (what ``unout`` gives back); and, on the leader, those it may still hand out at
-        #: once, their checkout being in the log already
+        #: messages logged checked out ahead of a delivery (``enq``'s ``out``, ``mark``), by
+        #: index -> their redelivered flag before (what ``unout`` gives back); and, on the
+        #: leader, those it may still hand out at once, their checkout being in the log already
         self.marked: dict[int, bool] = {}
         self.fresh: set[int] = set()
         if hasattr(queue.entries, "conflate"):
@@ -164,11 +170,29 @@ class QueueMachine:
                 e = self.by_index.get(i)
                 if e is not None and not e.is_dead:
                     self.out.add(i)
+                    self.marked.pop(i, None)        # an older leader's mark: this is another
                     e.redelivered = True
                     if e.state is not ACQUIRED:     # the leader counted it as it acquired
                         e.delivery_count += 1
+            if len(cmd) > 3:
+                for i in cmd[3]:                    # its mark counted and flagged it
+                    self.marked.pop(i, None)
             if len(cmd) > 2 and cmd[2]:
                 self.apply(index, ["ack", cmd[2]])
+            return None
+        if op == "mark":
+            for i in cmd[1]:
+                e = self.by_index.get(i)
+                if e is None or e.is_dead or i in self.out:
+                    continue
+                self.out.add(i)
+                self.marked[i] = e.redelivered
+                if self.leading:
+                    if e.state is not ACQUIRED:     # else handed out meanwhile, checked out
+                        self.fresh.add(i)
+                else:
+                    e.redelivered = True
+                    e.delivery_count += 1
             return None
         if op in ("requeue", "release"):
             for i in cmd[1]:

@@ -120,6 +120,8 @@ class Client:
         #: per (leader, term): its first entry's index, and its last queue command's
         self.term_start: dict[tuple[str, int], int] = {}
         self.last: dict[tuple[str, int], int] = {}
+        #: the indexes each (leader, term) marked
+        self.marks: dict[tuple[str, int], set[int]] = {}
 
     def command(self, leader_id: str, term: int, log: Any, hq: HostQueue, now: int
                 ) -> list | None:
@@ -144,8 +146,16 @@ class Client:
         marked = [i for i in out if i in m.marked]
         if x < 0.45 and marked:
             return ["unout", [rng.choice(marked)]]
-        if x < 0.65 and available:
+        if x < 0.5 and available:           # checked out ahead of credit (mark_ahead)
             take = available[:rng.randint(1, 3)]
+            self.marks.setdefault(key, set()).update(take)
+            return ["mark", take]
+        if x < 0.65 and (available or marked):
+            own = [i for i in marked if i in self.marks.get(key, ())]
+            if own and rng.random() < 0.3:  # acquired while its mark was on its way
+                return ["checkout", [], [], own[:1]]
+            # an older leader's marks: this leader delivers them again (counted again)
+            take = (available + [i for i in marked if i not in own])[:rng.randint(1, 3)]
             return ["checkout", [], take] if rng.random() < 0.2 else ["checkout", take, []]
         if x < 0.9 and out:
             op = rng.choice(("ack", "requeue", "release", "drop"))
@@ -168,6 +178,8 @@ def replay_into_classic(applied: list[tuple]) -> tuple[tuple, tuple] | str:
     q = Queue("/", "ref")
     by_index: dict[int, Any] = {}
     discards: set[int] = set()
+    #: marked or enqueued checked out, not handed out yet: index -> redelivered before
+    marked: dict[int, bool] = {}
     for index, _, kind, data in applied:
         if kind != NORMAL or not isinstance(data, (list, tuple)) or not data or \
                 not isinstance(data[0], str):
@@ -178,8 +190,19 @@ def replay_into_classic(applied: list[tuple]) -> tuple[tuple, tuple] | str:
             if e is None:
                 return f"enq at {index} refused"
             by_index[index] = e
-            if len(data) > 8 and data[8] and not _acquire(q, e):   # delivered as enqueued
-                return f"enq out at {index}: not acquired"
+            if len(data) > 8 and data[8]:   # delivered as enqueued
+                if not _acquire(q, e):
+                    return f"enq out at {index}: not acquired"
+                marked[index] = bool(data[6])
+            continue
+        if op == "mark":                    # checked out ahead: acquired, until unout
+            for i in data[1]:
+                e = by_index.get(i)
+                if e is None or e.state is ACQUIRED:
+                    continue                # gone, or checked out already (the machine's)
+                marked[i] = e.redelivered
+                if not _acquire(q, e):
+                    return f"mark of {i} at {index}: not available"
             continue
         if op == "unout":                   # not handed out after all: as it was
             for i in data[1]:
@@ -187,13 +210,14 @@ def replay_into_classic(applied: list[tuple]) -> tuple[tuple, tuple] | str:
                 if e is None or e.state is not ACQUIRED:
                     return f"unout of {i} at {index}: not acquired"
                 q.release(e)
-                e.redelivered = False
+                e.redelivered = marked.pop(i, False)
                 e.delivery_count -= 1
             continue
         if op == "active":
             continue
         if op == "dlx":                     # the dead letter leaves the queue, kept aside
             for i, _ in data[1]:
+                marked.pop(i, None)
                 e = by_index.pop(i, None)
                 if e is None:
                     continue
@@ -207,14 +231,23 @@ def replay_into_classic(applied: list[tuple]) -> tuple[tuple, tuple] | str:
             discards.difference_update(data[1])
             continue
         if op == "checkout":
+            for i in data[3] if len(data) > 3 else ():
+                if marked.pop(i, None) is None:
+                    return f"checkout under a mark of {i} at {index}: not marked"
             for i in list(data[1]) + list(data[2]):
                 e = by_index.get(i)
+                if i in marked:             # an older leader's mark, delivered again
+                    del marked[i]
+                    e.delivery_count += 1
+                    continue
                 if e is None or not _acquire(q, e):
                     return f"checkout of {i} at {index}: not available"
             for i in data[2]:
+                marked.pop(i, None)
                 q.dequeue(by_index.pop(i))
             continue
         for i in data[1]:
+            marked.pop(i, None)
             e = by_index.get(i)
             if e is None:
                 continue        # an earlier drop or purge took it (a leader's race)

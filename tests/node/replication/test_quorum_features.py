@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pamqp import commands, header
 
+from shoal.node.replication import group
 from shoal.shared.errors import RESOURCE_ERROR
 from shoal.shared.wire import OUTCOME_REJECT, OUTCOME_REQUEUE, T
 
@@ -413,3 +414,60 @@ def test_a_drain_is_answered_behind_the_deliveries_held_for_their_checkout(tmp_p
     c.tick(2)
     seen = [m[0] for m in c.inbox["node-0"] if m[0] in (T.DELIVER, T.CREDIT_DRAINED)]
     assert seen == [T.DELIVER, T.DELIVER, T.CREDIT_DRAINED]
+
+
+def flags(c: Cluster, node: str) -> list[tuple[bytes, bool, int]]:
+    """(body, redelivered, delivery count) of ``node``'s member's live messages."""
+    q = c.shards[node].queues[("/", "q")]
+    return [(bytes(e.body), e.redelivered, e.delivery_count) for e in q.entries if not e.is_dead]
+
+
+def test_a_consumer_behind_gets_messages_marked_ahead_without_waiting_for_the_log(tmp_path):
+    """A consumer behind a backlog: the leader checks the next messages out in the log
+    ahead of its credit (``mark``), so credit that comes is answered at once, with no
+    checkout to wait for; marks not handed out when the consumer goes are given back
+    (``unout``) on every member, unflagged and uncounted."""
+    c = Cluster(tmp_path)
+    declare(c)
+    for i in range(5):
+        publish(c, "node-0", 1 + i, str(i).encode())
+    assert consume(c, "node-0", 0) == []
+    c.tick(2)
+    assert [len(m[1]) for m in entries_of(c, "node-0", "mark")] == [5]
+    shard = c.shards["node-0"]
+    shard.handle(b"router", [T.CREDIT, 5, 3, False], c.now)
+    sent = [m for msgs in shard.take_outbox().values() for m in msgs]   # no Ready processed
+    assert [d[7] for d in sent if d[0] == T.DELIVER] == [b"0", b"1", b"2"]
+    c.pump()
+    c.tick(2)
+    assert entries_of(c, "node-0", "checkout") == []
+    assert flags(c, "node-1") == [(b"0", True, 1), (b"1", True, 1), (b"2", True, 1),
+                                  (b"3", True, 1), (b"4", True, 1)]
+    c.send("node-0", T.CANCEL, 98, 5)
+    c.tick(2)
+    assert entries_of(c, "node-0", "unout")
+    for n in c.ids:
+        assert flags(c, n)[3:] == [(b"3", False, 0), (b"4", False, 0)]
+
+
+def test_marked_messages_are_flagged_by_a_new_leader(tmp_path, monkeypatch):
+    """The price of marking ahead (docs/replication.md): after a leader change, what was
+    marked and never delivered is flagged redelivered too, as "may have been delivered"
+    (AMQP 0-9-1 1.8.3.9); what was never marked (beyond ``mark_want``) is not."""
+    monkeypatch.setattr(group, "MARK_AHEAD_MIN", 3)
+    monkeypatch.setattr(group, "MARK_BATCH", 1)
+    c = Cluster(tmp_path)
+    declare(c)
+    for i in range(3):
+        publish(c, "node-0", 1 + i, str(i).encode())
+    consume(c, "node-0", 0)
+    c.tick(2)
+    publish(c, "node-0", 9, b"late")            # beyond mark_want: not marked
+    c.tick(2)
+    assert [m[1] for m in entries_of(c, "node-0", "mark")][-1] != []
+    c.crash("node-0")
+    leader = c.leader()
+    c.tick(2)
+    got = [c.request(leader, T.GET, "/", "q", 1, None)[4] for _ in range(4)]
+    assert [(g[5], g[1]) for g in got] == [(b"0", True), (b"1", True), (b"2", True),
+                                           (b"late", False)]

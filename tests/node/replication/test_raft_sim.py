@@ -157,6 +157,8 @@ def _seed_of(variant: str) -> int:
     ("own clock", "queue state"),
     # a released delivery counted as a failed attempt (as a requeue is)
     ("release counted", "queue replay"),
+    # an older leader's mark taken for this leader's own: its new delivery not counted
+    ("old mark as own", "queue replay"),
 ])
 def test_the_queue_checks_have_teeth(monkeypatch, bug, caught):
     """The quorum queue's checks (sim_queue.py) catch a machine that breaks them, within
@@ -169,6 +171,10 @@ def test_the_queue_checks_have_teeth(monkeypatch, bug, caught):
             cmd = cmd[:7]
         if bug == "release counted" and cmd[0] == "release":
             cmd = ["requeue", *cmd[1:]]
+        if bug == "old mark as own" and cmd[0] == "checkout":
+            own = [i for i in cmd[1] if i in self.marked]
+            cmd = ["checkout", [i for i in cmd[1] if i not in own], cmd[2],
+                   [*(cmd[3] if len(cmd) > 3 else ()), *own]]
         return apply(self, index, cmd)
     monkeypatch.setattr(QueueMachine, "apply", broken)
     for seed in range(300):
