@@ -51,7 +51,8 @@ def maybe_grant(shard: "ShardCore", q: "Queue") -> None:
     ready or held, one consumer, which acquires, has no filter and holds credit."""
     if not shard.leases_on or q.lease is not None or q.available or q.held or q.deleted \
             or q.replica is not None \
-            or not q.cfg.plain or q.groups is not None or shard.timers.now < q.lease_hold_until:
+            or not q.cfg.plain or q.cfg.max_returns is not None or q.groups is not None \
+            or shard.timers.now < q.lease_hold_until:
         return
     qcm = q.qcm
     if len(qcm.all) != 1:

@@ -51,8 +51,8 @@ QPID_DEFAULT_PRIORITIES = 10
 
 
 class QueueConfig:
-    """The checked features of one queue. ``plain`` is True when none is set (the FIFO fast
-    path). Times in ms, sizes in bytes; None means "not set"."""
+    """The checked features of one queue. ``plain`` is True when none is set but a delivery
+    limit (the FIFO fast path). Times in ms, sizes in bytes; None means "not set"."""
 
     __slots__ = ("type", "max_priority", "priority_offset", "default_priority", "sort_key",
                  "lvq_key",
@@ -228,10 +228,11 @@ def parse_queue_arguments(vhost: str, name: str, args: dict | None,
     if mode == "lazy" and cfg.max_in_memory_bytes is None:
         cfg.max_in_memory_bytes = 0               # lazy: every body goes to the page files
     cfg.needs_props = cfg.type is not QueueType.STANDARD or cfg.group_key is not None
+    # a delivery limit alone keeps the plain path: Queue.release counts it (quorum queues
+    # have one by default, RabbitMQ 4's 20)
     cfg.plain = not (cfg.needs_props or cfg.message_ttl is not None or cfg.expires
                      or cfg.max_length is not None or cfg.max_length_bytes is not None
-                     or cfg.max_returns is not None or cfg.consumer_timeout
-                     or cfg.single_active)
+                     or cfg.consumer_timeout or cfg.single_active)
     return cfg
 
 

@@ -37,10 +37,10 @@ LEASE_MS = (ELECTION_TICKS - 3) * TICK_MS
 #: Take a snapshot (and drop the log before it) once this many entries were applied since
 #: the last one and the log holds more entries than the queue holds messages.
 COMPACT_ENTRIES = 4096
-#: messages checked out in the log ahead of the consumers' credit (``mark_ahead``): twice
-#: what the consumers took while the last ``mark`` went through the log, within these
+#: messages checked out in the log ahead of the consumers' credit (``mark_ahead``): four
+#: times what the consumers took while the last ``mark`` went through the log, within these
 #: bounds; and the fewest worth an entry of their own
-MARK_AHEAD_MIN = 64
+MARK_AHEAD_MIN = 256
 MARK_AHEAD_MAX = 4096
 MARK_BATCH = 16
 
@@ -118,6 +118,9 @@ class QuorumGroup:
         #: and how many messages it keeps marked ahead (``mark_ahead``)
         self.taken = 0
         self.mark_want = MARK_AHEAD_MIN
+        #: in_lease's answer holds until this time (ms) for this (term, configuration)
+        self._lease_until = float("-inf")
+        self._lease_key: tuple = ()
         #: the held lists whose ``checkout`` is logged and not applied yet
         self.in_flight: list[list[list]] = []
         self.settled_out: list[int] = []    # those settled as sent (no_ack)
@@ -238,8 +241,8 @@ class QuorumGroup:
         """Keep messages checked out in the log before any consumer has credit for them
         (``mark``): a consumer that is behind then gets them as its credit comes, without
         waiting for a checkout to be committed (docs/replication.md "Checkouts in the
-        log"). How many: twice what the consumers took while the last mark went through the
-        log (``mark_want``, MARK_AHEAD_MIN to MARK_AHEAD_MAX). With no acquiring consumer
+        log"). How many: four times what the consumers took while the last mark went through
+        the log (``mark_want``, MARK_AHEAD_MIN to MARK_AHEAD_MAX). With no acquiring consumer
         left, the marks not handed out are given back (``unout``). The price: after a
         leader change, marked messages are flagged redelivered and counted though never
         delivered (AMQP 0-9-1 1.8.3.9 allows the flag: "may have been delivered")."""
@@ -277,7 +280,7 @@ class QuorumGroup:
         def applied(result: Any) -> None:
             if result is not LOST:
                 self.mark_want = min(MARK_AHEAD_MAX, max(
-                    MARK_AHEAD_MIN, 2 * (self.taken - taken), self.mark_want * 7 // 8))
+                    MARK_AHEAD_MIN, 4 * (self.taken - taken), self.mark_want * 7 // 8))
         if self.propose(["mark", picked], applied):
             marking.update(picked)
             self._mark_cursor = last
@@ -527,10 +530,20 @@ class QuorumGroup:
         """A majority of voters answered this leader within LEASE_MS: no other leader can
         have been elected meanwhile (a follower grants no vote for an election timeout after
         it heard from its leader), so what this leader holds is current."""
+        now = self.host.now()
         r = self.raft
-        since = self.host.now() - LEASE_MS
-        fresh = sum(1 for m in r.voters if m == r.id or self.acked_at.get(m, -1e18) >= since)
-        return fresh > len(r.voters) // 2
+        key = (r.term, r.conf_seq)
+        if now <= self._lease_until and key == self._lease_key:
+            return True
+        # until when: the newest answer of the majority's least recent member, + LEASE_MS
+        # (answers only move forward, so it holds until then or a new term or membership)
+        times = sorted((self.acked_at.get(m, -1e18) for m in r.voters if m != r.id),
+                       reverse=True)
+        need = len(r.voters) // 2 + 1 - (r.id in r.voters)
+        until = float("inf") if need <= 0 else \
+            times[need - 1] + LEASE_MS if need <= len(times) else float("-inf")
+        self._lease_until, self._lease_key = until, key
+        return now <= until
 
     def may_deliver(self) -> bool:
         """A quorum queue delivers (and answers basic.get) only from a leader in its lease

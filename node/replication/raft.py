@@ -81,6 +81,8 @@ class Raft:
         self.check_quorum = check_quorum
         self.log = RaftLog()
         self.voters: set[str] = set(voters)
+        #: counts configuration changes (a cache of the voters knows when it is stale)
+        self.conf_seq = 0
         self.learners: set[str] = set(learners)
         self.snapshot_source = snapshot_source
         if snapshot is not None:
@@ -392,6 +394,7 @@ class Raft:
             return
         self.log.restore(s)
         self.voters, self.learners = set(s.voters), set(s.learners)
+        self.conf_seq += 1
         self._pending_snapshot = s
         self._send(Message(APP_RESP, self.id, m.frm, self.term, index=self.log.last_index))
 
@@ -571,6 +574,7 @@ class Raft:
 
     def _apply_conf(self, change: list) -> None:
         op, member = change
+        self.conf_seq += 1
         if op == ADD_VOTER:
             self.learners.discard(member)
             self.voters.add(member)
