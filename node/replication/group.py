@@ -352,8 +352,9 @@ class QuorumGroup:
         """x-overflow reject-publish (``qpid.policy_type: reject``) as leader: whether a
         message of ``size`` bytes would take the queue over ``x-max-length`` or
         ``x-max-length-bytes`` (ready messages, as RabbitMQ counts them, plus those logged
-        and not applied yet, plus at-least-once dead letters not confirmed yet). Decided before the message is logged, so that every member
-        applies only what was accepted (RabbitMQ: basic.nack to a confirming publisher)."""
+        and not applied yet, plus at-least-once dead letters not confirmed yet). Decided
+        before the message is logged, so that every member applies only what was accepted
+        (RabbitMQ: basic.nack to a confirming publisher)."""
         q = self.queue
         cfg = q.cfg
         if cfg.overflow is not Overflow.REJECT_PUBLISH:

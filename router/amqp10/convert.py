@@ -138,11 +138,11 @@ def to_091(payload: bytes) -> Incoming:
         for k, v in ann.items():
             if isinstance(k, str) and k.startswith("x-") and _shortstr(k) and \
                     k not in ("x-exchange", "x-routing-key"):
-                headers[str(k)] = _to_field(v)
+                headers[str(k)] = to_field(v)
     if isinstance(app, dict):
         for k, v in app.items():
             if isinstance(k, str) and _shortstr(k):
-                headers[str(k)] = _to_field(v)
+                headers[str(k)] = to_field(v)
     if len(body_parts) == 1 and body_parts[0][0] == DATA:
         body = decode(payload, body_parts[0][2], body_parts[0][3])[0]
         if not isinstance(body, bytes):
@@ -305,7 +305,7 @@ def _mapped(head_raw: bytes, props_raw: bytes) -> tuple[dict, dict, Any, Any]:
     return p, headers, to, subject
 
 
-def _to_field(v: Any) -> Any:
+def to_field(v: Any) -> Any:
     """An AMQP 1.0 value as a 0-9-1 field value (RabbitMQ 4's type conversions)."""
     t = type(v)
     if t is Timestamp:
@@ -317,11 +317,11 @@ def _to_field(v: Any) -> Any:
     if t is Typed:
         return str(v.value) if not isinstance(v.value, bytes) else v.value
     if t is Described:
-        return _to_field(v.value)
+        return to_field(v.value)
     if t is list:
-        return [_to_field(x) for x in v]
+        return [to_field(x) for x in v]
     if t is dict:
-        return {str(k): _to_field(x) for k, x in v.items()}
+        return {str(k): to_field(x) for k, x in v.items()}
     return v
 
 
@@ -405,10 +405,10 @@ def _from_header(header: bytes) -> tuple[bytes, bytes, bytes, int, bytes, bool]:
     for k, v in headers.items():
         if k.startswith("x-"):
             _enc(ann, Symbol(k))
-            _enc(ann, _from_field(v))
+            _enc(ann, from_field(v))
             n += 1
         elif not isinstance(v, (dict, list)):
-            app[k] = _from_field(v)
+            app[k] = from_field(v)
     rest = bytearray()
     props = [_id_value(pr.message_id), pr.user_id.encode() if pr.user_id else None, None, None,
              pr.reply_to or None, _id_value(pr.correlation_id),
@@ -439,14 +439,14 @@ def _id_value(v: str | None) -> Any:
     return v
 
 
-def _from_field(v: Any) -> Any:
+def from_field(v: Any) -> Any:
     """A 0-9-1 field value as an AMQP 1.0 value (RabbitMQ 4's type conversions)."""
     if isinstance(v, datetime.datetime):
         return Timestamp(int(v.replace(tzinfo=v.tzinfo or _EPOCH).timestamp() * 1000))
     if isinstance(v, dict):
-        return {str(k): _from_field(x) for k, x in v.items()}
+        return {str(k): from_field(x) for k, x in v.items()}
     if isinstance(v, list):
-        return [_from_field(x) for x in v]
+        return [from_field(x) for x in v]
     if isinstance(v, (bytearray, memoryview)):
         return bytes(v)
     if isinstance(v, (str, bytes, int, float, bool)) or v is None:

@@ -29,6 +29,7 @@ from shoal.router.amqp10.frames import ROLE_SENDER
 from shoal.router.broker import Broker
 from shoal.router.frontend.admission import is_loopback, refuse_channel, refuse_connection
 from shoal.router.frontend.amqp10_links import LinkChannel, PublishLink, condition
+from shoal.router.frontend.amqp10_management import Half
 from shoal.router.frontend.tls import peer_identity
 
 log = logging.getLogger("shoal.router.frontend.amqp10")
@@ -163,7 +164,10 @@ class AMQP10Connection(asyncio.Protocol):
             t = type(ev)
             if t is MessageReceived:
                 ch = self.channels.get(ev.link.session.channel)
-                if ch is not None and isinstance(ev.link.context, PublishLink):
+                ctx = ev.link.context
+                if ch is not None and isinstance(ctx, Half) and ctx.requests:
+                    ch.management.request(ev.link, ev.payload)
+                elif ch is not None and isinstance(ctx, PublishLink):
                     if not self.publisher:
                         self.publisher = True
                         if self.broker.congested:

@@ -35,6 +35,7 @@ from shoal.router.amqp10.frames import (Accepted, Modified, Rejected, Released, 
 from shoal.router.access.users import READ, WRITE
 from shoal.router.consumers import LinkTarget
 from shoal.router.frontend import topology_methods
+from shoal.router.frontend.amqp10_management import ADDRESS as MANAGEMENT, Half, ManagementNode
 from shoal.router.frontend.channel import Channel
 from shoal.router.session import Delivery
 
@@ -81,6 +82,9 @@ class LinkChannel(Channel):
         self._returned = False
         self.links: dict[str, Link] = {}                    #: consumer tag -> receiving link
         self.dirty: set[Link] = set()                       #: links with settlements to send
+        self.management: ManagementNode | None = None       #: its /management link pairs
+        #: the 0-9-1 answer a topology method sent last (what the management node reads)
+        self.answer: Any = None
 
     # ---- publishing --------------------------------------------------------------------------
     def next_confirm_seq(self) -> int:
@@ -221,6 +225,8 @@ class LinkChannel(Channel):
     def credit_changed(self, link: Link) -> None:
         t = link.context
         if not isinstance(t, LinkTarget):
+            if isinstance(t, Half) and self.management is not None:
+                self.management.credit(link)
             return
         t.credit = link.credit
         if link.drain and not t.drain:
@@ -239,6 +245,9 @@ class LinkChannel(Channel):
         """A client's receiving link: consume its source (a queue, a dynamic queue, an
         exchange through a temporary queue, or ``x-multiqueue``'s queues)."""
         src = link.source if isinstance(link.source, Source) else Source()
+        if src.address == MANAGEMENT:
+            self.manager().attach(link, False)
+            return
         try:
             queues, addr = await self._source_queues(link, src)
             for q in queues:
@@ -308,6 +317,9 @@ class LinkChannel(Channel):
                                "transactions (coordinator links) are not supported")
             return
         tgt = link.target if isinstance(link.target, Target) else Target()
+        if tgt.address == MANAGEMENT:
+            self.manager().attach(link, True)
+            return
         try:
             where = None if tgt.address is None else address.target(tgt.address)
             if where is not None:
@@ -339,9 +351,18 @@ class LinkChannel(Channel):
                            else PUBLISH_CREDIT)
         self.client.flush()
 
+    def manager(self) -> ManagementNode:
+        """The session's management node (made at its first link pair)."""
+        if self.management is None:
+            self.management = ManagementNode(self)
+        return self.management
+
     def link_detached(self, link: Link) -> None:
         """The link is gone: a consumer is cancelled and its unsettled deliveries requeued."""
         t = link.context
+        if isinstance(t, Half) and self.management is not None:
+            self.management.detached(link)
+            return
         if isinstance(t, LinkTarget):
             self.links.pop(t.tag, None)
             self.broker.cancel_consumer(self, t)
@@ -356,6 +377,7 @@ class LinkChannel(Channel):
         """The broker cancelled a consumer (its queue deleted, its node lost): detach its
         link with amqp:resource-deleted, as RabbitMQ 4 does. Other 0-9-1 methods have no
         AMQP 1.0 form and are dropped."""
+        self.answer = method
         if isinstance(method, C.Basic.Cancel) and not self.closed:
             link = self.links.pop(method.consumer_tag, None)
             if link is not None:

@@ -3,9 +3,8 @@
 ``/exchanges/X/K`` addresses (``AddressHelper``), a consumer's ``AMQPMessagingHandler``
 accepting, requeuing and discarding through its ``delivery_context``.
 
-Queues are declared with pika: the client's ``Connection.management()`` opens RabbitMQ 4's
-``/management`` node, which Shoal does not implement (docs/amqp10.md); ``dial()`` does not open
-it, so these tests never call ``management()``.
+Queues are declared with pika here; the client's ``Connection.management()`` (RabbitMQ 4's
+``/management`` node) is tested in test_management_node.py.
 
 The client refuses any server whose open properties do not say ``product`` ``RabbitMQ`` and a
 ``version`` of at least 4.0.0 (``Connection._validate_server_properties``); Shoal's open says
