@@ -15,20 +15,16 @@ Each operation is the 0-9-1 channel method's own code (router/frontend/topology_
 so permissions, queue types and quorum queues behave as over 0-9-1. As RabbitMQ: a refused
 permission ends the session (``amqp:unauthorized-access``), not a status. Where RabbitMQ ends
 the session for a malformed request (an unknown path or method, a body of the wrong type),
-Shoal answers 400, 404 or 405 with a text saying what was wrong.
+Shoal answers 400, 404 or 405 with a text saying what was wrong. The message and path
+formats are router/amqp10/http_over_amqp.py's.
 """
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import logging
-import re
 from collections import deque
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote_to_bytes, urlsplit
 
-import msgpack
 from pamqp import commands as C
 
 from shoal.shared import wire
@@ -36,29 +32,17 @@ from shoal.shared.errors import AMQPError
 from shoal.shared.topology import EXCHANGE_TYPES
 from shoal.shared.wire import T
 
-from shoal.router.amqp10.codec import DecodeError, Described, Symbol, Typed, decode, encode
-from shoal.router.amqp10.convert import PROPERTIES, VALUE, from_field, sections, to_field
+from shoal.router.amqp10 import http_over_amqp as hoa
+from shoal.router.amqp10.codec import Symbol, Typed
+from shoal.router.amqp10.convert import from_field
 from shoal.router.amqp10.frames import SND_SETTLED
+from shoal.router.amqp10.http_over_amqp import HttpError, args_hash
 from shoal.router.frontend import topology_methods as tm
 
 log = logging.getLogger("shoal.router.frontend.amqp10")
 
 ADDRESS = "/management"
 CREDIT = 8                      #: request credit, topped up at half (as RabbitMQ's)
-#: a name segment as RabbitMQ's ``cow_uri:urldecode`` takes it: unreserved, sub-delims, %HH
-_SEGMENT = re.compile(r"^(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*$")
-_BINDING = re.compile(r"^src=([0-9A-Za-z\-._~%]+);dst([eq])=([0-9A-Za-z\-._~%]+);"
-                      r"key=([0-9A-Za-z\-._~%]*);args=([0-9A-Za-z\-_]*)$")
-_RESPONSE_APP = encode(Described(0x74, {"http:response": "1.1"}))
-
-
-class HttpError(Exception):
-    """An answer with this status (``"404"``) and text, as RabbitMQ's ``throw/3``."""
-
-    def __init__(self, status: str, text: str) -> None:
-        super().__init__(text)
-        self.status, self.text = status, text
-
 
 class Half:
     """The context of one link of a pair: ``requests`` (the client sends) or replies."""
@@ -170,7 +154,7 @@ class ManagementNode:
         session (RabbitMQ's rule)."""
         msg_id: Any = None
         try:
-            msg_id, method, target, body = _read_request(payload)
+            msg_id, method, target, body = hoa.read_request(payload)
             status, out = await self._route(method, target, body)
         except HttpError as err:
             status, out = err.status, err.text
@@ -184,43 +168,40 @@ class ManagementNode:
         except Exception:  # noqa: BLE001 - an unexpected error answers 500, logged
             log.exception("internal error in a management request")
             status, out = "500", "internal error; see the broker log"
-        if type(msg_id) is int:
-            msg_id = Typed("ulong", msg_id)
-        props = encode(Described(PROPERTIES, [None, None, None, status, None, msg_id]))
-        return props + _RESPONSE_APP + encode(Described(VALUE, out))
+        return hoa.response(status, msg_id, out)
 
     async def _route(self, method: str, target: str, body: Any) -> tuple[str, Any]:
-        path, query = _parse_target(target)
+        path, query = hoa.parse_target(target)
         kind = path[0] if path else ""
         if kind == "queues" and len(path) in (2, 3):
-            name = _segment(path[1])
+            name = hoa.segment(path[1])
             if len(path) == 3:
                 if path[2] != "messages":
                     raise HttpError("404", f"no route for '{target}'")
-                _allow(method, "DELETE")
+                hoa.allow(method, "DELETE")
                 return "200", {"message_count": Typed("ulong", await self._purge(name))}
             if method == "GET":
                 return "200", await self._queue_info(name)
             if method == "PUT":
                 return await self._declare_queue(name, body)
-            _allow(method, "GET", "PUT", "DELETE")
+            hoa.allow(method, "GET", "PUT", "DELETE")
             return "200", {"message_count": Typed("ulong", await self._delete_queue(name))}
         if kind == "exchanges" and len(path) == 2:
-            name = _segment(path[1])
+            name = hoa.segment(path[1])
             if method == "PUT":
                 await self._declare_exchange(name, body)
             else:
-                _allow(method, "PUT", "DELETE")
+                hoa.allow(method, "PUT", "DELETE")
                 await self._delete_exchange(name)
             return "204", None
         if kind == "bindings" and len(path) == 1:
             if method == "GET":
                 return "200", self._list_bindings(query)
-            _allow(method, "GET", "POST")
+            hoa.allow(method, "GET", "POST")
             await self._bind(body)
             return "204", None
         if kind == "bindings" and len(path) == 2:
-            _allow(method, "DELETE")
+            hoa.allow(method, "DELETE")
             await self._unbind(path[1])
             return "204", None
         raise HttpError("404", f"no route for '{target}': /queues/NAME, /queues/NAME/messages, "
@@ -268,7 +249,7 @@ class ManagementNode:
     async def _declare_queue(self, name: str, body: Any) -> tuple[str, dict]:
         """PUT /queues/NAME: 201 when created, 200 when it existed and is equivalent (409
         when not: RabbitMQ's inequivalent-arg text)."""
-        flags = _fields(body, "queue", {"durable": True, "exclusive": False,
+        flags = hoa.fields(body, "queue", {"durable": True, "exclusive": False,
                                         "auto_delete": False}, {"arguments"})
         if name == "":
             raise HttpError("400", "declare queue with empty name not allowed")
@@ -286,7 +267,7 @@ class ManagementNode:
         await tm.on_queue_declare(ch, C.Queue.Declare(
             queue=name, durable=flags["durable"], exclusive=flags["exclusive"],
             auto_delete=flags["auto_delete"], nowait=True,
-            arguments=_arguments(flags.get("arguments"))))
+            arguments=hoa.arguments(flags.get("arguments"))))
         return ("200" if existed else "201"), await self._info(name)
 
     async def _purge(self, name: str) -> int:
@@ -310,7 +291,7 @@ class ManagementNode:
 
     # ---- exchanges ---------------------------------------------------------------------------
     async def _declare_exchange(self, name: str, body: Any) -> None:
-        flags = _fields(body, "exchange", {"durable": True, "auto_delete": False,
+        flags = hoa.fields(body, "exchange", {"durable": True, "auto_delete": False,
                                            "internal": False}, {"arguments", "type"})
         type_ = flags.get("type", "direct")
         if not isinstance(type_, str) or type_ not in EXCHANGE_TYPES:
@@ -326,7 +307,7 @@ class ManagementNode:
         await tm.on_exchange_declare(self.ch, C.Exchange.Declare(
             exchange=name, exchange_type=type_, durable=flags["durable"],
             auto_delete=flags["auto_delete"], internal=flags["internal"], nowait=True,
-            arguments=_arguments(flags.get("arguments"))))
+            arguments=hoa.arguments(flags.get("arguments"))))
 
     async def _delete_exchange(self, name: str) -> None:
         _check_name(name)
@@ -359,7 +340,7 @@ class ManagementNode:
             raise HttpError("400", f"a binding needs source, binding_key, arguments and a "
                                    f"destination; missing {missing or ['destination']}")
         await self._binding(T.BIND, body["source"], *_destination(body),
-                            body["binding_key"], _arguments(body["arguments"]))
+                            body["binding_key"], hoa.arguments(body["arguments"]))
 
     async def _binding(self, tag: int, source: str, queue: bool, dest: str, key: str,
                        args: dict) -> None:
@@ -407,17 +388,17 @@ class ManagementNode:
                             ("destination_queue" if queue else "destination_exchange"): dest,
                             "binding_key": key,
                             "arguments": {str(k): from_field(v) for k, v in args.items()},
-                            "location": _location(src, queue, dest, key, args)})
+                            "location": hoa.location(src, queue, dest, key, args)})
         return out
 
     async def _unbind(self, segment: str) -> None:
         """DELETE /bindings/src=..;dstq=..;key=..;args=..: the binding whose arguments hash
         to ``args`` (none: empty); 204 whether or not there was one."""
-        m = _BINDING.match(segment)
+        m = hoa.BINDING.match(segment)
         if m is None:
             raise HttpError("400", f"bad binding path segment '{segment}'")
         src, kind, dest, key, hashed = m.groups()
-        src, dest, key = _segment(src), _segment(dest), _segment(key)
+        src, dest, key = hoa.segment(src), hoa.segment(dest), hoa.segment(key)
         queue = kind == "q"
         ch = self.ch
         ex = ch.broker.topology.get(ch.vhost, src)
@@ -429,82 +410,6 @@ class ManagementNode:
                 return
         ch.check_access("write", "queue" if queue else "exchange", dest)
         ch.check_access("read", "exchange", src)
-
-
-# ---- the request message ------------------------------------------------------------------------
-def _read_request(payload: bytes) -> tuple[Any, str, str, Any]:
-    """(message-id, method, target, body) of a request; HttpError 400 when it is not one."""
-    props = body = None
-    try:
-        for code, _, start, end in sections(payload):
-            if code == PROPERTIES:
-                props = decode(payload, start, end)[0]
-            elif code == VALUE:
-                body = decode(payload, start, end)[0]
-    except DecodeError as exc:
-        raise HttpError("400", f"the request is not an AMQP message: {exc}") from None
-    props = props if isinstance(props, list) else []
-    field = (lambda i: props[i] if len(props) > i else None)
-    msg_id, to, subject, reply_to = field(0), field(2), field(3), field(4)
-    if not isinstance(to, str) or not isinstance(subject, str):
-        raise HttpError("400", "a request needs the properties 'to' (the path) and "
-                               "'subject' (the method)")
-    if reply_to != "$me":
-        raise HttpError("400", "a request's reply-to must be '$me' (the pair's receiving "
-                               "link)")
-    return msg_id, subject, to, body
-
-
-def _parse_target(target: str) -> tuple[list[str], dict[str, str]]:
-    """The raw path segments after the leading "/" and the decoded query."""
-    parts = urlsplit(target)
-    if not parts.path.startswith("/"):
-        raise HttpError("400", f"failed to normalize URI '{target}': not an absolute path")
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    return parts.path[1:].split("/"), query
-
-
-def _segment(raw: str) -> str:
-    """A percent-encoded name segment, decoded strictly as RabbitMQ's cow_uri:urldecode."""
-    if not _SEGMENT.match(raw):
-        raise HttpError("400", f"bad percent-encoding in '{raw}'")
-    try:
-        return unquote_to_bytes(raw).decode("utf-8")
-    except UnicodeDecodeError:
-        raise HttpError("400", f"'{raw}' is not UTF-8 when decoded") from None
-
-
-def _allow(method: str, *allowed: str) -> None:
-    if method not in allowed:
-        raise HttpError("405", f"method '{method}' not allowed here: {', '.join(allowed)}")
-
-
-def _fields(body: Any, what: str, flags: dict, others: set) -> dict:
-    """A queue's or exchange's map: boolean ``flags`` (with their defaults) and ``others``;
-    400 "bad queue property ..." for anything else, as RabbitMQ."""
-    if body is None:
-        body = {}
-    if not isinstance(body, dict):
-        raise HttpError("400", f"a {what} declaration is a map, not {type(body).__name__}")
-    out = dict(flags)
-    for k, v in body.items():
-        if type(k) is not str or (k in flags and type(v) is not bool) or \
-                (k not in flags and k not in others):
-            raise HttpError("400", f"bad {what} property {k!r}: {v!r}")
-        out[k] = v
-    return out
-
-
-def _arguments(args: Any) -> dict:
-    """Request arguments as 0-9-1 table values (RabbitMQ 4's conversion)."""
-    if args is None:
-        return {}
-    if not isinstance(args, dict):
-        raise HttpError("400", f"arguments are a map, not {type(args).__name__}")
-    for k in args:
-        if not isinstance(k, str):
-            raise HttpError("400", f"unsupported argument {k!r}")
-    return {str(k): to_field(v) for k, v in args.items()}
 
 
 def _destination(body: dict) -> tuple[bool, str]:
@@ -519,20 +424,8 @@ def _check_name(name: str) -> None:
                                "not allowed")
 
 
-def args_hash(args: dict) -> str:
-    """A binding's arguments as its ``args=`` path value: empty for none (clients build
-    that path themselves), else 32 bits of a digest of the sorted arguments, base64url
-    without padding (RabbitMQ's is Erlang's phash2: clients treat it as opaque)."""
-    if not args:
-        return ""
-    raw = msgpack.packb(sorted(args.items()), default=str)
-    digest = hashlib.blake2b(raw, digest_size=4).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
-def _location(src: str, queue: bool, dest: str, key: str, args: dict) -> str:
-    return (f"/bindings/src={quote(src, safe='')};dst{'q' if queue else 'e'}="
-            f"{quote(dest, safe='')};key={quote(key, safe='')};args={args_hash(args)}")
 
 
 def _status_of(err: AMQPError) -> str:
