@@ -180,9 +180,12 @@ class QuorumGroup:
         fresh = self.machine.fresh
         if index in fresh:                  # logged checked out already (enq out, mark)
             fresh.discard(index)
-            self.host.send(identity, msg)
             if settled:
                 self.settled_out.append(index)
+            # behind the deliveries still waiting for their checkout: the consumer gets the
+            # queue's order (the fault campaign's rule 4 found a marked message overtaking a
+            # requeued one ahead of it)
+            self.send_ordered(identity, msg)
             return
         if settled:
             self.settled_out.append(index)

@@ -150,8 +150,9 @@ class ManagementNode:
         self.ch.client.flush()
 
     async def _answer(self, payload: bytes) -> bytes | None:
-        """The encoded answer to one request; None when a refused permission ended the
-        session (RabbitMQ's rule)."""
+        """The encoded answer to one request; None when the session was ended instead: a
+        refused permission (``amqp:unauthorized-access``, RabbitMQ's rule) or an unexpected
+        error (``amqp:internal-error``, the traceback logged)."""
         msg_id: Any = None
         try:
             msg_id, method, target, body = hoa.read_request(payload)
@@ -165,9 +166,11 @@ class ManagementNode:
                 self.ch.client.flush()
                 return None
             status, out = _status_of(err), tm_text(err)
-        except Exception:  # noqa: BLE001 - an unexpected error answers 500, logged
+        except Exception:  # noqa: BLE001 - ends the session, logged (as RabbitMQ's crash)
             log.exception("internal error in a management request")
-            status, out = "500", "internal error; see the broker log"
+            self.ch.session.end("amqp:internal-error", "internal error; see the broker log")
+            self.ch.client.flush()
+            return None
         return hoa.response(status, msg_id, out)
 
     async def _route(self, method: str, target: str, body: Any) -> tuple[str, Any]:

@@ -13,7 +13,7 @@ rmq = pytest.importorskip("rabbitmq_amqp_python_client",
                           reason="rabbitmq-amqp-python-client is not installed "
                           "(pip install -e '.[test]')")
 
-from proton import Message as PMessage, symbol  # noqa: E402
+from proton import Endpoint, Message as PMessage, symbol  # noqa: E402
 from proton.reactor import LinkOption  # noqa: E402
 from proton.utils import BlockingConnection  # noqa: E402
 from rabbitmq_amqp_python_client import (  # noqa: E402
@@ -106,23 +106,32 @@ class _Pair(LinkOption):
         return bool(link.is_sender) == self.sender
 
 
-@pytest.fixture
-def raw(cluster):
-    """``ask(method, path, body)`` -> (status, body) over a raw proton link pair."""
-    conn = BlockingConnection(f"{cluster.host}:{cluster.port}", timeout=TIMEOUT,
-                              user=cluster.user, password=cluster.password)
+def open_pair(cl, user: str | None = None, password: str | None = None, vhost: str = "/"):
+    """(connection, ``ask(method, path, body)`` -> (status, body)) over a raw proton link
+    pair to /management."""
+    conn = BlockingConnection(f"{cl.host}:{cl.port}", timeout=TIMEOUT,
+                              user=user or cl.user, password=password or cl.password,
+                              virtual_host=f"vhost:{vhost}")
     name = f"pair-{uuid.uuid4().hex[:8]}"
     snd = conn.create_sender("/management", name=name, options=_Pair(True))
     rcv = conn.create_receiver("/management", name=name, options=_Pair(False))
 
-    def ask(method: str, path: str, body=None):
+    def ask(method: str, path: str, body=None, answered: bool = True):
         mid = uuid.uuid4().hex
         snd.send(PMessage(id=mid, address=path, subject=method, reply_to="$me", body=body,
                           inferred=False))
+        if not answered:
+            return None
         reply = rcv.receive(TIMEOUT)            # pre-settled: nothing to accept
         assert reply.correlation_id == mid
         assert reply.properties == {"http:response": "1.1"}
         return reply.subject, reply.body
+    return conn, ask
+
+
+@pytest.fixture
+def raw(cluster):
+    conn, ask = open_pair(cluster)
     yield ask
     with contextlib.suppress(Exception):
         conn.close()
@@ -173,3 +182,26 @@ def test_names_are_percent_encoded(raw):
     status, body = raw("PUT", f"/queues/{encoded}", {})
     assert (status, body["name"]) == ("201", name)
     assert raw("DELETE", f"/queues/{encoded}") == ("200", {"message_count": 0})
+
+
+def test_a_refused_permission_ends_the_session_as_in_rabbitmq(access_cluster, names):
+    """As RabbitMQ 4: no status code, the session ends with amqp:unauthorized-access and
+    the 0-9-1 text; what the user may do is answered."""
+    from .test_proton import _mgmt
+    vh, user = names("vh"), names("user")
+    _mgmt(access_cluster, "PUT", f"/vhosts/{vh}", {})
+    _mgmt(access_cluster, "PUT", f"/users/{user}", {"password": "pw", "tags": ""})
+    _mgmt(access_cluster, "PUT", f"/permissions/{vh}/{user}",
+          {"configure": "^mine-.*", "write": ".*", "read": ".*"})
+    conn, ask = open_pair(access_cluster, user, "pw", vh)
+    try:
+        assert ask("PUT", "/queues/mine-1", {})[0] == "201"
+        session = conn.conn.session_head(0)
+        ask("PUT", "/queues/theirs-1", {}, answered=False)     # no answer: the session ends
+        conn.wait(lambda: bool(session.state & Endpoint.REMOTE_CLOSED), timeout=TIMEOUT)
+        assert session.remote_condition.name == "amqp:unauthorized-access"
+        assert session.remote_condition.description == \
+            f"access to queue 'theirs-1' in vhost '{vh}' refused for user '{user}'"
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()

@@ -120,13 +120,20 @@ def test_reject_dead_letters(cluster, names):
     assert ready_count(cluster, q) == 0 and ready_count(cluster, dlq) == 0
 
 
-def test_modified_delivery_failed_counts_toward_the_delivery_limit(cluster, names):
+#: the settlement rules hold on both queue types (on a quorum queue the count is replicated:
+#: ``requeue`` and ``release`` entries, node/replication/machine.py)
+QUEUE_TYPES = pytest.mark.parametrize("qtype", ["classic", "quorum"])
+
+
+@QUEUE_TYPES
+def test_modified_delivery_failed_counts_toward_the_delivery_limit(cluster, names, qtype):
     """x-delivery-limit 1: the first modified{delivery-failed} requeues, the second
     dead-letters."""
     q, dlq = names(), names("dlq")
     declare(cluster, dlq)
     declare(cluster, q, {"x-delivery-limit": 1, "x-dead-letter-exchange": "",
-                         "x-dead-letter-routing-key": dlq})
+                         "x-dead-letter-routing-key": dlq, "x-queue-type": qtype},
+            durable=qtype == "quorum")
     with proton_conn(cluster) as c:
         send(c, queue_addr(q), msg(b"flaky"))
         for _ in range(2):
@@ -155,13 +162,15 @@ def test_modified_failed_redelivery_carries_the_delivery_count(cluster, names):
         rcv.accept()
 
 
-def test_released_and_plain_modified_are_not_counted(cluster, names):
+@QUEUE_TYPES
+def test_released_and_plain_modified_are_not_counted(cluster, names, qtype):
     """released and modified without delivery-failed requeue without counting: three of each
     on a queue with x-delivery-limit 1 and the message is still there."""
     q, dlq = names(), names("dlq")
     declare(cluster, dlq)
     declare(cluster, q, {"x-delivery-limit": 1, "x-dead-letter-exchange": "",
-                         "x-dead-letter-routing-key": dlq})
+                         "x-dead-letter-routing-key": dlq, "x-queue-type": qtype},
+            durable=qtype == "quorum")
     with proton_conn(cluster) as c:
         send(c, queue_addr(q), msg(b"patient"))
         for i in range(6):

@@ -471,3 +471,27 @@ def test_marked_messages_are_flagged_by_a_new_leader(tmp_path, monkeypatch):
     got = [c.request(leader, T.GET, "/", "q", 1, None)[4] for _ in range(4)]
     assert [(g[5], g[1]) for g in got] == [(b"0", True), (b"1", True), (b"2", True),
                                            (b"late", False)]
+
+
+def test_a_marked_message_does_not_overtake_one_waiting_for_its_checkout(tmp_path, monkeypatch):
+    """m0 requeued lies behind the marks, m1 is marked: credit for both sends m0 (waiting for
+    its checkout) before m1 (marked, ready at once), in the queue's order (the fault
+    campaign's rule 4: a confirmed message delivered after later ones, unflagged)."""
+    monkeypatch.setattr(group, "MARK_AHEAD_MIN", 1)
+    monkeypatch.setattr(group, "MARK_BATCH", 1)
+    c = Cluster(tmp_path)
+    declare(c)
+    for i in range(3):
+        publish(c, "node-0", 1 + i, f"m{i}".encode())
+    consume(c, "node-0", 0)
+    c.tick(2)
+    c.send("node-0", T.CREDIT, 5, 1, False)
+    first = c.take("node-0", T.DELIVER)
+    assert [d[7] for d in first] == [b"m0"]
+    c.tick(2)                                   # m1 marked
+    c.send("node-0", T.SETTLE, OUTCOME_REQUEUE, [first[0][2]])
+    c.tick(2)
+    c.send("node-0", T.CREDIT, 5, 2, False)
+    c.tick(2)
+    got = c.take("node-0", T.DELIVER)
+    assert [(d[7], d[3]) for d in got] == [(b"m0", True), (b"m1", False)]

@@ -1,0 +1,117 @@
+"""RabbitMQ's Python AMQP 1.0 client's own examples, run unchanged against Shoal (issue 45):
+getting started, the pre-settled consumer, and RPC (its responder and requester).
+
+The examples are not in the client's PyPI package, and CI reaches only PyPI: set
+``SHOAL_AMQP_EXAMPLES`` to a checkout of github.com/rabbitmq/rabbitmq-amqp-python-client to
+run them; without it they are skipped, saying so. They connect to
+``amqp://guest:guest@localhost:5672/`` as written, so the test starts its own cluster on port
+5672 (skipped when that port is taken). An example that consumes until Ctrl+C gets SIGINT
+once it printed what it waited for, and must then clean up and exit 0.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("rabbitmq_amqp_python_client",
+                    reason="rabbitmq-amqp-python-client is not installed (pip install -e "
+                           "'.[test]')")
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+EXAMPLES = os.environ.get("SHOAL_AMQP_EXAMPLES", "")
+PORT = 5672
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def on_5672(tmp_path_factory):
+    """A 2-node cluster listening on 127.0.0.1:5672, as the examples expect."""
+    if not EXAMPLES or not (Path(EXAMPLES) / "examples").is_dir():
+        pytest.skip("SHOAL_AMQP_EXAMPLES is not a checkout of rabbitmq-amqp-python-client "
+                    "(its examples are not on PyPI, which is all CI reaches)")
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", PORT)) == 0:
+            pytest.skip("port 5672 is taken (the examples connect there)")
+    data = tmp_path_factory.mktemp("shoal-examples")
+    proc = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", "--host", "127.0.0.1",
+                             "--port", str(PORT), "--nodes", "2", "--data-dir", str(data)],
+                            stdout=subprocess.DEVNULL, stderr=open(data / "serve.log", "wb"),
+                            start_new_session=True)
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", PORT)) == 0:
+                break
+        assert proc.poll() is None and time.monotonic() < deadline, \
+            (data / "serve.log").read_text()[-2000:]
+        time.sleep(0.2)
+    time.sleep(2)                   # the nodes' links and quorum groups settle
+    yield proc
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(30)
+
+
+def start(example: str) -> tuple[subprocess.Popen, list[str]]:
+    path = Path(EXAMPLES) / "examples" / example
+    proc = subprocess.Popen([sys.executable, "-u", str(path)], cwd=path.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, []
+
+
+def read_until(proc: subprocess.Popen, lines: list[str], pattern: str) -> None:
+    """Read ``proc``'s output into ``lines`` until a line matches ``pattern`` (bounded)."""
+    deadline = time.monotonic() + WAIT_S
+    rx = re.compile(pattern)
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if rx.search(line):
+            return
+        assert time.monotonic() < deadline, "\n".join(lines[-30:])
+    raise AssertionError(f"ended (exit {proc.wait()}) before {pattern!r}:\n" +
+                         "\n".join(lines[-30:]))
+
+
+def finish(proc: subprocess.Popen, lines: list[str], interrupt: bool) -> int:
+    if interrupt:
+        proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=WAIT_S)
+    lines.extend(out.splitlines())
+    return proc.returncode
+
+
+def test_getting_started(on_5672):
+    proc, lines = start("getting_started/getting_started.py")
+    read_until(proc, lines, r"received all messages")
+    assert finish(proc, lines, interrupt=True) == 0, "\n".join(lines[-30:])
+    text = "\n".join(lines)
+    assert text.count("message accepted") == 100 and "message not routed" not in text
+    assert "delete exchange" in text
+
+
+def test_pre_settled_consumer(on_5672):
+    proc, lines = start("pre_settled_consumer/example_pre_settled_consumer.py")
+    read_until(proc, lines, r"Received all messages")
+    assert finish(proc, lines, interrupt=True) == 0, "\n".join(lines[-30:])
+    assert "Example completed!" in "\n".join(lines)
+
+
+def test_rpc(on_5672):
+    server, slines = start("rpc/server.py")
+    read_until(server, slines, r"Responder listening")
+    client, clines = start("rpc/client.py")
+    try:
+        assert finish(client, clines, interrupt=False) == 0, "\n".join(clines[-30:])
+    finally:
+        finish(server, slines, interrupt=True)
+    got = [ln for ln in clines if ln.startswith("Received response:")]
+    assert got == [f"Received response: hello {i}-from the server - correlation_id: {i}"
+                   for i in range(10)]
