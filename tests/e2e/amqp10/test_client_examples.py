@@ -104,6 +104,9 @@ def test_pre_settled_consumer(on_5672):
     assert "Example completed!" in "\n".join(lines)
 
 
+@pytest.mark.xfail(strict=True, reason="the RPC requester uses direct reply-to over AMQP 1.0 "
+                   "(RabbitMQ 4.2), not implemented yet (issue 45): the client refuses a "
+                   "server below 4.2 ('Direct Reply-To requires RabbitMQ 4.2.0 or higher')")
 def test_rpc(on_5672):
     server, slines = start("rpc/server.py")
     read_until(server, slines, r"Responder listening")
