@@ -56,11 +56,6 @@ def condition(err: AMQPError) -> str:
     return CONDITIONS.get(err.reply_code, "amqp:internal-error")
 
 
-def _text(err: AMQPError) -> str:
-    text = err.reply_text or ""
-    return text.split(" - ", 1)[1] if " - " in text else text
-
-
 class PublishLink:
     """A client's sending link: where its messages go (None: each message's ``to``)."""
     __slots__ = ("target", "settled")
@@ -167,11 +162,11 @@ class LinkChannel(Channel):
             if not settled:
                 self._by_seq.pop(self.publish_seq, None)
             self._settle_now(link, delivery_id, settled,
-                             Rejected(error(condition(err), _text(err))))
+                             Rejected(error(condition(err), err.text)))
             # as RabbitMQ 4: a link whose target fails is detached; through the anonymous
             # relay only that message is rejected
             if err.reply_code in (403, 404) and link.context.target is not None:
-                link.session.detach(link, condition(err), _text(err))
+                link.session.detach(link, condition(err), err.text)
         finally:
             self._publishing = None
         if settled:
@@ -257,7 +252,7 @@ class LinkChannel(Channel):
             link.session.refuse_link(link, "amqp:invalid-field", str(exc))
             return
         except AMQPError as err:
-            link.session.refuse_link(link, condition(err), _text(err))
+            link.session.refuse_link(link, condition(err), err.text)
             return
         tag = f"amq.ctag-{secrets.token_urlsafe(12)}"
         t = LinkTarget(tag, self.number, self.vhost, link.settled_mode, registered=False,
@@ -268,7 +263,7 @@ class LinkChannel(Channel):
             await self.consume(t, queues, False, args)
         except AMQPError as err:
             self.links.pop(tag, None)
-            link.session.refuse_link(link, condition(err), _text(err))
+            link.session.refuse_link(link, condition(err), err.text)
             self.client.flush()
             return
         if link.detached or self.closed:
@@ -341,7 +336,7 @@ class LinkChannel(Channel):
             link.session.refuse_link(link, "amqp:invalid-field", str(exc))
             return
         except AMQPError as err:
-            link.session.refuse_link(link, condition(err), _text(err))
+            link.session.refuse_link(link, condition(err), err.text)
             return
         if link.detached:
             return

@@ -161,11 +161,11 @@ class ManagementNode:
             status, out = err.status, err.text
             log.warning("management request failed: %s %s", status, err.text)
         except AMQPError as err:
-            if err.reply_code == 403 and " refused for user " in err.reply_text:
-                self.ch.session.end("amqp:unauthorized-access", tm_text(err))
+            if _refused(err):
+                self.ch.session.end("amqp:unauthorized-access", err.text)
                 self.ch.client.flush()
                 return None
-            status, out = _status_of(err), tm_text(err)
+            status, out = _status_of(err), err.text
         except Exception:  # noqa: BLE001 - ends the session, logged (as RabbitMQ's crash)
             log.exception("internal error in a management request")
             self.ch.session.end("amqp:internal-error", "internal error; see the broker log")
@@ -232,7 +232,7 @@ class ManagementNode:
         try:
             node, rows = await b.get_request(vhost, name, [T.QUEUE_LIST, vhost])
         except AMQPError as err:
-            raise HttpError("404" if err.reply_code == 404 else "400", tm_text(err)) from None
+            raise HttpError("404" if err.reply_code == 404 else "400", err.text) from None
         row = next((r for r in rows if r[1] == name), None)
         if row is None:
             raise HttpError("404", f"queue '{name}' in vhost '{vhost}' not found")
@@ -278,7 +278,7 @@ class ManagementNode:
             await tm.on_queue_purge(self.ch, C.Queue.Purge(queue=name))
         except AMQPError as err:
             if err.reply_code == 404:
-                raise HttpError("404", tm_text(err)) from None
+                raise HttpError("404", err.text) from None
             raise
         return self.ch.answer.message_count
 
@@ -361,9 +361,9 @@ class ManagementNode:
         try:
             await run(ch, m)
         except AMQPError as err:
-            if err.reply_code == 403 and " refused for user " in err.reply_text:
+            if _refused(err):
                 raise
-            raise HttpError("403" if err.reply_code == 403 else "400", tm_text(err)) from None
+            raise HttpError("403" if err.reply_code == 403 else "400", err.text) from None
 
     def _list_bindings(self, query: dict) -> list:
         """GET /bindings?src=X&dstq=Q|dste=E&key=K: those bindings, each with its
@@ -437,7 +437,6 @@ def _status_of(err: AMQPError) -> str:
     return {404: "404", 406: "409", 403: "403"}.get(err.reply_code, "400")
 
 
-def tm_text(err: AMQPError) -> str:
-    """The reply text without its 0-9-1 name prefix ("NOT_FOUND - ...")."""
-    text = err.reply_text or ""
-    return text.split(" - ", 1)[1] if " - " in text else text
+def _refused(err: AMQPError) -> bool:
+    """A refused permission (ends the session, RabbitMQ's rule), not a reserved name's 403."""
+    return err.reply_code == 403 and " refused for user " in err.text
