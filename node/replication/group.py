@@ -208,15 +208,28 @@ class QuorumGroup:
 
     def can_mark(self) -> bool:
         """Whether a publish this leader logs now can be logged checked out (``enq``'s
-        ``out``, machine.py): nothing is ready ahead of it and its consumers have credit for
-        it besides the enqueues already so logged. Then the checkout rides on the enqueue's
-        entry and the delivery goes as it is applied; one that is not handed out after all
-        is logged ``unout``."""
+        ``out``, machine.py), so that a consumer gets it as it is applied, its checkout
+        riding on the enqueue's entry (one round through the log, not two); one that is not
+        handed out after all is logged ``unout``. Either its consumers have credit for it
+        and nothing is ready ahead of it, or they keep up with the queue: an acquiring
+        consumer, everything ready is marked already (``fresh``, ``marking``), and fewer
+        marks are out than :meth:`mark_ahead` keeps (``mark_want``), counting the enqueues
+        already so logged (``pending_marked``)."""
         q = self.queue
-        if q.available or q.held or not q.qcm.interested_count:
+        qcm = q.qcm
+        if not qcm.all:
+            return False
+        fresh, marking = len(self.machine.fresh), len(self.marking)
+        if q.available <= fresh + marking and \
+                self.pending_marked + fresh + marking < self.mark_want:
+            for c in qcm.all:
+                if c.acquires:
+                    return True
+            return False
+        if q.available or q.held or not qcm.interested_count:
             return False
         spare = 0
-        for c in q.qcm.all:
+        for c in qcm.all:
             if c.acquires:
                 spare += c.credit
                 if spare > self.pending_marked:
@@ -230,13 +243,13 @@ class QuorumGroup:
             self.leading and self.queue.available > len(self.machine.fresh) and
             self.queue.consumer_count > 0)
 
-    def log_turn(self) -> None:
+    def log_turn(self, first: bool = True) -> None:
         """The turn's checkouts, and at-least-once dead letters, as log entries (at the
         start of each Ready pass: manager.py); the next messages marked checked out ahead of
         the consumers' credit (:meth:`mark_ahead`)."""
         if self.dlx is not None:
             self.dlx.log_turn()
-        if self.leading:
+        if self.leading and first:
             self.mark_ahead()
         self.log_checkouts()
 
@@ -257,7 +270,7 @@ class QuorumGroup:
                 fresh.clear()
             self.mark_want = MARK_AHEAD_MIN
             return
-        have = len(fresh) + len(self.marking)
+        have = len(fresh) + len(self.marking) + self.pending_marked
         want = self.mark_want
         if want - have < max(MARK_BATCH, want // 4) or q.available <= len(fresh) or \
                 not self.may_deliver():
@@ -415,35 +428,43 @@ class QuorumGroup:
 
     def apply(self, entry: Entry) -> None:
         result: Any = None
-        if entry.kind == NORMAL and entry.data is not None:
-            if self.leading and entry.term == self.raft.term and entry.data[0] == "enq":
-                self.pending[0] -= 1
-                self.pending[1] -= len(entry.data[4])
-                if len(entry.data) > 8 and entry.data[8]:
+        data = entry.data
+        if entry.kind == NORMAL and data is not None:
+            op = data[0]
+            leading = self.leading
+            older = leading and entry.term < self.raft.term
+            if op == "enq" and leading and not older:
+                pending = self.pending
+                pending[0] -= 1
+                pending[1] -= len(data[4])
+                if len(data) > 8 and data[8]:
                     self.pending_marked -= 1
             try:
-                result = self.machine.apply(entry.index, entry.data)
+                result = self.machine.apply(entry.index, data)
             except Exception:  # noqa: BLE001 - a bad command must not stop the group
                 log.exception("quorum queue '%s': cannot apply entry %d", self.key[1],
                               entry.index)
-            if self.leading:
-                older = entry.term < self.raft.term
-                if entry.data[0] == "mark":
-                    for i in entry.data[1]:
+            if op == "enq":
+                if older and entry.index in self.machine.fresh:
+                    self._older_checkout(entry.index)
+            elif op == "mark":
+                if leading:
+                    for i in data[1]:
                         self.marking.discard(i)
                         if older and i in self.machine.fresh:
                             self._older_checkout(i)
-                elif older and entry.index in self.machine.fresh:
-                    self._older_checkout(entry.index)
-            if entry.data[0] == "wanted":       # an operator's add/delete_member, grow, shrink
-                self.wanted = [str(n) for n in entry.data[1]]
-            elif entry.data[0] == "dlx" and self.leading and self.dlx is not None and result:
-                self.dlx.send(result, self.host.now())
-            if entry.data[0] == "delete":
+            elif op == "wanted":                # an operator's add/delete_member, grow, shrink
+                self.wanted = [str(n) for n in data[1]]
+            elif op == "dlx":
+                if leading and self.dlx is not None and result:
+                    self.dlx.send(result, self.host.now())
+            elif op == "delete":
                 self._answer(entry.index, result)
                 self.deleted = True
                 self.host.deleted(self)
                 return
+            elif older and entry.index in self.machine.fresh:
+                self._older_checkout(entry.index)
         self._answer(entry.index, result)
         if entry.index == self.term_start and self.leading:
             self.queue.notify_work()        # it may deliver now (may_deliver)

@@ -113,20 +113,22 @@ class QueueMachine:
         op = cmd[0]
         q = self.queue
         if op == "enq":
-            ts = cmd[7] if len(cmd) > 7 else None
-            marked = len(cmd) > 8 and cmd[8]
-            at = None if ts is None else q.timers.wall_to_monotonic(ts)
-            e = q.enqueue(cmd[1], cmd[2], cmd[3], cmd[4], cmd[5], at)
+            n = len(cmd)
+            ts = cmd[7] if n > 7 else None
+            e = q.enqueue(cmd[1], cmd[2], cmd[3], cmd[4], cmd[5],
+                          None if ts is None else ts - q.timers.wall_offset_ms)
             if e is None:
                 return False
-            if len(cmd) > 6 and cmd[6]:
+            again = n > 6 and cmd[6]
+            if again:
                 e.redelivered = True
-            self._track(index, e)
+            self.by_index[index] = e
+            self.index_of[e.entry_id] = index
             if ts is not None and (e.expires_at or e.state is HELD):
                 self.ts_of[index] = ts
-            if marked and not e.is_dead:     # checked out as it is enqueued (group.py)
+            if n > 8 and cmd[8] and not e.is_dead:     # checked out as enqueued (group.py)
                 self.out.add(index)
-                self.marked[index] = bool(len(cmd) > 6 and cmd[6])
+                self.marked[index] = bool(again)
                 if self.leading:
                     self.fresh.add(index)
                 else:
@@ -251,10 +253,14 @@ class QueueMachine:
     def _untrack(self, index: int, e: QueueEntry) -> None:
         self.by_index.pop(index, None)
         self.index_of.pop(e.entry_id, None)
-        self.ts_of.pop(index, None)
-        self.out.discard(index)
-        self.marked.pop(index, None)
-        self.fresh.discard(index)
+        if self.ts_of:
+            self.ts_of.pop(index, None)
+        if self.out:
+            self.out.discard(index)
+        if self.marked:
+            self.marked.pop(index, None)
+        if self.fresh:
+            self.fresh.discard(index)
 
     def forget_dead(self) -> None:
         """Drop the entries the queue removed by itself (TTL expiry, delivery limit)."""

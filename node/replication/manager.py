@@ -293,10 +293,10 @@ class Replication:
                 self.links.flush()              # PEER_HELLOs
             return                              # a node without quorum queues: nothing
         self._announce_new_routers()
-        for _ in range(4):
+        for rnd in range(4):
             for g in self.groups.values():
                 if g.has_turn_entries():
-                    g.log_turn()            # the turn's deliveries, dead letters: an entry
+                    g.log_turn(rnd == 0)    # the turn's deliveries, dead letters: an entry
             readies = [(g, g.raft.ready()) for g in list(self.groups.values())
                        if not g.deleted and g.raft.has_ready()]
             for g in self.retiring:
