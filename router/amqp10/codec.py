@@ -415,14 +415,24 @@ _FIXED_WIDTH = {"ubyte": (0x50, _pB), "ushort": (0x60, _pH), "byte": (0x51, _pb)
 
 
 def _array_out(out: bytearray, elem: str, values: list) -> None:
-    """An array of symbols (``elem`` "symbol") or strings: what performatives carry."""
+    """An array of symbols (``elem`` "symbol"), of maps ("map": RabbitMQ 4's
+    ``x-opt-deaths``) or of strings (any other ``elem``)."""
     body = bytearray()
-    code = 0xb3 if elem == "symbol" else 0xb1
-    body.append(code)
-    for x in values:
-        raw = x.encode("utf-8")
-        body += _pI(len(raw))
-        body += raw
+    if elem == "map":
+        body.append(0xd1)
+        for x in values:
+            entries = bytearray()
+            for k, v in x.items():
+                _enc(entries, k)
+                _enc(entries, v)
+            body += _pII(len(entries) + 4, 2 * len(x))
+            body += entries
+    else:
+        body.append(0xb3 if elem == "symbol" else 0xb1)
+        for x in values:
+            raw = x.encode("utf-8")
+            body += _pI(len(raw))
+            body += raw
     out.append(0xf0)
     out += _pII(len(body) + 4, len(values))
     out += body

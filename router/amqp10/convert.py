@@ -7,9 +7,10 @@ once, on the way in (:func:`to_091`); one consumed over AMQP 1.0 once, on the wa
 tables "AMQP 1.0 -> AMQP 0.9.1" and "AMQP 0.9.1 -> AMQP 1.0"); docs/amqp10.md has the table and
 where Shoal differs.
 
-Body: one data section is the 0-9-1 body as is. Any other body (amqp-value, amqp-sequence,
-several data sections) becomes its AMQP-encoded sections with ``type`` "amqp-1.0", and is
-given back to an AMQP 1.0 consumer as those sections.
+A message published over AMQP 1.0 is kept whole: the body the nodes store is its sections as
+published, with ``type`` "amqp-1.0" (whole.py has the form and the conversions for a
+delivery); the header is the 0-9-1 conversion of its sections, which is what nodes and
+exchanges read.
 
 Errors: :class:`~.codec.DecodeError` for a payload that is not a sequence of message sections
 (the transfer is rejected with ``amqp:decode-error``).
@@ -116,21 +117,25 @@ def _id_text(v: Any) -> tuple[str | None, Any]:
 
 
 def to_091(payload: bytes) -> Incoming:
-    """An AMQP 1.0 message (a transfer's joined payload) as 0-9-1 header and body."""
+    """An AMQP 1.0 message (a transfer's joined payload) as the router publishes it: the
+    0-9-1 header converted from its sections, with ``type`` ``amqp-1.0``, and as body its
+    sections kept whole (whole.py: all but the header and the delivery annotations)."""
     head_raw = props_raw = b""
     app = ann = None
-    body_parts = []
+    kept = []
     for code, at, start, end in sections(payload):
         if code == HEADER:
             head_raw = payload[start:end]
-        elif code == PROPERTIES:
+            continue
+        if code == DELIVERY_ANN:
+            continue
+        kept.append((at, end))
+        if code == PROPERTIES:
             props_raw = payload[start:end]
         elif code == APP_PROPERTIES:
             app = decode(payload, start, end)[0]
         elif code == MESSAGE_ANN:
             ann = decode(payload, start, end)[0]
-        elif code == DATA or code == SEQUENCE or code == VALUE:
-            body_parts.append((code, at, start, end))
     fixed, extra, to, subject = _mapped(head_raw, props_raw)
     p = dict(fixed)
     headers = dict(extra)
@@ -143,15 +148,13 @@ def to_091(payload: bytes) -> Incoming:
         for k, v in app.items():
             if isinstance(k, str) and _shortstr(k):
                 headers[str(k)] = to_field(v)
-    if len(body_parts) == 1 and body_parts[0][0] == DATA:
-        body = decode(payload, body_parts[0][2], body_parts[0][3])[0]
-        if not isinstance(body, bytes):
-            raise DecodeError("a data section that is not binary")
-    else:       # amqp-value, amqp-sequence, several data sections: kept AMQP-encoded
-        body = b"".join(payload[at:e] if payload[at + 1] == 0x53 else
-                        encode(Described(code, decode(payload, s, e)[0]))
-                        for code, at, s, e in body_parts)
-        p["message_type"] = AMQP10_TYPE
+    if not kept:
+        body = b""
+    elif kept[-1][1] == len(payload) and all(a[1] == b[0] for a, b in zip(kept, kept[1:])):
+        body = payload[kept[0][0]:] if kept[0][0] else payload
+    else:
+        body = b"".join(payload[a:e] for a, e in kept)
+    p["message_type"] = AMQP10_TYPE
     if headers:
         p["headers"] = headers
     return Incoming(content_header(len(body), p), body, to, subject)

@@ -27,7 +27,7 @@ from shoal.shared.errors import AMQPError
 
 from shoal.router import consumers as credit
 from shoal.router.amqp.events import MessagePublished
-from shoal.router.amqp10 import address, convert
+from shoal.router.amqp10 import address, convert, whole
 from shoal.router.amqp10.codec import DecodeError, Described, Symbol
 from shoal.router.amqp10.engine import Link
 from shoal.router.amqp10.frames import (Accepted, Modified, Rejected, Released, Source, Target,
@@ -195,7 +195,14 @@ class LinkChannel(Channel):
             if not t.no_ack:
                 self.settle([(tag, self.unacked.pop(tag))], wire.OUTCOME_RELEASE)
             return
-        payload = convert.to_amqp10(header, body, exchange, routing_key, redelivered)
+        payload = None
+        if whole.is_whole(header):              # published over AMQP 1.0: as it was sent
+            try:
+                payload = whole.to_amqp10(header, body, exchange, routing_key, redelivered)
+            except DecodeError:                 # a 0-9-1 publisher's: as convert.py says
+                pass
+        if payload is None:
+            payload = convert.to_amqp10(header, body, exchange, routing_key, redelivered)
         link.session.send_message(link, payload, tag)
         t.credit = link.credit
 

@@ -27,6 +27,7 @@ from shoal.shared.wire import T, TAG_SETTLE
 from shoal.router import consumers as credit
 from shoal.router.frontend import topology_methods, transactions
 from shoal.router.access.users import READ, WRITE
+from shoal.router.amqp10.whole import for_091
 from shoal.router.amqp.events import MessagePublished
 from shoal.router.broker import Broker
 from shoal.router.consumers import Consumer, ConsumerTarget, CreditPool
@@ -329,6 +330,7 @@ class Channel:
         self.next_tag += 1
         if not m.no_ack:
             self.unacked[tag] = Delivery(link.node_id, delivery_id, None)
+        header, body = for_091(header, body)        # an AMQP 1.0 message kept whole
         self.client.amqp.send_get_ok(self.number, tag, redelivered, exchange, routing_key,
                                      count, header, body)
 
@@ -341,6 +343,7 @@ class Channel:
         credit.on_delivered(self.pool, c)
         if not t.no_ack:
             self.unacked[tag] = Delivery(c.node_id, delivery_id, c)
+        header, body = for_091(header, body)        # an AMQP 1.0 message kept whole
         self.client.amqp.send_deliver(self.number, t.tag, tag, redelivered, exchange,
                                       routing_key, header, body)
         if t.no_ack:

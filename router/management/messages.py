@@ -17,6 +17,7 @@ from shoal.shared.errors import AMQPError
 from shoal.shared.wire import TAG_SETTLE, T
 
 from shoal.router.amqp.fastpath import parse_properties
+from shoal.router.amqp10.whole import for_091
 from shoal.router.live import json_safe
 from shoal.router.management.views import ApiError, _arg, _body, _broker, _vhost
 
@@ -82,6 +83,7 @@ async def get_messages(request: web.Request):
                 break
             delivery_id, redelivered, exchange, key, header, data, left = got
             ids.append(delivery_id)
+            header, data = for_091(header, bytes(data))     # an AMQP 1.0 message kept whole
             payload, kind = payload_json(bytes(data), encoding, truncate)
             out.append({"payload_bytes": len(data), "redelivered": bool(redelivered),
                         "exchange": exchange, "routing_key": key, "message_count": left,

@@ -13,7 +13,7 @@ from pamqp.header import ContentHeader
 
 from tests.router.amqp10_peer import proton
 
-from shoal.router.amqp10 import address, convert
+from shoal.router.amqp10 import address, convert, whole
 from shoal.router.amqp10.codec import (DecodeError, Described, Symbol, Timestamp, Typed, decode,
                                        encode)
 
@@ -64,8 +64,11 @@ def test_a_1_0_message_becomes_0_9_1_as_rabbitmq_4_converts_it():
                        properties={"a": 1, "b": "x"},
                        annotations={proton.symbol("x-opt"): "o"})
     got = convert.to_091(bytes(m.encode()))
-    p = _props(got.header)
-    assert got.body == b"hello" and got.to == "/queues/q" and got.subject == "subj"
+    assert got.to == "/queues/q" and got.subject == "subj"
+    assert _props(got.header).message_type == "amqp-1.0"     # stored whole (whole.py)
+    header, body = whole.for_091(got.header, got.body)      # what a 0-9-1 consumer gets
+    p = _props(header)
+    assert body == b"hello" and p.message_type is None
     assert (p.message_id, p.correlation_id) == ("m-1", f"urn:uuid:{cid}")
     assert (p.content_type, p.priority, p.expiration, p.delivery_mode) == \
         ("text/plain", 7, "5000", 2)
@@ -77,11 +80,15 @@ def test_a_1_0_message_becomes_0_9_1_as_rabbitmq_4_converts_it():
 
 def test_an_amqp_value_body_stays_encoded_with_type_amqp_1_0():
     got = convert.to_091(bytes(proton.Message(body={"k": [1, 2]}).encode()))
-    assert _props(got.header).message_type == "amqp-1.0"
-    assert decode(got.body)[0] == Described(0x77, {"k": [1, 2]})
+    header, body = whole.for_091(got.header, got.body)
+    assert _props(header).message_type == "amqp-1.0"
+    assert decode(body)[0] == Described(0x77, {"k": [1, 2]})
     back = proton.Message()
-    back.decode(convert.to_amqp10(got.header, got.body, "", "q", False))
+    back.decode(whole.to_amqp10(got.header, got.body, "", "q", False))
     assert back.body == {"k": [1, 2]}
+    old = proton.Message()      # a 0-9-1 publisher's encoded body sections (the contract)
+    old.decode(convert.to_amqp10(header, body, "", "q", False))
+    assert old.body == {"k": [1, 2]}
 
 
 def test_a_0_9_1_message_becomes_1_0_as_rabbitmq_4_converts_it():

@@ -39,7 +39,8 @@ def run(cl, config: dict, *scenarios: str) -> dict:
 def config(cluster, names):
     c = {"queue": names(), "exchange_queue": names(), "exchange": "amq.direct",
          "key": names("key"), "release_queue": names(), "reject_queue": names(),
-         "dlq": names("dlq"), "request_queue": names(), "missing": names("missing")}
+         "dlq": names("dlq"), "request_queue": names(), "missing": names("missing"),
+         "mgmt_queue": names("mgmt")}
     for q in ("queue", "release_queue", "dlq", "request_queue"):
         declare(cluster, c[q])
     declare(cluster, c["reject_queue"], {"x-dead-letter-exchange": "",
@@ -74,3 +75,27 @@ def test_rhea_errors(cluster, config):
     got = run(cluster, config, "missing_queue", "wrong_password")
     assert got["missing_queue"] == ["link", "amqp:not-found"]
     assert got["wrong_password"][0] == "disconnected"
+
+
+def test_rhea_message_kept_whole(cluster, config):
+    """Every section and type a 1.0 publisher sends comes back as sent (issue 45)."""
+    got = run(cluster, config, "whole_round_trip")["whole_round_trip"]
+    assert got["body"] == {"k": [1, "two"]}                     # an amqp-value, not bytes
+    assert (got["subject"], got["to"], got["group_id"], got["reply_to_group_id"],
+            got["group_sequence"], got["message_id"], got["content_type"], got["user_id"],
+            got["creation_time"]) == ("subj", f"/queues/{config['queue']}", "g", "rg", 3, "m-1",
+                                      "text/plain", cluster.user, 1700000000123)
+    assert got["annotations"]["x-opt-u"] == 9 and got["annotations"]["x-opt-s"] == "s"
+    assert got["annotations"]["x-routing-key"] == config["queue"]
+    assert got["properties"] == {
+        "ubyte": 200, "ushort": 60000, "uint": 4000000000, "byte": -100, "short": -30000,
+        "int": -5, "long": -2, "float": 1.5, "double": 2.25, "bool": True, "str": "text",
+        "sym": "sym", "bin": ["binary", [0, 255]], "ts": ["timestamp", 1700000000123],
+        "nul": None}
+    assert got["footer"] == ["sig"]
+
+
+def test_rhea_management_node(cluster, config):
+    """RabbitMQ 4's management node from rhea: PUT, GET, purge, DELETE, then 404."""
+    got = run(cluster, config, "management_node")["management_node"]
+    assert got == ["201", "200", "quorum", "200", "200", "404"]
