@@ -18,7 +18,7 @@ from shoal.shared.wire import (MOVED, OUTCOME_ACK, OUTCOME_REJECT, OUTCOME_RELEA
                                OUTCOME_REQUEUE, TAG_PUBLISH_MOVED, TAG_PUBLISH_RESULT, TAG_REPLY, T)
 
 from shoal.node.queues.consumer import QueueConsumer
-from shoal.node.queues.deadletter import delivery_count_header
+from shoal.node.queues.deadletter import annotated_header, delivery_count_header
 from shoal.node import lease
 from shoal.node.durability.durable import DurableLog
 from shoal.node.queues.entry import QueueEntry
@@ -252,14 +252,18 @@ def on_credit(shard: ShardCore, state: RouterPeer, msg: list) -> None:
 
 def on_settle(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     """SETTLE: ACK dequeues, REQUEUE releases (original position, redelivered) and
-    notifies, REJECT drops. Unknown delivery ids are ignored."""
-    _, outcome, ids = msg
+    notifies, REJECT drops. Unknown delivery ids are ignored. ``annotations`` (a 4th
+    element, shared/wire.py): merged into the headers of the messages first."""
+    outcome, ids = msg[1], msg[2]
     if type(ids) is not list:
         log.warning("dropping SETTLE whose delivery ids are not a list")
         return
     unsettled = state.unsettled
+    table = msg[3] if len(msg) > 3 and msg[3] else None
+    if table is not None and outcome != OUTCOME_ACK:
+        annotate(unsettled, ids, table)
     if shard.replication is not None and shard.replication.groups:
-        settle_with_quorum(state, outcome, ids)
+        settle_with_quorum(state, outcome, ids, table)
         return
     if outcome == OUTCOME_ACK:
         for i in ids:
@@ -284,12 +288,27 @@ def on_settle(shard: ShardCore, state: RouterPeer, msg: list) -> None:
         log.warning("dropping SETTLE with unknown outcome %r", outcome)
 
 
-def settle_with_quorum(state: RouterPeer, outcome: int, ids: list) -> None:
+def annotate(unsettled: dict, ids: list, table: bytes) -> None:
+    """A modified outcome's annotations (``table``) merged into the messages ``ids``
+    (AMQP 1.0 3.4.5; RabbitMQ 4). A table that does not decode is logged and ignored."""
+    for i in ids:
+        e = unsettled.get(i)
+        if e is not None and not e.is_dead:
+            try:
+                e.header = annotated_header(e.header, table)
+            except ValueError as exc:
+                log.warning("ignoring the annotations of a settlement: %s", exc)
+                return
+
+
+def settle_with_quorum(state: RouterPeer, outcome: int, ids: list,
+                       table: bytes | None = None) -> None:
     """SETTLE on a node with quorum queues: each delivery is settled here as on a classic
     queue (the leader's acquisitions are its own), and a quorum queue's settlements then go
     to its log for the other members: ``ack``, ``requeue`` (returned: redelivered, counted),
     ``release`` (returned, not counted: AMQP 1.0 released),
-    ``drop`` (rejected, or dead-lettered at its delivery limit)."""
+    ``drop`` (rejected, or dead-lettered at its delivery limit). ``table``: a modified
+    outcome's annotations, already merged here, logged with a return for the others."""
     unsettled = state.unsettled
     ops: dict[Any, dict[str, list]] = {}
     touched: dict[Queue, None] = {}
@@ -318,7 +337,7 @@ def settle_with_quorum(state: RouterPeer, outcome: int, ids: list) -> None:
             ops.setdefault(q.replica, {}).setdefault(op, []).append(e)
     for g, by_op in ops.items():
         for op, entries in by_op.items():
-            g.settle(op, entries)
+            g.settle(op, entries, table if op in ("requeue", "release") else None)
     for q in touched:
         q.notify_work()
 

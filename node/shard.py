@@ -66,6 +66,7 @@ _TOPOLOGY_REQUESTS = frozenset(int(t) for t in (
 
 _S = (str, type(None))      # optional str (owner)
 _D = (dict, type(None))     # optional table (arguments)
+_SETTLE = int(T.SETTLE)
 
 
 class Shard:
@@ -323,7 +324,8 @@ class Shard:
             log.warning("dropping wire message with unknown tag %r from %r", tag, peer)
             return
         arity, types, handler, is_request = spec
-        if len(msg) != arity or (types and not all(map(isinstance, msg[1:], types))):
+        if (len(msg) != arity and not (tag == _SETTLE and len(msg) == 4)) or \
+                (types and not all(map(isinstance, msg[1:], types))):   # SETTLE's annotations
             self._malformed(peer, msg, is_request)
             return
         if tag == TAG_HELLO:

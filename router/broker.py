@@ -356,8 +356,11 @@ class Broker:
             self.consumers.pop(consumer_id, None)
         return done
 
-    def settle(self, ch: BrokerChannel, deliveries: list[Delivery], outcome: int) -> None:
-        """Forward settlements to the nodes (one SETTLE per node) and free their credit."""
+    def settle(self, ch: BrokerChannel, deliveries: list[Delivery], outcome: int,
+               annotations: bytes = b"") -> None:
+        """Forward settlements to the nodes (one SETTLE per node) and free their credit.
+        ``annotations``: an encoded 0-9-1 field table the nodes merge into the messages (a
+        modified outcome's, shared/wire.py SETTLE)."""
         by_node: dict[str, list[int]] = {}
         touched = []
         if outcome == wire.OUTCOME_ACK:
@@ -370,7 +373,9 @@ class Broker:
                 touched.append(d.consumer.target)
         for node_id, ids in by_node.items():
             link = self.links[node_id]
-            if link.up:
+            if link.up and annotations:
+                link.send([TAG_SETTLE, outcome, ids, annotations])
+            elif link.up:
                 link.send_lazy([TAG_SETTLE, outcome, ids])
         if ch.pool.global_prefetch:
             self.replenish_channel(ch)

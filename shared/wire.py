@@ -127,7 +127,11 @@ class T(IntEnum):
     CREDIT_DRAINED = 45   # N->R [T, consumer_id, unused]
     CONSUMER_CANCELLED = 46  # N->R [T, consumer_id, reason]: the node ended the consumer
                              #   (queue deleted); the router sends basic.cancel.
-    SETTLE = 47           # R->N [T, outcome, delivery_ids]; outcome in OUTCOME_*
+    SETTLE = 47           # R->N [T, outcome, delivery_ids(, annotations)]; outcome in
+                          #   OUTCOME_*; ``annotations`` (bytes): an AMQP 0-9-1 field
+                          #   table (a modified outcome's message annotations, RabbitMQ
+                          #   4) merged into each message's headers as it is returned
+                          #   or dead-lettered
     GET = 48              # R->N [T, req_id, vhost, queue, no_ack, owner]
                           #   -> payload None (empty) or [delivery_id, redelivered, exchange,
                           #      routing_key, header, body, message_count]

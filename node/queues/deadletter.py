@@ -22,6 +22,7 @@ import datetime
 import logging
 from typing import Any
 
+from pamqp import decode
 from pamqp.commands import Basic
 
 from shoal.shared.wire import TAG_REPUBLISH
@@ -89,6 +90,19 @@ def delivery_count_header(header: bytes, body_size: int, count: int) -> bytes:
     """``header`` with ``x-delivery-count`` = ``count`` (a 64-bit integer, as RabbitMQ)."""
     props = parse_properties(header) or Basic.Properties()
     return _rewrite(header, props, body_size, {"x-delivery-count": Long(count)})
+
+
+def annotated_header(header: bytes, table: bytes) -> bytes:
+    """``header`` with the entries of ``table`` (an encoded AMQP 0-9-1 field table: a
+    modified outcome's message annotations, AMQP 1.0 3.4.5) set in its headers, replacing
+    those of the same key (RabbitMQ 4's ``modify`` merges them into the message). Raises
+    ValueError for a table that does not decode."""
+    try:
+        _, added = decode.field_table(table)
+    except Exception as exc:  # noqa: BLE001 - pamqp raises assorted errors on bad bytes
+        raise ValueError(f"bad annotations table: {exc}") from None
+    props = parse_properties(header) or Basic.Properties()
+    return _rewrite(header, props, int.from_bytes(header[4:12], "big"), dict(added))
 
 
 def _rewrite(header: bytes, props: Basic.Properties, body_size: int,

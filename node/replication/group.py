@@ -149,13 +149,15 @@ class QuorumGroup:
             self.waiters.setdefault(index, []).append(then)
         return True
 
-    def settle(self, op: str, entries: list[QueueEntry]) -> None:
+    def settle(self, op: str, entries: list[QueueEntry], table: bytes | None = None) -> None:
         """This leader settled these deliveries (``op``: ack, requeue or drop, see
-        node/replication/machine.py): the other members do the same when it is applied."""
+        node/replication/machine.py): the other members do the same when it is applied.
+        ``table``: a modified outcome's annotations merged into them (a return only)."""
         captured = self.machine.captured        # dead-lettered at least once: ``dlx`` says it
         idx = [i for i in map(self.machine.index, entries) if i is not None and i not in captured]
         if idx:
-            self.propose([op, idx])     # refused when not leader: the new leader redelivers
+            # refused when not leader: the new leader redelivers
+            self.propose([op, idx, table] if table else [op, idx])
 
     def removed(self, entry: QueueEntry) -> None:
         """The leader's queue removed ``entry`` by itself (TTL expiry, x-overflow drop-head,

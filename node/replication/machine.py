@@ -30,9 +30,10 @@ Commands (lists, msgpack values), each applied by :meth:`QueueMachine.apply`:
   marked redelivered and counted as a delivery (``x-delivery-limit``) where it was not
   acquired. The third (optional) list: delivered under this leader's own ``mark``, which
   counted them already;
-- ``["requeue", [index, ...]]``: returned to the queue (a nack or reject with requeue, a
-  modified outcome: the delivery stays counted);
-- ``["release", [index, ...]]``: returned, not counted (AMQP 1.0 released);
+- ``["requeue", [index, ...](, table)]``: returned to the queue (a nack or reject with
+  requeue, a modified outcome: the delivery stays counted); ``table``: a modified outcome's
+  annotations (an encoded 0-9-1 field table) merged into their headers;
+- ``["release", [index, ...](, table)]``: returned, not counted (AMQP 1.0 released);
 - ``["drop", [index, ...]]``: gone (rejected, expired, or dead-lettered at the delivery
   limit);
 
@@ -68,6 +69,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shoal.node.queues.deadletter import annotated_header
 from shoal.node.queues.entry import ACQUIRED, HELD, QueueEntry
 from shoal.node.queues.paging import body_bytes
 from shoal.node.queues.queue import Queue
@@ -197,10 +199,16 @@ class QueueMachine:
                     e.delivery_count += 1
             return None
         if op in ("requeue", "release"):
+            table = cmd[2] if len(cmd) > 2 else None
             for i in cmd[1]:
                 self.out.discard(i)
                 self.marked.pop(i, None)
                 e = self.by_index.get(i)
+                if table and e is not None and not e.is_dead and not self.leading:
+                    try:                                    # the leader's did already
+                        e.header = annotated_header(e.header, table)
+                    except ValueError:
+                        pass                                # as the leader: not annotated
                 if e is not None and not e.is_dead and e.state is not ACQUIRED:
                     e.redelivered = True
                     if op == "release" and not self.leading and e.delivery_count > 0:

@@ -201,6 +201,14 @@ _q64 = struct.Struct(">q").pack
 _d64 = struct.Struct(">d").pack
 
 
+def field_table(table: dict) -> bytes:
+    """``table`` as an encoded AMQP 0-9-1 field table (4-octet size, then entries; the
+    value types of :func:`content_header`)."""
+    out = bytearray()
+    _table(out, table)
+    return bytes(out)
+
+
 def _table(out: bytearray, table: dict) -> None:
     body = bytearray()
     for k, v in table.items():

@@ -65,6 +65,22 @@ class PublishLink:
         self.settled: list[tuple[int, Any]] = []     #: (delivery id, state) this turn
 
 
+def modified_annotations(annotations: Any) -> bytes:
+    """A modified outcome's message annotations (AMQP 1.0 3.4.5) as the encoded 0-9-1 field
+    table nodes merge into the message (``b""``: none). Raises ValueError for a key that
+    does not start with ``x-``: "all symbolic keys except those beginning with x- are
+    reserved" (3.2.10; RabbitMQ 4 takes only those too)."""
+    if not annotations:
+        return b""
+    if not isinstance(annotations, dict):
+        raise ValueError("the modified outcome's message-annotations are not a map")
+    for k in annotations:
+        if not isinstance(k, str) or not k.startswith("x-"):
+            raise ValueError(f"message annotation {k!r} of a modified outcome is reserved: "
+                             f"keys start with 'x-' (AMQP 1.0 3.2.10)")
+    return convert.field_table({str(k): convert.to_field(v) for k, v in annotations.items()})
+
+
 class LinkChannel(Channel):
     """AMQP 1.0 session ``number`` of a client connection (router/frontend/amqp10_client.py)."""
 
@@ -210,19 +226,32 @@ class LinkChannel(Channel):
         """The client settled deliveries (``(delivery id, delivery tag)`` pairs) with
         ``state`` (an outcome, part 3.4)."""
         t = type(state)
+        table = b""
         if t is Accepted:
             outcome = wire.OUTCOME_ACK
         elif t is Rejected:
             outcome = wire.OUTCOME_REJECT
-        elif t is Modified and state.delivery_failed:
-            outcome = wire.OUTCOME_REQUEUE
-        elif t in (Released, Modified):
+        elif t is Modified:
+            # RabbitMQ 4 (rabbit_fifo modify): undeliverable-here discards (dead-letters),
+            # delivery-failed returns it counted, else uncounted; its annotations merge in
+            if state.undeliverable_here:
+                outcome = wire.OUTCOME_REJECT
+            elif state.delivery_failed:
+                outcome = wire.OUTCOME_REQUEUE
+            else:
+                outcome = wire.OUTCOME_RELEASE
+            try:
+                table = modified_annotations(state.message_annotations)
+            except ValueError as exc:
+                self.session.end("amqp:invalid-field", str(exc))
+                return
+        elif t is Released:
             outcome = wire.OUTCOME_RELEASE
         else:                   # received (not an outcome): nothing to do yet
             return
         taken = [(tag, self.unacked.pop(tag)) for _, tag in pairs if tag in self.unacked]
         if taken:
-            self.settle(taken, outcome)
+            self.settle(taken, outcome, table)
 
     def credit_changed(self, link: Link) -> None:
         t = link.context

@@ -368,12 +368,14 @@ class Channel:
             tags = [delivery_tag]
         return [(t, self.unacked.pop(t)) for t in tags]
 
-    def settle(self, deliveries: list[tuple[int, Delivery]], outcome: int) -> None:
-        """Settle ``(tag, delivery)`` pairs now, or at tx.commit on a transactional channel."""
+    def settle(self, deliveries: list[tuple[int, Delivery]], outcome: int,
+               annotations: bytes = b"") -> None:
+        """Settle ``(tag, delivery)`` pairs now, or at tx.commit on a transactional channel
+        (``annotations``: see Broker.settle; AMQP 1.0 only, which has no transactions)."""
         if self.tx is not None and not self.closed:
             self.tx.settles.append((outcome, deliveries))
             return
-        self.broker.settle(self, [d for _, d in deliveries], outcome)
+        self.broker.settle(self, [d for _, d in deliveries], outcome, annotations)
 
     def on_basic_ack(self, m: C.Basic.Ack) -> None:
         self.settle(self._take(m.delivery_tag, m.multiple), wire.OUTCOME_ACK)

@@ -157,11 +157,14 @@ def receive_none(rcv: BlockingReceiver, wait: float = 1.0) -> bool:
 
 
 def settle_modified(rcv: BlockingReceiver, failed: bool = True,
-                    undeliverable: bool = False) -> None:
-    """Settle the oldest unsettled delivery of ``rcv`` with ``modified``."""
+                    undeliverable: bool = False, annotations: dict | None = None) -> None:
+    """Settle the oldest unsettled delivery of ``rcv`` with ``modified`` (with message
+    ``annotations`` to merge into the message, when given)."""
     d = rcv.fetcher.unsettled.popleft()
     d.local.failed = failed
     d.local.undeliverable = undeliverable
+    if annotations is not None:
+        d.local.annotations = annotations
     d.update(Delivery.MODIFIED)
     d.settle()
 

@@ -12,11 +12,11 @@ import pytest
 pytest.importorskip("proton", reason="python-qpid-proton is not installed "
                     "(pip install -e '.[test]')")
 
-from proton import (Message, byte, char, decimal32, float32, int32, short, symbol,  # noqa: E402
+from proton import (Endpoint, Message, byte, char, decimal32, float32, int32, short, symbol,  # noqa: E402
                     timestamp, ubyte, uint, ulong, ushort)
 
-from .helpers import (TIMEOUT, declare, pika_get_all, proton_conn, queue_addr,  # noqa: E402
-                      recv, send)
+from .helpers import (TIMEOUT, declare, detach, pika_get_all, proton_conn, queue_addr,  # noqa: E402
+                      recv, send, settle_modified)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -101,3 +101,56 @@ def test_a_dead_letter_is_annotated_as_rabbitmq_4(cluster, names, queue_type):
             list(death["routing-keys"])) == (q, "rejected", 1, "", [q])
     assert death["first-time"] == death["last-time"] and death["first-time"] > 0
     assert (ann["x-exchange"], ann["x-routing-key"]) == ("", dlq)
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_modified_annotations_merge_into_the_returned_message(cluster, names, queue_type):
+    q = declare(cluster, names(), {"x-queue-type": queue_type}, durable=True)
+    with proton_conn(cluster) as c:
+        send(c, queue_addr(q), _sent(q, b"bytes"))
+        rcv = recv(c, queue_addr(q), credit=1)
+        rcv.receive(timeout=TIMEOUT)
+        settle_modified(rcv, failed=False, annotations={symbol("x-opt-note"): "seen once",
+                                                        symbol("x-opt-u"): ulong(10)})
+        detach(rcv)
+        rcv = recv(c, queue_addr(q), credit=1)
+        again = rcv.receive(timeout=TIMEOUT)
+        rcv.release()
+    assert again.annotations["x-opt-note"] == "seen once"
+    assert again.annotations["x-opt-u"] == 10               # replaced, as RabbitMQ 4
+    assert again.properties == EVERY_TYPE and not again.first_acquirer
+    props, _ = pika_get_all(cluster, q)[0]
+    assert props.headers["x-opt-note"] == "seen once"
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_modified_undeliverable_here_dead_letters_with_its_annotations(cluster, names,
+                                                                       queue_type):
+    """RabbitMQ 4 (rabbit_fifo ``modify``): undeliverable-here discards the message."""
+    dlq = declare(cluster, names("dlq"), durable=True)
+    q = declare(cluster, names(), {"x-queue-type": queue_type, "x-dead-letter-exchange": "",
+                                   "x-dead-letter-routing-key": dlq}, durable=True)
+    with proton_conn(cluster) as c:
+        send(c, queue_addr(q), _sent(q, b"bytes"))
+        rcv = recv(c, queue_addr(q), credit=1)
+        rcv.receive(timeout=TIMEOUT)
+        settle_modified(rcv, failed=True, undeliverable=True,
+                        annotations={symbol("x-opt-why"): "poison"})
+    got = _receive(cluster, dlq)
+    assert got.annotations["x-opt-why"] == "poison"
+    assert got.annotations["x-first-death-reason"] == "rejected"
+
+
+def test_a_reserved_annotation_key_ends_the_session(cluster, names):
+    q = declare(cluster, names())
+    with proton_conn(cluster) as c:
+        send(c, queue_addr(q), _sent(q, b"bytes"))
+        rcv = recv(c, queue_addr(q), credit=1)
+        rcv.receive(timeout=TIMEOUT)
+        settle_modified(rcv, failed=False, annotations={symbol("reserved"): 1})
+        session = rcv.link.session
+        c.wait(lambda: session.state & Endpoint.REMOTE_CLOSED, timeout=TIMEOUT,
+               msg="the session to end")
+        assert session.remote_condition.name == "amqp:invalid-field"
+        assert "'reserved'" in session.remote_condition.description
+    assert len(pika_get_all(cluster, q)) == 1      # not lost: returned as the session ended
