@@ -106,6 +106,8 @@ class LinkTarget(ConsumerTarget):
     drain: bool = False
     drain_sent: bool = False
     on_drained: Any = None
+    #: the consumers a drain has yet to ask, in order (``_link_grants``)
+    drain_todo: list = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -202,27 +204,33 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
 
 def _link_grants(pool: CreditPool, t: LinkTarget) -> list[Grant]:
     """An AMQP 1.0 link's grants: its free link credit as standing credit (one queue) or pull
-    shares (several); a drain sends each queue's node a drain grant of its share, and once
-    every node answered CREDIT_DRAINED the link's drain is over (``on_drained``)."""
+    shares (several). A drain (part 2.6.7: use the credit on what is there, then give back
+    the rest) goes to one queue at a time, those with work first: each gets all the credit
+    left as a drain grant, and what its node gives back (CREDIT_DRAINED) goes to the next,
+    so a multi-queue link empties every queue up to its credit (RabbitMQ 4 drains each
+    queue in turn too), not an even split of it. A queue whose node still holds credit is
+    drained with a grant of 0, to have it back. Once every queue was asked, the link's drain
+    is over (``on_drained``)."""
     if t.drain:
+        if any(c.draining for c in t.consumers):
+            return []           # one at a time: its CREDIT_DRAINED comes first
         if not t.drain_sent:
             t.drain_sent = True
-            free = max(0, t.credit - t.granted)
-            idle = [c for c in t.consumers if not c.draining and not c.registering]
-            out: list[Grant] = []
-            for i, c in enumerate(idle):
-                grant = free // len(idle) + (1 if i < free % len(idle) else 0)
-                c.granted += grant
-                c.last_grant = grant
-                c.draining = True
-                c.has_work = False
-                out.append((c, [TAG_CREDIT, c.consumer_id, grant, True]))
-            if out:
-                return out
-        if not any(c.draining for c in t.consumers):
-            t.drain = t.drain_sent = False
-            if t.on_drained is not None:
-                t.on_drained(t)
+            t.drain_todo = sorted((c for c in t.consumers if not c.registering),
+                                  key=lambda c: not c.has_work)
+        free = max(0, t.credit - t.granted)
+        while t.drain_todo:
+            c = t.drain_todo.pop(0)
+            if free == 0 and c.granted == 0:
+                continue        # nothing to use there, nothing to give back
+            c.granted += free
+            c.last_grant = free
+            c.draining = True
+            c.has_work = False
+            return [(c, [TAG_CREDIT, c.consumer_id, free, True])]
+        t.drain = t.drain_sent = False
+        if t.on_drained is not None:
+            t.on_drained(t)
         return []
     if len(t.consumers) == 1:
         c = t.consumers[0]

@@ -129,6 +129,27 @@ def test_reject_dead_letters_with_x_death(cluster, names):
     assert death["reason"] == "rejected" and death["queue"] == q
 
 
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_drain_on_a_multi_queue_link_empties_every_queue(cluster, names, queue_type):
+    """Issue 45: a drain uses the link's credit on every queue in turn (5 + 1 messages, credit
+    6: all six), not an even split of it (3 + 3: four, and two credits back unused)."""
+    args = {"x-queue-type": queue_type}
+    q1 = declare(cluster, names(), args, durable=True)
+    q2 = declare(cluster, names(), args, durable=True)
+    with proton_conn(cluster) as c:
+        send(c, queue_addr(q1), *[m(f"a{i}".encode()) for i in range(5)])
+        send(c, queue_addr(q2), m(b"b0"))
+        rcv = recv(c, queue_addr(q1), credit=0,
+                   options=LinkProperties({"x-multiqueue": [q1, q2]}))
+        rcv.link.drain(6)
+        c.wait(lambda: rcv.link.credit == 0, timeout=TIMEOUT)   # the drain's answer
+        got = sorted(body(rcv.fetcher.pop()) for _ in range(rcv.fetcher.has_message))
+        for _ in got:
+            rcv.settle(Delivery.ACCEPTED)
+    assert got == [b"a0", b"a1", b"a2", b"a3", b"a4", b"b0"]
+    assert ready_count(cluster, q1) == 0 and ready_count(cluster, q2) == 0
+
+
 def test_multi_queue_consumer_via_x_multiqueue(cluster, names):
     q1, q2 = declare(cluster, names()), declare(cluster, names())
     with proton_conn(cluster) as c:
