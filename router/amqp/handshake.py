@@ -29,7 +29,7 @@ SERVER_CAPABILITIES = {
     "consumer_priorities": True,
     "authentication_failure_close": True,
     "per_consumer_qos": True,
-    "direct_reply_to": False,
+    "direct_reply_to": True,
 }
 
 

@@ -21,6 +21,7 @@ import datetime
 import struct
 import uuid
 from functools import lru_cache
+from urllib.parse import quote, unquote
 from typing import Any
 
 from pamqp.header import ContentHeader
@@ -295,7 +296,7 @@ def _mapped(head_raw: bytes, props_raw: bytes) -> tuple[dict, dict, Any, Any]:
                 p["user_id"] = s
         to = _at(props, 2) if isinstance(_at(props, 2), str) else None
         subject = _at(props, 3) if isinstance(_at(props, 3), str) else None
-        reply_to = _shortstr(_at(props, 4))
+        reply_to = _shortstr(_reply_to_091(_at(props, 4)))
         if reply_to is not None:
             p["reply_to"] = reply_to
         cid, extra = _id_text(_at(props, 5))
@@ -314,6 +315,18 @@ def _mapped(head_raw: bytes, props_raw: bytes) -> tuple[dict, dict, Any, Any]:
         if group is not None:
             p["app_id"] = group
     return p, headers, to, subject
+
+
+def _reply_to_091(v: Any) -> Any:
+    """A 1.0 ``reply-to`` for 0-9-1: the queue of a ``/queues/Q`` address (URL-decoded),
+    anything else as it is; the other way a 0-9-1 ``reply_to`` Q becomes ``/queues/Q``
+    (RabbitMQ 4's ``mc_amqpl``: a 0-9-1 requester's queue is a 1.0 responder's address)."""
+    if isinstance(v, str) and v.startswith("/queues/"):
+        try:
+            return unquote(v[8:], errors="strict")
+        except UnicodeDecodeError:
+            return None
+    return v
 
 
 def to_field(v: Any) -> Any:
@@ -422,7 +435,8 @@ def _from_header(header: bytes) -> tuple[bytes, bytes, bytes, int, bytes, bool]:
             app[k] = from_field(v)
     rest = bytearray()
     props = [_id_value(pr.message_id), pr.user_id.encode() if pr.user_id else None, None, None,
-             pr.reply_to or None, _id_value(pr.correlation_id),
+             "/queues/" + quote(pr.reply_to, safe="") if pr.reply_to else None,
+             _id_value(pr.correlation_id),
              Symbol(pr.content_type) if pr.content_type else None,
              Symbol(pr.content_encoding) if pr.content_encoding else None, None,
              Timestamp(int(pr.timestamp.replace(tzinfo=pr.timestamp.tzinfo or _EPOCH)

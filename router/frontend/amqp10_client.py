@@ -41,7 +41,7 @@ CLOSE_WAIT_S = 2.0      #: how long a client may take to answer our close (secon
 #: what the open announces when ``amqp10_announce_rabbitmq`` is on: RabbitMQ's AMQP 1.0
 #: clients (rabbitmq-amqp-python-client, the Java and .NET ones) refuse any server that does
 #: not say it is RabbitMQ 4 or later.
-RABBITMQ_IDENTITY = {"product": "RabbitMQ", "version": "4.0.0"}
+RABBITMQ_IDENTITY = {"product": "RabbitMQ", "version": "4.2.0"}
 
 
 def open_properties(settings: Any) -> dict:

@@ -34,7 +34,7 @@ from shoal.router.amqp10.frames import (Accepted, Modified, Rejected, Released, 
                                         error)
 from shoal.router.access.users import READ, WRITE
 from shoal.router.consumers import LinkTarget
-from shoal.router.frontend import topology_methods
+from shoal.router.frontend import direct_reply, topology_methods
 from shoal.router.frontend.amqp10_management import ADDRESS as MANAGEMENT, Half, ManagementNode
 from shoal.router.frontend.channel import Channel
 from shoal.router.session import Delivery
@@ -318,7 +318,10 @@ class LinkChannel(Channel):
         if multi is not None:
             return credit.multiqueue_names(multi), src.address
         if src.dynamic:
-            name = await self._declare("", exclusive=True, auto_delete=True)
+            if direct_reply.wants_volatile(src.capabilities):    # RabbitMQ 4.2's reply-to
+                name = await direct_reply.declare(self)
+            else:
+                name = await self._declare("", exclusive=True, auto_delete=True)
             return [name], address.queue_address(name)
         where = address.source(src.address)
         if where.queue is None:         # v1 /exchange/X/K, /topic/K: a temporary queue

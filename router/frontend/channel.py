@@ -25,7 +25,7 @@ from shoal.shared.errors import (ACCESS_REFUSED, INTERNAL_ERROR, NO_ROUTE, NOT_A
 from shoal.shared.wire import T, TAG_SETTLE
 
 from shoal.router import consumers as credit
-from shoal.router.frontend import topology_methods, transactions
+from shoal.router.frontend import direct_reply, topology_methods, transactions
 from shoal.router.access.users import READ, WRITE
 from shoal.router.amqp10.whole import for_091
 from shoal.router.amqp.events import MessagePublished
@@ -56,6 +56,7 @@ class Channel:
         self._confirm_sent: set[int] = set()       # confirmed out of order, still in the deque
         self.tx: Transaction | None = None         # tx.select: publishes/acks wait for commit
         self.last_queue = ""
+        self.reply_queue: str | None = None      # direct reply-to (direct_reply.py)
         self.closed = False
         self._busy = False
         self._backlog: deque = deque()
@@ -160,6 +161,8 @@ class Channel:
         """
         b = self.broker
         b.stats["received"] += 1
+        if direct_reply.MARK in ev.header:     # reply_to amq.rabbitmq.reply-to: the queue
+            direct_reply.rewrite(self, ev)
         seq = self.next_confirm_seq() if self.confirm else 0
         if ev.immediate:
             raise hard_error(NOT_IMPLEMENTED, "immediate=true")
@@ -253,10 +256,13 @@ class Channel:
         multi = args.pop("x-multiqueue", None)
         if multi is not None:
             queues = credit.multiqueue_names(multi)
+        elif m.queue == direct_reply.PSEUDO_QUEUE:     # direct reply-to: the channel's own
+            queues = [await direct_reply.consume_queue(self, m.no_ack)]
         else:
             queues = [queue_name(self, m.queue)]
         for q in queues:
-            self.check_access(READ, "queue", q)
+            if q != self.reply_queue:
+                self.check_access(READ, "queue", q)
         tag = m.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
         if tag in self.pool.targets:
             raise hard_error(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")

@@ -72,7 +72,7 @@ def test_a_1_0_message_becomes_0_9_1_as_rabbitmq_4_converts_it():
     assert (p.message_id, p.correlation_id) == ("m-1", f"urn:uuid:{cid}")
     assert (p.content_type, p.priority, p.expiration, p.delivery_mode) == \
         ("text/plain", 7, "5000", 2)
-    assert (p.reply_to, p.user_id, p.app_id) == ("/queues/r", "guest", "g")
+    assert (p.reply_to, p.user_id, p.app_id) == ("r", "guest", "g")    # /queues/Q -> Q
     assert p.timestamp == datetime.datetime(2023, 11, 14, 22, 13, 20,
                                             tzinfo=datetime.timezone.utc)
     assert p.headers == {"a": 1, "b": "x", "x-opt": "o"}
@@ -104,7 +104,8 @@ def test_a_0_9_1_message_becomes_1_0_as_rabbitmq_4_converts_it():
     m.decode(convert.to_amqp10(header, b"from-pika", "amq.direct", "k", True))
     assert bytes(m.body) == b"from-pika"
     assert (m.content_type, m.id, m.correlation_id) == ("text/plain", "pm1", uuid.UUID(int=5))
-    assert (m.priority, m.ttl, m.durable, m.group_id, m.reply_to) == (3, 60.0, True, "app", "r")
+    assert (m.priority, m.ttl, m.durable, m.group_id, m.reply_to) == \
+        (3, 60.0, True, "app", "/queues/r")     # a queue as an address, as RabbitMQ 4
     assert m.creation_time == 1704067200.0
     assert m.properties == {"h": "v", "n": 5}          # tables are not converted
     assert m.annotations == {"x-exchange": "amq.direct", "x-routing-key": "k",

@@ -27,7 +27,7 @@ def test_start_offers_server_properties_and_mechanisms():
                  "consumer_cancel_notify", "connection.blocked", "consumer_priorities",
                  "authentication_failure_close", "per_consumer_qos"):
         assert caps[name] is True, name
-    assert caps["direct_reply_to"] is False
+    assert caps["direct_reply_to"] is True        # direct_reply.py
 
 
 def test_extra_server_properties_are_merged():

@@ -49,7 +49,7 @@ def test_pika_to_proton_properties(cluster, names):
     assert m.content_encoding == "gzip"
     assert m.id == "m-1"
     assert m.correlation_id == "c-1"
-    assert m.reply_to == "replies"
+    assert m.reply_to == "/queues/replies"      # a 0-9-1 queue as a 1.0 address (RabbitMQ 4)
     assert m.priority == 7
     assert m.ttl == 60.0                                      # header ttl 60000 ms
     assert m.durable is True
@@ -90,7 +90,8 @@ def test_proton_to_pika_properties(cluster, names):
     with proton_conn(cluster) as c:
         assert send(c, queue_addr(q), Message(
             body=b"\x01data\x02", inferred=True, content_type="text/plain",
-            content_encoding="utf-8", id="m-2", correlation_id="c-2", reply_to="replies",
+            content_encoding="utf-8", id="m-2", correlation_id="c-2",
+            reply_to="/queues/replies",
             priority=5, ttl=60.0, durable=True, creation_time=1_700_000_000.0,
             properties={"colour": "blue", "n": 7, "ok": False},
             annotations={symbol("x-annotated"): "yes"})) == [Delivery.ACCEPTED]
@@ -100,7 +101,7 @@ def test_proton_to_pika_properties(cluster, names):
     assert props.content_encoding == "utf-8"
     assert props.message_id == "m-2"
     assert props.correlation_id == "c-2"
-    assert props.reply_to == "replies"
+    assert props.reply_to == "replies"          # the queue of a /queues/ address
     assert props.priority == 5
     assert props.expiration == "60000"
     assert props.delivery_mode == 2

@@ -5,6 +5,7 @@ as RabbitMQ 4 annotates it (``x-opt-deaths``, ``x-first-death-*``); pika, on the
 queue, gets the 0-9-1 conversion. (rhea's round trip: test_rhea.py.)"""
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -119,7 +120,10 @@ def test_modified_annotations_merge_into_the_returned_message(cluster, names, qu
     assert again.annotations["x-opt-note"] == "seen once"
     assert again.annotations["x-opt-u"] == 10               # replaced, as RabbitMQ 4
     assert again.properties == EVERY_TYPE and not again.first_acquirer
-    props, _ = pika_get_all(cluster, q)[0]
+    deadline = time.monotonic() + TIMEOUT      # the release travels batched (lazy SETTLE)
+    while not (got := pika_get_all(cluster, q)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    props, _ = got[0]
     assert props.headers["x-opt-note"] == "seen once"
 
 
