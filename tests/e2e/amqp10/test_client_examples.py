@@ -124,6 +124,9 @@ def test_rpc(on_5672):
                    for i in range(10)]
 
 
+@pytest.mark.xfail(strict=True, reason="the example accepts the deliveries of its pre-settled "
+                   "(direct reply-to) receiver, and the client raises 'auto-settle on, message "
+                   "is already disposed' whichever the broker (docs/amqp10.md)")
 def test_direct_reply_queue(on_5672):
     """A direct reply-to receiver's address takes messages from another connection
     (RabbitMQ 4.2: direct_reply.py)."""
