@@ -490,3 +490,40 @@ def auto_delete(rec: Rec) -> None:
     ch.queue_unbind(q2, ex)
     time.sleep(0.3)
     rec.do("x after unbind", c.channel().exchange_declare, ex, passive=True)
+
+
+@scenario
+def direct_reply_to(rec: Rec) -> None:
+    """Direct reply-to (amq.rabbitmq.reply-to): a requester consuming the pseudo-queue
+    (no-ack) publishes with it as reply_to; the responder sees a reply_to of the form
+    ``amq.rabbitmq.reply-to.*`` and its reply on the default exchange reaches the requester.
+    Consuming it with acks, twice on a channel, or publishing with it before consuming are
+    406 (channel)."""
+    q = rec.q()
+    c = rec.conn()
+    ch = c.channel()
+    ch.queue_declare(q)
+    got: list = []
+    rec.do("consume-reply", ch.basic_consume, "amq.rabbitmq.reply-to",
+           lambda c_, m, p, b: got.append(b), auto_ack=True)
+    rec.do("publish-request", ch.basic_publish, "", q, b"ping",
+           pika.BasicProperties(reply_to="amq.rabbitmq.reply-to", correlation_id="c1"),
+           sync=ch)
+    responder = rec.channel()
+    m, props, body = responder.basic_get(q, auto_ack=True)
+    rec.add("request", body, props.correlation_id,
+            (props.reply_to or "").startswith("amq.rabbitmq.reply-to."))
+    if props.reply_to:
+        rec.do("reply", responder.basic_publish, "", props.reply_to, b"pong", sync=responder)
+    for _ in range(50):
+        if got:
+            break
+        c.process_data_events(time_limit=0.1)
+    rec.add("replies", got)
+    rec.do("consume-reply-again", ch.basic_consume, "amq.rabbitmq.reply-to",
+           lambda *a: None, auto_ack=True, sync=ch)
+    rec.do("consume-reply-with-acks", rec.channel().basic_consume, "amq.rabbitmq.reply-to",
+           lambda *a: None, auto_ack=False)
+    other = rec.channel()
+    rec.do("publish-without-reply-consumer", other.basic_publish, "", q, b"x",
+           pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"), sync=other)
