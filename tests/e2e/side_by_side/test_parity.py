@@ -33,8 +33,6 @@ KNOWN = {
              "the socket silently) and reads 0 as 'the server's value' (RabbitMQ refuses it)"
        for name in ("tune_channel_max_65535", "tune_channel_max_0", "tune_frame_max_0",
                     "tune_frame_max_1024", "tune_frame_max_above_offer")},
-    "server_capabilities": "direct_reply_to (amq.rabbitmq.reply-to) is not implemented, so "
-    "Shoal advertises it false",
 }
 
 
