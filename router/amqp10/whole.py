@@ -77,7 +77,7 @@ class Stored:
     start and end, and, when the body is one data section, its bytes (``data``)."""
     __slots__ = ("ma", "props", "app", "rest_at", "body_at", "body_end", "data")
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, data: bool = False) -> None:
         self.ma = self.props = self.app = b""
         self.rest_at = 0
         self.body_at = self.body_end = -1
@@ -94,6 +94,8 @@ class Stored:
             elif code == FOOTER:
                 continue
             else:
+                if not data:        # a 1.0 delivery reads no further (the body goes as is)
+                    break
                 if self.body_at < 0:
                     self.body_at = at
                 self.body_end = end
@@ -122,7 +124,7 @@ def for_091(header: bytes, body: bytes) -> tuple[bytes, bytes]:
 def to_091_delivery(header: bytes, body: bytes) -> tuple[bytes, bytes]:
     """A stored message of ``type`` ``amqp-1.0`` as a 0-9-1 consumer gets it: ``(header,
     body)``. Raises DecodeError (the caller delivers it as stored)."""
-    st = Stored(body)
+    st = Stored(body, data=True)
     if st.data is not None:
         out = st.data
         head = _header_091(header[12:], _basic_type(st.ma))
@@ -174,6 +176,8 @@ def _added(tail: bytes, ma: bytes, app: bytes, props: bytes) -> tuple[tuple[str,
     ``x-message-id`` and ``x-correlation-id`` of ids 0-9-1 cannot carry), or whose value a
     node changed: ``(keys, their entries encoded as AMQP 1.0 map entries)``. ``x-death``
     becomes ``x-opt-deaths`` (RabbitMQ 4's ``mc_amqp``)."""
+    if b"x-" not in tail:           # no x- header at all (most messages): nothing to parse
+        return (), b""
     headers = _props(tail).headers
     if not headers:
         return (), b""
