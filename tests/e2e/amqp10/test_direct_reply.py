@@ -54,11 +54,18 @@ def pika_responder(cluster, q: str, ready: threading.Event, done: threading.Even
     done.set()
 
 
-def test_0_9_1_requester_and_responder(cluster, names):
-    q = declare(cluster, names())
+def start_responder(cluster, q: str) -> threading.Event:
+    """A pika responder on ``q`` in a thread of its own, consuming once this returns; the
+    event is set when it has answered."""
     ready, done = threading.Event(), threading.Event()
     threading.Thread(target=pika_responder, args=(cluster, q, ready, done), daemon=True).start()
     assert ready.wait(TIMEOUT)
+    return done
+
+
+def test_0_9_1_requester_and_responder(cluster, names):
+    q = declare(cluster, names())
+    done = start_responder(cluster, q)
     with pika_channel(cluster) as ch:
         got = []
         ch.basic_consume(PSEUDO, lambda c, m, p, b: got.append((p.correlation_id, b)),
@@ -95,9 +102,7 @@ def test_0_9_1_refusals_as_rabbitmq(cluster, names, case, text):
 
 def test_1_0_requester_and_0_9_1_responder(cluster, names):
     q = declare(cluster, names())
-    ready, done = threading.Event(), threading.Event()
-    threading.Thread(target=pika_responder, args=(cluster, q, ready, done), daemon=True).start()
-    assert ready.wait(TIMEOUT)
+    done = start_responder(cluster, q)
     with proton_conn(cluster) as c:
         replies = c.create_receiver(None, credit=1, options=_Volatile())
         address = replies.link.remote_source.address
