@@ -149,7 +149,7 @@ def _basic_type(ma: bytes) -> str | None:
     """The ``x-basic-type`` message annotation (a 0-9-1 ``type`` carried over 1.0)."""
     if not ma:
         return None
-    v = _annotation_map(ma).get("x-basic-type")
+    v = _map(ma).get("x-basic-type")
     return str(v) if isinstance(v, str) else None
 
 
@@ -181,7 +181,7 @@ def _added(tail: bytes, ma: bytes, app: bytes, props: bytes) -> tuple[tuple[str,
     headers = _props(tail).headers
     if not headers:
         return (), b""
-    own_ma = _annotation_map(ma) if ma else {}
+    own_ma = _map(ma) if ma else {}
     own_app = set(_map(app)) if app else set()
     own_ids = set(_mapped(b"", props)[1]) if props else set()
     keys = []
@@ -201,11 +201,9 @@ def _added(tail: bytes, ma: bytes, app: bytes, props: bytes) -> tuple[tuple[str,
     return tuple(keys), bytes(out)
 
 
-def _annotation_map(ma: bytes) -> dict:
-    return _map(ma)
-
-
 def _map(value: bytes) -> dict:
+    """An encoded map section's value (message annotations, application properties) as a
+    dict ({} for anything else)."""
     v = decode(value)[0]
     return v if isinstance(v, dict) else {}
 
