@@ -204,8 +204,10 @@ class QueueMachine:
                 self.out.discard(i)
                 self.marked.pop(i, None)
                 e = self.by_index.get(i)
-                if table and e is not None and not e.is_dead and not self.leading:
-                    try:                                    # the leader's did already
+                if table and e is not None and not e.is_dead:
+                    # every member, the leader too: it merged them as it settled, and a new
+                    # leader applying an older leader's return has not (merging is idempotent)
+                    try:
                         e.header = annotated_header(e.header, table)
                     except ValueError:
                         pass                                # as the leader: not annotated

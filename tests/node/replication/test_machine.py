@@ -1,7 +1,11 @@
 """A quorum queue's state machine (node/replication/machine.py) on one member, without Raft."""
 from __future__ import annotations
 
+from pamqp import encode
+from pamqp.commands import Basic
+
 from shoal.node.queues.consumer import QueueConsumer
+from shoal.node.queues.message import encode_header, parse_properties
 from shoal.node.queues.queue import Queue
 from shoal.node.replication.machine import QueueMachine
 
@@ -47,3 +51,17 @@ def test_a_checkout_settled_as_sent_removes_the_message():
     m.apply(1, ["enq", "", "qq", b"h", b"no-ack", None])
     m.apply(2, ["checkout", [], [1]])
     assert q.message_count == 0 and not m.by_index
+
+
+def test_a_returns_annotations_reach_a_new_leader_too():
+    """A modified outcome's annotations ride on the return (``requeue``'s table): a member
+    that leads when it applies an older leader's return merges them as a follower does."""
+    q = Queue("/", "qq")
+    m = QueueMachine(q)
+    m.apply(1, ["enq", "", "qq", encode_header(Basic.Properties(headers={"k": "v"}), 1), b"x",
+                None])
+    m.apply(2, ["checkout", [1], []])
+    m.lead()
+    m.apply(3, ["requeue", [1], encode.field_table({"x-opt-note": "seen"})])
+    (e,) = list(q.entries)
+    assert parse_properties(e.header).headers == {"k": "v", "x-opt-note": "seen"}
