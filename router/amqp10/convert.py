@@ -137,6 +137,8 @@ def to_091(payload: bytes) -> Incoming:
             app = decode(payload, start, end)[0]
         elif code == MESSAGE_ANN:
             ann = decode(payload, start, end)[0]
+        elif code == DATA and payload[start] not in (0xa0, 0xb0):
+            raise DecodeError("a data section that is not binary")
     fixed, extra, to, subject = _mapped(head_raw, props_raw)
     p = dict(fixed)
     headers = dict(extra)

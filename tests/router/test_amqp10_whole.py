@@ -178,3 +178,9 @@ def test_timestamps_and_datetimes():
     back = proton.Message()
     back.decode(whole.to_amqp10(stored.header, stored.body, "", "q", False))
     assert back.creation_time == 1700000000.5           # kept to the ms, not the second
+
+
+def test_a_data_section_that_is_not_binary_is_refused():
+    bad = b"\x00\x53\x75" + encode("not binary")
+    with pytest.raises(convert.DecodeError, match="not binary"):
+        convert.to_091(bad)
