@@ -113,7 +113,7 @@ def for_091(header: bytes, body: bytes) -> tuple[bytes, bytes]:
     """``(header, body)`` as a 0-9-1 consumer (or the management API's get) gets a stored
     message: converted when it is kept whole (:func:`to_091_delivery`), else as stored,
     as is one whose body is not AMQP 1.0 sections after all."""
-    if _MARK in header and is_whole(header):
+    if is_whole(header):
         try:
             return to_091_delivery(header, body)
         except DecodeError:
@@ -155,11 +155,14 @@ def _basic_type(ma: bytes) -> str | None:
 
 # ---- for an AMQP 1.0 consumer -------------------------------------------------------------
 def to_amqp10(header: bytes, body: bytes, exchange: str, routing_key: str,
-              redelivered: bool) -> bytes:
+              redelivered: bool) -> bytes | None:
     """The AMQP 1.0 message sections for a delivery of a stored message of ``type``
-    ``amqp-1.0``. Raises DecodeError."""
+    ``amqp-1.0``; None for any other message (convert.to_amqp10 then: the header is parsed
+    once, by the cache both share). Raises DecodeError."""
+    first, again, _, _, rest, kept_whole = _from_header(header)
+    if not kept_whole:
+        return None
     st = Stored(body)
-    first, again, _, _, rest, _ = _from_header(header)
     keys, added = _added(header[12:], st.ma, st.app, st.props)
     out = bytearray(again if redelivered else first)
     out += _message_annotations(st.ma, exchange, routing_key, keys, added)

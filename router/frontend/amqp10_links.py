@@ -211,12 +211,10 @@ class LinkChannel(Channel):
             if not t.no_ack:
                 self.settle([(tag, self.unacked.pop(tag))], wire.OUTCOME_RELEASE)
             return
-        payload = None
-        if whole.is_whole(header):              # published over AMQP 1.0: as it was sent
-            try:
-                payload = whole.to_amqp10(header, body, exchange, routing_key, redelivered)
-            except DecodeError:                 # a 0-9-1 publisher's: as convert.py says
-                pass
+        try:                                    # published over AMQP 1.0: as it was sent
+            payload = whole.to_amqp10(header, body, exchange, routing_key, redelivered)
+        except DecodeError:                     # a 0-9-1 publisher's: as convert.py says
+            payload = None
         if payload is None:
             payload = convert.to_amqp10(header, body, exchange, routing_key, redelivered)
         link.session.send_message(link, payload, tag)
