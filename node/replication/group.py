@@ -465,8 +465,6 @@ class QuorumGroup:
                 self.deleted = True
                 self.host.deleted(self)
                 return
-            elif older and entry.index in self.machine.fresh:
-                self._older_checkout(entry.index)
         self._answer(entry.index, result)
         if entry.index == self.term_start and self.leading:
             self.queue.notify_work()        # it may deliver now (may_deliver)
