@@ -139,6 +139,34 @@ def to_091(payload: bytes) -> Incoming:
             ann = decode(payload, start, end)[0]
         elif code == DATA and payload[start] not in (0xa0, 0xb0):
             raise DecodeError("a data section that is not binary")
+    if not kept:
+        body = b""
+    elif kept[-1][1] == len(payload) and all(a[1] == b[0] for a, b in zip(kept, kept[1:])):
+        body = payload[kept[0][0]:] if kept[0][0] else payload
+    else:
+        body = b"".join(payload[a:e] for a, e in kept)
+    if app is None and ann is None:
+        # the header then depends only on these: publishers repeat theirs
+        key = (head_raw, props_raw, len(body))
+        done = _HEADERS.get(key)
+        if done is None:
+            if len(_HEADERS) >= _HEADERS_MAX:
+                _HEADERS.clear()
+            done = _HEADERS[key] = _converted(head_raw, props_raw, None, None, len(body))
+        return Incoming(done[0], body, done[1], done[2])
+    header, to, subject = _converted(head_raw, props_raw, ann, app, len(body))
+    return Incoming(header, body, to, subject)
+
+
+#: to_091's headers of messages without annotations or application properties, by their
+#: header and properties sections (as encoded) and body size
+_HEADERS: dict[tuple, tuple[bytes, Any, Any]] = {}
+_HEADERS_MAX = 1024
+
+
+def _converted(head_raw: bytes, props_raw: bytes, ann: Any, app: Any,
+               body_size: int) -> tuple[bytes, Any, Any]:
+    """The 0-9-1 content header of a message (to_091), and its ``to`` and ``subject``."""
     fixed, extra, to, subject = _mapped(head_raw, props_raw)
     p = dict(fixed)
     headers = dict(extra)
@@ -151,16 +179,10 @@ def to_091(payload: bytes) -> Incoming:
         for k, v in app.items():
             if isinstance(k, str) and _shortstr(k):
                 headers[str(k)] = to_field(v)
-    if not kept:
-        body = b""
-    elif kept[-1][1] == len(payload) and all(a[1] == b[0] for a, b in zip(kept, kept[1:])):
-        body = payload[kept[0][0]:] if kept[0][0] else payload
-    else:
-        body = b"".join(payload[a:e] for a, e in kept)
     p["message_type"] = AMQP10_TYPE
     if headers:
         p["headers"] = headers
-    return Incoming(content_header(len(body), p), body, to, subject)
+    return content_header(body_size, p), to, subject
 
 
 #: basic properties in flag order (AMQP 0-9-1 spec 1.8): name, flag, kind

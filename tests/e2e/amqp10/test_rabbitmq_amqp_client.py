@@ -12,6 +12,7 @@ so (setting ``amqp10_announce_rabbitmq``, docs/amqp10.md), so the client is used
 from __future__ import annotations
 
 import contextlib
+import time
 
 import pytest
 
@@ -155,5 +156,70 @@ def test_the_client_accepts_shoal_as_it_is(cluster):
         conn.dial()
         props = conn._conn.conn.remote_properties
         assert props["product"] == "RabbitMQ" and props["shoal-version"]
+    finally:
+        env.close()
+
+
+def close_via_management(cl, container_id: str, dry_run: bool = False) -> int:
+    """Close every connection of ``container_id`` as an operator does from the console
+    (``DELETE /api/connections/NAME``); returns how many there were (``dry_run``: only
+    counts them)."""
+    import base64
+    import json
+    import urllib.parse
+    import urllib.request
+    auth = {"Authorization": "Basic " + base64.b64encode(
+        f"{cl.user}:{cl.password}".encode()).decode()}
+    base = f"http://{cl.host}:{cl.mgmt_port}/api/connections"
+    with urllib.request.urlopen(urllib.request.Request(base, headers=auth),
+                                timeout=TIMEOUT) as r:
+        conns = json.load(r)
+    mine = [c["name"] for c in conns
+            if (c.get("client_properties") or {}).get("container_id") == container_id]
+    for name in [] if dry_run else mine:
+        req = urllib.request.Request(f"{base}/{urllib.parse.quote(name, safe='')}",
+                                     method="DELETE", headers=auth)
+        with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
+            assert r.status == 204
+    return len(mine)
+
+
+def test_connection_closed_by_an_operator_recovers(access_cluster, names):
+    """The reconnection example's scenario (its README: break the connection from the
+    management UI): the connection is closed with ``amqp:connection:forced``; the client's
+    automatic recovery reconnects, its management and publisher links work again, and every
+    message the publisher had settled as accepted is in the queue."""
+    from rabbitmq_amqp_python_client import ConnectionClosed, QuorumQueueSpecification
+    cl = access_cluster
+    env = Environment(uri=uri(cl))
+    try:
+        conn = env.connection()
+        conn.dial()
+        mgmt = conn.management()
+        q = names()
+        mgmt.declare_queue(QuorumQueueSpecification(name=q))
+        pub = conn.publisher(AddressHelper.queue_address(q))
+        for i in range(5):
+            d = pub.publish(Message(body=Converter.string_to_bytes(f"m{i}")))
+            assert d.remote_state == d.ACCEPTED
+        container = conn._conn.conn.container
+        assert close_via_management(cl, container) == 1
+        deadline = time.monotonic() + TIMEOUT      # gone from the API: closed, nothing in flight
+        while close_via_management(cl, container, dry_run=True):
+            assert time.monotonic() < deadline, "the connection was not closed"
+            time.sleep(0.1)
+        closed_seen = 0
+        for i in range(5, 10):
+            for _attempt in range(3):
+                try:
+                    d = pub.publish(Message(body=Converter.string_to_bytes(f"m{i}")))
+                except ConnectionClosed:
+                    closed_seen += 1
+                    continue
+                assert d.remote_state == d.ACCEPTED
+                break
+        assert closed_seen >= 1, "the publisher never saw its connection closed"
+        assert mgmt.purge_queue(q) == 10
+        mgmt.delete_queue(q)
     finally:
         env.close()
