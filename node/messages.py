@@ -161,7 +161,7 @@ def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Q
             if g.refuses(len(body)):        # x-overflow reject-publish: basic.nack
                 tally[1] += 1
                 continue
-            out = g.may_deliver() and g.can_mark()
+            out = g.may_deliver() and g.out.can_mark()
             if cmd is None or cmd[8] != out:
                 cmd = g.enqueue_command(exchange, routing_key, header, body, publisher,
                                         seq < 0, out)
@@ -225,7 +225,7 @@ def on_cancel(shard: ShardCore, state: RouterPeer, msg: list) -> Any:
     if c is not None and c.queue.replica is not None:
         # answered behind the deliveries held for their checkouts (the router must see
         # them before it forgets the consumer)
-        c.queue.replica.send_ordered(state.identity, [TAG_REPLY, msg[1], 0, "", None])
+        c.queue.replica.out.send_ordered(state.identity, [TAG_REPLY, msg[1], 0, "", None])
         return DEFERRED
 
 
@@ -243,7 +243,7 @@ def on_credit(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     if drain:
         drained = [int(T.CREDIT_DRAINED), cid, q.drain(c)]
         if q.replica is not None:       # behind the deliveries held for their checkouts
-            q.replica.send_ordered(state.identity, drained)
+            q.replica.out.send_ordered(state.identity, drained)
         else:
             shard.send(state.identity, drained)
     elif not credit:
@@ -375,7 +375,7 @@ def on_get(shard: ShardCore, state: RouterPeer, msg: list) -> Any:
             return
         flag = e.redelivered
         reply = [TAG_REPLY, req_id, 0, "", taken(shard, state, q, e, bool(no_ack))]
-        g.check_out(e, state.identity, reply, flag, bool(no_ack), gone)
+        g.out.check_out(e, state.identity, reply, flag, bool(no_ack), gone)
     last = g.raft.log.last_index
     if last > g.raft.log.applied:
         g.waiters.setdefault(last, []).append(then)

@@ -263,7 +263,7 @@ class Shard:
         if g is not None and consumer.acquires:     # a quorum queue: sent once logged
             if not consumer.no_ack:
                 peer.unsettled[entry.entry_id] = entry
-            g.check_out(entry, peer.identity, msg, entry.redelivered, consumer.no_ack)
+            g.out.check_out(entry, peer.identity, msg, entry.redelivered, consumer.no_ack)
             return
         self.send(peer.identity, msg)
         if not consumer.no_ack and consumer.acquires:

@@ -15,10 +15,11 @@ import random
 from typing import Any, Callable, Protocol
 
 from shoal.node.queues.args import Overflow
-from shoal.node.queues.entry import AVAILABLE, QueueEntry
+from shoal.node.queues.entry import QueueEntry
 from shoal.node.queues.queue import Queue
+from shoal.node.replication.checkouts import Checkouts
 from shoal.node.replication.dead_letters import DeadLetters, at_least_once
-from shoal.node.replication.log import Entry, NORMAL, Snapshot
+from shoal.node.replication.log import LOST, Entry, NORMAL, Snapshot
 from shoal.node.replication.machine import QueueMachine
 from shoal.node.replication.membership import node_of
 from shoal.node.replication.raft import Raft
@@ -37,15 +38,6 @@ LEASE_MS = (ELECTION_TICKS - 3) * TICK_MS
 #: Take a snapshot (and drop the log before it) once this many entries were applied since
 #: the last one and the log holds more entries than the queue holds messages.
 COMPACT_ENTRIES = 4096
-#: messages checked out in the log ahead of the consumers' credit (``mark_ahead``): four
-#: times what the consumers took while the last ``mark`` went through the log, within these
-#: bounds; and the fewest worth an entry of their own
-MARK_AHEAD_MIN = 256
-MARK_AHEAD_MAX = 4096
-MARK_BATCH = 16
-
-#: The result a waiter gets when its entry will not be applied by this member as leader.
-LOST = object()
 
 
 class GroupHost(Protocol):
@@ -99,31 +91,13 @@ class QuorumGroup:
         #: the enqueues this leader logged in its term and has not applied yet: [count,
         #: bytes] (x-overflow reject-publish counts them as queued)
         self.pending = [0, 0]
-        #: of those, the ones logged checked out (``can_mark``)
-        self.pending_marked = 0
         self.expiring = False       #: this leader proposed the delete of x-expires
         #: the log index of this leader's first entry of its term: it delivers nothing
         #: before that is applied (every older checkout is applied by then)
         self.term_start = 0
-        #: deliveries (and basic.get answers) held until their checkout is applied:
-        #: [identity, message, entry, its redelivered flag, message if lost or None]
-        self.held: list[list] = []
-        self.checkouts: list[int] = []      # their log indexes, acquired
-        #: of those, the ones this leader marked (``mark``, not applied yet when acquired)
-        self.premarked: list[int] = []
-        #: this leader's marks not applied yet, and the last entry it marked
-        self.marking: set[int] = set()
-        self._mark_cursor: QueueEntry | None = None
-        #: deliveries this leader made (to count what is taken while a mark is on its way),
-        #: and how many messages it keeps marked ahead (``mark_ahead``)
-        self.taken = 0
-        self.mark_want = MARK_AHEAD_MIN
         #: in_lease's answer holds until this time (ms) for this (term, configuration)
         self._lease_until = float("-inf")
         self._lease_key: tuple = ()
-        #: the held lists whose ``checkout`` is logged and not applied yet
-        self.in_flight: list[list[list]] = []
-        self.settled_out: list[int] = []    # those settled as sent (no_ack)
         #: membership reconciliation (reconcile.py): since when (ms) this member has known
         #: no leader, and the other members' answers (member id -> member, removed, none)
         self.leaderless_since: float | None = None
@@ -131,6 +105,8 @@ class QuorumGroup:
         #: at-least-once dead-lettering (dead_letters.py), None when the queue has not it
         self.dlx = DeadLetters(self) if at_least_once(header[2] or {}, queue.cfg) else None
         queue.sink = None               # a follower never delivers or dead-letters
+        #: this leader's deliveries as checkouts, and its marks (checkouts.py)
+        self.out = Checkouts(self)
 
     def state(self) -> dict:
         """The snapshot data: the machine's, and the nodes that should hold members."""
@@ -166,192 +142,19 @@ class QuorumGroup:
         if self.leading:
             self.settle("drop", [entry])
 
-    # ---- checkouts (docs/replication.md "Checkouts in the log") ---------------------------
-    def check_out(self, entry: QueueEntry, identity: bytes, msg: list, redelivered: bool,
-                  settled: bool, lost: list | None = None) -> None:
-        """The leader hands ``entry`` to a consumer or a basic.get: ``msg`` (the DELIVER, or
-        the REPLY) goes to ``identity`` once the checkout is in the log and applied, so a
-        new leader knows exactly what was delivered (RabbitMQ's checkouts, rabbit_fifo).
-        ``settled``: no_ack (acknowledged as sent); ``lost``: sent instead if this member
-        stops leading first (a basic.get's MOVED)."""
-        index = self.machine.index(entry)
-        if index is None:                   # not from the log: nothing to record
-            self.host.send(identity, msg)
-            return
-        self.taken += 1
-        fresh = self.machine.fresh
-        if index in fresh:                  # logged checked out already (enq out, mark)
-            fresh.discard(index)
-            if settled:
-                self.settled_out.append(index)
-            # behind the deliveries still waiting for their checkout: the consumer gets the
-            # queue's order (the fault campaign's rule 4 found a marked message overtaking a
-            # requeued one ahead of it)
-            self.send_ordered(identity, msg)
-            return
-        if settled:
-            self.settled_out.append(index)
-        elif index in self.marking:         # its mark is on its way: it counts for this
-            self.premarked.append(index)
-        else:
-            self.checkouts.append(index)
-        self.held.append([identity, msg, entry, redelivered, lost])
-
-    def _older_checkout(self, index: int) -> None:
-        """An older leader's enqueue logged checked out, applied by this leader: that one
-        may have handed it out, so it is a delivery made (flagged, counted), not this
-        leader's to hand out at once (it is not delivering yet: ``may_deliver``)."""
-        m = self.machine
-        m.fresh.discard(index)
-        e = m.by_index.get(index)
-        if e is not None and not e.is_dead:
-            e.redelivered = True
-            e.delivery_count += 1
-
-    def can_mark(self) -> bool:
-        """Whether a publish this leader logs now can be logged checked out (``enq``'s
-        ``out``, machine.py), so that a consumer gets it as it is applied, its checkout
-        riding on the enqueue's entry (one round through the log, not two); one that is not
-        handed out after all is logged ``unout``. Either its consumers have credit for it
-        and nothing is ready ahead of it, or they keep up with the queue: an acquiring
-        consumer, everything ready is marked already (``fresh``, ``marking``), and fewer
-        marks are out than :meth:`mark_ahead` keeps (``mark_want``), counting the enqueues
-        already so logged (``pending_marked``)."""
-        q = self.queue
-        qcm = q.qcm
-        if not qcm.all:
-            return False
-        fresh, marking = len(self.machine.fresh), len(self.marking)
-        if q.available <= fresh + marking and \
-                self.pending_marked + fresh + marking < self.mark_want:
-            for c in qcm.all:
-                if c.acquires:
-                    return True
-            return False
-        if q.available or q.held or not qcm.interested_count:
-            return False
-        spare = 0
-        for c in qcm.all:
-            if c.acquires:
-                spare += c.credit
-                if spare > self.pending_marked:
-                    return True
-        return False
-
+    # ---- checkouts and marks (checkouts.py) -----------------------------------------------
     def has_turn_entries(self) -> bool:
         """Whether the turn left deliveries, dead letters or marks to log (:meth:`log_turn`)."""
-        return bool(self.held or self.settled_out or self.machine.fresh) or (
-            self.dlx is not None and bool(self.dlx.to_log or self.dlx.confirmed)) or (
-            self.leading and self.queue.available > len(self.machine.fresh) and
-            self.queue.consumer_count > 0)
+        return self.out.has_entries() or (
+            self.dlx is not None and bool(self.dlx.to_log or self.dlx.confirmed))
 
     def log_turn(self, first: bool = True) -> None:
         """The turn's checkouts, and at-least-once dead letters, as log entries (at the
-        start of each Ready pass: manager.py); the next messages marked checked out ahead of
-        the consumers' credit (:meth:`mark_ahead`)."""
+        start of each Ready pass: manager.py); in a turn's first round, the next messages
+        marked checked out ahead of the consumers' credit (checkouts.py)."""
         if self.dlx is not None:
             self.dlx.log_turn()
-        if self.leading and first:
-            self.mark_ahead()
-        self.log_checkouts()
-
-    def mark_ahead(self) -> None:
-        """Keep messages checked out in the log before any consumer has credit for them
-        (``mark``): a consumer that is behind then gets them as its credit comes, without
-        waiting for a checkout to be committed (docs/replication.md "Checkouts in the
-        log"). How many: four times what the consumers took while the last mark went through
-        the log (``mark_want``, MARK_AHEAD_MIN to MARK_AHEAD_MAX). With no acquiring consumer
-        left, the marks not handed out are given back (``unout``). The price: after a
-        leader change, marked messages are flagged redelivered and counted though never
-        delivered (AMQP 0-9-1 1.8.3.9 allows the flag: "may have been delivered")."""
-        q, m = self.queue, self.machine
-        fresh = m.fresh
-        if not any(c.acquires for c in q.qcm.all):
-            if fresh:
-                self.propose(["unout", sorted(fresh)])
-                fresh.clear()
-            self.mark_want = MARK_AHEAD_MIN
-            return
-        have = len(fresh) + len(self.marking) + self.pending_marked
-        want = self.mark_want
-        if want - have < max(MARK_BATCH, want // 4) or q.available <= len(fresh) or \
-                not self.may_deliver():
-            return
-        e = self._mark_cursor
-        nxt = q.entries.next
-        e = nxt(e) if e is not None and not e.is_dead else q.entries.first()
-        index_of, out, marking = m.index_of, m.out, self.marking
-        picked: list[int] = []
-        last = None
-        while e is not None and have < want:
-            if e.state is AVAILABLE:
-                i = index_of.get(e.entry_id)
-                if i is not None and i not in out and i not in marking:
-                    picked.append(i)
-                    have += 1
-                    last = e
-            e = nxt(e)
-        if not picked:
-            return
-        taken = self.taken
-
-        def applied(result: Any) -> None:
-            if result is not LOST:
-                self.mark_want = min(MARK_AHEAD_MAX, max(
-                    MARK_AHEAD_MIN, 4 * (self.taken - taken), self.mark_want * 7 // 8))
-        if self.propose(["mark", picked], applied):
-            marking.update(picked)
-            self._mark_cursor = last
-
-    def log_checkouts(self) -> None:
-        """The turn's checkouts become one log entry (``checkout``); their messages go
-        when it is applied here."""
-        if not (self.held or self.settled_out):
-            return
-        held, self.held = self.held, []
-        cmd = ["checkout", self.checkouts, self.settled_out]
-        if self.premarked:
-            cmd.append(self.premarked)
-            self.premarked = []
-        self.checkouts, self.settled_out = [], []
-        self.in_flight.append(held)
-
-        def applied(result: Any) -> None:
-            if held in self.in_flight:
-                self.in_flight.remove(held)
-            if result is LOST:
-                self._unsent(held)
-                return
-            send = self.host.send
-            for identity, msg, _, _, _ in held:
-                send(identity, msg)
-        if not self.propose(cmd, applied):
-            self.in_flight.remove(held)
-            self._unsent(held)
-
-    def send_ordered(self, identity: bytes, msg: list) -> None:
-        """Send ``msg`` (CREDIT_DRAINED, a CANCEL's answer) to a router behind the
-        deliveries this leader holds for their checkouts: the router must see them first,
-        as it does from a classic queue (its credit accounting counts them)."""
-        if self.held:
-            self.held.append([identity, msg, None, False, None])
-        elif self.in_flight:
-            self.in_flight[-1].append([identity, msg, None, False, None])
-        else:
-            self.host.send(identity, msg)
-
-    def _unsent(self, held: list[list]) -> None:
-        """Deliveries never sent (this member stopped leading first): their entries (now
-        released) keep the redelivered flag they had; a basic.get is answered MOVED; the
-        other messages held behind them go now."""
-        for identity, msg, entry, redelivered, lost in held:
-            if entry is None:
-                self.host.send(identity, msg)
-                continue
-            if not entry.is_dead:
-                entry.redelivered = redelivered
-            if lost is not None:
-                self.host.send(identity, lost)
+        self.out.log_turn(first)
 
     # ---- the leader's decisions (docs/replication.md "Time from the leader") ---------------
     def wall_now(self) -> float:
@@ -362,7 +165,7 @@ class QuorumGroup:
     def enqueue_command(self, exchange: str, routing_key: str, header: bytes, body: bytes,
                         publisher: Any, again: bool, out: bool = False) -> list:
         """The ``enq`` command of a publish (machine.py), stamped with the leader's time;
-        ``out``: logged checked out (:meth:`can_mark`)."""
+        ``out``: logged checked out (checkouts.py ``can_mark``)."""
         return ["enq", exchange, routing_key, header, body, publisher, again, self.wall_now(),
                 out]
 
@@ -389,8 +192,7 @@ class QuorumGroup:
         out with it when ``out`` (``pending_marked``)."""
         self.pending[0] += 1
         self.pending[1] += size
-        if out:
-            self.pending_marked += 1
+        self.out.logged(out)
 
     def used(self) -> None:
         """The queue was used (a basic.get, a consumer came or went): with x-expires, the
@@ -439,22 +241,17 @@ class QuorumGroup:
                 pending = self.pending
                 pending[0] -= 1
                 pending[1] -= len(data[4])
-                if len(data) > 8 and data[8]:
-                    self.pending_marked -= 1
             try:
                 result = self.machine.apply(entry.index, data)
             except Exception:  # noqa: BLE001 - a bad command must not stop the group
                 log.exception("quorum queue '%s': cannot apply entry %d", self.key[1],
                               entry.index)
             if op == "enq":
-                if older and entry.index in self.machine.fresh:
-                    self._older_checkout(entry.index)
+                if leading:
+                    self.out.applied_enq(entry.index, len(data) > 8 and bool(data[8]), older)
             elif op == "mark":
                 if leading:
-                    for i in data[1]:
-                        self.marking.discard(i)
-                        if older and i in self.machine.fresh:
-                            self._older_checkout(i)
+                    self.out.applied_mark(data[1], older)
             elif op == "wanted":                # an operator's add/delete_member, grow, shrink
                 self.wanted = [str(n) for n in data[1]]
             elif op == "dlx":
@@ -495,7 +292,7 @@ class QuorumGroup:
             now = self.host.now()
             self.acked_at = {m: now for m, granted in r.votes.items() if granted}
             self.pending = [0, 0]
-            self.pending_marked = 0
+            self.out.lead()
             self.term_start = r.log.last_index      # its empty entry of the new term
             self.queue.sink = self.host.sink
             self.machine.lead()
@@ -511,12 +308,7 @@ class QuorumGroup:
             if self.dlx is not None:
                 self.dlx.follow()
             self.queue.sink = None
-            unlogged, self.held = self.held, []
-            self.checkouts, self.settled_out, self.premarked = [], [], []
-            self.marking.clear()
-            self._mark_cursor = None
-            self.in_flight = []             # their waiters get LOST below
-            self._unsent(unlogged)
+            self.out.follow()               # the waiters of its checkouts get LOST below
             lost, self.waiters = self.waiters, {}
             for fns in lost.values():
                 for fn in fns:

@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+#: The result a proposer's waiter gets when its entry will not be applied by this member as
+#: leader (it stopped leading first): group.py's ``propose``, checkouts.py.
+LOST = object()
+
 #: Entry kinds.
 NORMAL = 0
 CONF = 1            # data = [op, member_id], op in conf ops below

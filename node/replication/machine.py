@@ -21,7 +21,7 @@ Commands (lists, msgpack values), each applied by :meth:`QueueMachine.apply`:
 - ``["unout", [index, ...]]``: such a message was not handed out after all (the consumer
   went, its credit was taken): it is available again, unflagged, not counted;
 - ``["mark", [index, ...]]``: the leader checks out these available messages ahead of the
-  credit that will take them (its consumers are behind: group.py ``mark_ahead``), as an
+  credit that will take them (its consumers are behind: checkouts.py ``mark_ahead``), as an
   enqueue's ``out`` does for a new one: it then hands them out at once, and ``unout`` gives
   back those it did not;
 - ``["checkout", [index, ...], [index, ...], [index, ...]]``: the leader delivered these

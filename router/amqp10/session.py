@@ -317,6 +317,14 @@ class Session:
             link.delivery_count = (link.delivery_count + 1) & 0xFFFFFFFF
             link.partial_id = t.delivery_id
             link.partial_settled = bool(t.settled)
+            if not t.more:                      # a message in one frame: one copy
+                limit = self._host.max_message_size
+                if limit and end - payload_at > limit:
+                    self.detach(link, "amqp:link:message-size-exceeded",
+                                f"message larger than max-message-size {limit}")
+                    return
+                self._received(link, bytes(buf[payload_at:end]))
+                return
             link.partial = bytearray()
         elif t.settled:
             link.partial_settled = True
@@ -330,6 +338,10 @@ class Session:
         if t.more:
             return
         payload, link.partial = bytes(link.partial), None
+        self._received(link, payload)
+
+    def _received(self, link: Link, payload: bytes) -> None:
+        """A whole message arrived on ``link``: the host gets it (MessageReceived)."""
         if self.incoming_window < INCOMING_WINDOW // 2:
             self.incoming_window = INCOMING_WINDOW
             self._session_flow()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pamqp import commands, header
 
-from shoal.node.replication import group
+from shoal.node.replication import checkouts
 from shoal.shared.errors import RESOURCE_ERROR
 from shoal.shared.wire import OUTCOME_REJECT, OUTCOME_REQUEUE, T
 
@@ -454,8 +454,8 @@ def test_marked_messages_are_flagged_by_a_new_leader(tmp_path, monkeypatch):
     """The price of marking ahead (docs/replication.md): after a leader change, what was
     marked and never delivered is flagged redelivered too, as "may have been delivered"
     (AMQP 0-9-1 1.8.3.9); what was never marked (beyond ``mark_want``) is not."""
-    monkeypatch.setattr(group, "MARK_AHEAD_MIN", 3)
-    monkeypatch.setattr(group, "MARK_BATCH", 1)
+    monkeypatch.setattr(checkouts, "MARK_AHEAD_MIN", 3)
+    monkeypatch.setattr(checkouts, "MARK_BATCH", 1)
     c = Cluster(tmp_path)
     declare(c)
     for i in range(3):
@@ -477,8 +477,8 @@ def test_a_marked_message_does_not_overtake_one_waiting_for_its_checkout(tmp_pat
     """m0 requeued lies behind the marks, m1 is marked: credit for both sends m0 (waiting for
     its checkout) before m1 (marked, ready at once), in the queue's order (the fault
     campaign's rule 4: a confirmed message delivered after later ones, unflagged)."""
-    monkeypatch.setattr(group, "MARK_AHEAD_MIN", 1)
-    monkeypatch.setattr(group, "MARK_BATCH", 1)
+    monkeypatch.setattr(checkouts, "MARK_AHEAD_MIN", 1)
+    monkeypatch.setattr(checkouts, "MARK_BATCH", 1)
     c = Cluster(tmp_path)
     declare(c)
     for i in range(3):
