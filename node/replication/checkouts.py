@@ -11,13 +11,12 @@ group it is sans-IO: what it sends goes through the group's host, what it logs t
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
 from shoal.node.queues.entry import AVAILABLE, QueueEntry
+from shoal.node.queues.queue import Queue
 from shoal.node.replication.log import LOST
-
-if TYPE_CHECKING:
-    from shoal.node.replication.group import QuorumGroup
+from shoal.node.replication.machine import QueueMachine
 
 #: messages checked out in the log ahead of the consumers' credit (``mark_ahead``): four
 #: times what the consumers took while the last ``mark`` went through the log, within these
@@ -27,10 +26,23 @@ MARK_AHEAD_MAX = 4096
 MARK_BATCH = 16
 
 
+class Leader(Protocol):
+    """What :class:`Checkouts` uses of its group (group.py's ``QuorumGroup``)."""
+
+    queue: Queue
+    machine: QueueMachine
+    host: Any                   #: group.py's GroupHost: ``send(identity, msg)``
+    leading: bool
+
+    def propose(self, cmd: list, then: Callable[[Any], None] | None = None) -> bool: ...
+
+    def may_deliver(self) -> bool: ...
+
+
 class Checkouts:
     """The checkouts and marks of ``group`` (a quorum queue's member) while it leads."""
 
-    def __init__(self, group: "QuorumGroup") -> None:
+    def __init__(self, group: Leader) -> None:
         self.group = group
         self.queue = group.queue
         self.machine = group.machine

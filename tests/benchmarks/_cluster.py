@@ -84,3 +84,18 @@ def cpu_seconds(pids: list[int]) -> float:
         except (OSError, IndexError, ValueError):
             pass
     return total / TICKS
+
+
+def rss_bytes(pids: list[int]) -> int:
+    """Resident memory (VmRSS, bytes) of these processes together; gone ones count 0."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return total

@@ -45,7 +45,7 @@ import time
 import uuid
 from pathlib import Path
 
-from _cluster import PACKAGES, cli_module, cpu_seconds, port_open, stop_serve
+from _cluster import PACKAGES, cli_module, cpu_seconds, port_open, rss_bytes, stop_serve
 from compare_table import FIXED_RATE, best_of, paired, render
 
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -236,6 +236,7 @@ class Bench:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
             cpu = window_cpu(proc, run_dir, broker.pids(), time_s)
+            rss = rss_bytes(broker.pids())      # at the window's end: loaded
             stdout, stderr = proc.communicate(timeout=time_s + 150)
             r = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
         finally:
@@ -244,7 +245,8 @@ class Bench:
                 proc.wait(10)
             broker.stop()
         result = {"name": name, "broker": broker.label, "args": args, "rc": r.returncode,
-                  "cmd": " ".join(cmd), "run_dir": str(run_dir), "cpu_s": round(cpu, 3)}
+                  "cmd": " ".join(cmd), "run_dir": str(run_dir), "cpu_s": round(cpu, 3),
+                  "rss_mb": round(rss / 2**20, 1)}
         if r.returncode == 0:
             result.update(json.loads((run_dir / "run.json").read_text())["summary"])
         else:

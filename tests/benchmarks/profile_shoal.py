@@ -1,11 +1,14 @@
 """Profile Shoal's router and the node owning the queue under load 1 with py-spy.
 
-    python tests/benchmarks/profile_shoal.py --rate 4000 [--duration 15] [--out DIR]
+    python tests/benchmarks/profile_shoal.py --rate 4000 [--shape B] [--duration 15] [--out DIR]
 
 Starts ``shoal serve --port 5673 --nodes 2``, runs ``shoal loadtest`` (load 1: 1 queue,
-100 B, 1 producer, 1 consumer, qos 200) at ``--rate`` msg/s, records the router and the owning
-node with ``py-spy record --format raw`` (collapsed stacks) for ``--duration`` seconds, and
-prints per process the top functions by self time and by inclusive time (% of samples).
+100 B, 1 producer, 1 consumer, qos 200; or ``--shape`` A, B or C of matrix.py, the
+single-queue shapes) at ``--rate`` msg/s in all, records the router and the owning node with
+``py-spy record --format raw`` (collapsed stacks) for ``--duration`` seconds, and prints per
+process the CPU of each of its threads over that window (µs per message: the event loop,
+ZeroMQ's I/O thread, the journal's writer) and the top functions by self time and by
+inclusive time (% of samples).
 ``pip install py-spy`` first; py-spy needs ptrace permission (root, or
 ``kernel.yama.ptrace_scope=0``).
 """
@@ -62,9 +65,26 @@ def top(collapsed: Path, n: int = 15) -> str:
     return "\n".join(out)
 
 
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread of ``pid``: its name and CPU seconds so far (utime+stime)."""
+    import os
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = (comm, (int(fields[11]) + int(fields[12])) / ticks)
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rate", type=int, default=4000)
+    p.add_argument("--rate", type=int, default=4000, help="msg/s, all producers together")
+    p.add_argument("--shape", choices=["A", "B", "C"], default="",
+                   help="a single-queue shape of matrix.py instead of load 1")
     p.add_argument("--duration", type=int, default=15)
     p.add_argument("--sample-rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--nodes", type=int, default=2)
@@ -107,13 +127,20 @@ def main(argv=None) -> int:
             pids = {f"router+{node_id}": node_pid}
         else:
             pids[node_id] = node_pid
+        shape, producers = ["--qos", "200", "--size", "100"], 1
+        if args.shape:
+            from matrix import SHAPES
+            _, shape, producers = SHAPES[args.shape]
         load = subprocess.Popen(
             [sys.executable, "-m", "shoal.cli", "loadtest", "--url",
              f"amqp://guest:guest@127.0.0.1:{args.port}/", "--queue-pattern", queue,
-             "--rate", str(args.rate), "--time", str(args.duration + 6), "--qos", "200",
-             "--size", "100", "--out", str(out / "run"), "--nodes", str(args.nodes)],
+             "--rate", str(max(1, args.rate // producers)), "--time",
+             str(args.duration + 6), *shape, "--out", str(out / "run"), "--nodes",
+             str(args.nodes)],
             stdout=open(out / "loadtest.log", "w"), stderr=subprocess.STDOUT)
         time.sleep(4)
+        before = {name: thread_cpu(pid) for name, pid in pids.items()}
+        t0 = time.monotonic()
         spies = {name: subprocess.Popen(
             ["py-spy", "record", "--pid", str(pid), "--duration", str(args.duration),
              "--format", "raw", "--output", str(out / f"{name}.txt"),
@@ -122,11 +149,18 @@ def main(argv=None) -> int:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name, pid in pids.items()}
         for s in spies.values():
             s.wait()
+        window = time.monotonic() - t0
+        after = {name: thread_cpu(pid) for name, pid in pids.items()}
         load.wait(args.duration + 120)
         print((out / "loadtest.log").read_text().strip().splitlines()[-2])
         print(f"CPU of the sampled processes: see /proc; sampling at {args.sample_rate} Hz")
         for name in spies:
             print(f"== {name} (pid {pids[name]})")
+            for tid, (comm, cpu) in after[name].items():
+                used = cpu - before[name].get(tid, (comm, 0.0))[1]
+                if used > 0:
+                    print(f"  thread {comm:<14} {used * 1e6 / (args.rate * window):7.1f} "
+                          f"µs/msg")
             print(top(out / f"{name}.txt"))
     finally:
         serve.send_signal(signal.SIGTERM)
