@@ -43,10 +43,10 @@ class Checkouts:
     """The checkouts and marks of ``group`` (a quorum queue's member) while it leads."""
 
     def __init__(self, group: Leader) -> None:
+        # The group's queue and machine are read through it each time: a snapshot with the
+        # declaration replaces both (manager.py ``_install``; the fault campaign's wiped
+        # member caught a copy kept here).
         self.group = group
-        self.queue = group.queue
-        self.machine = group.machine
-        self.host = group.host
         #: the enqueues this leader logged checked out (``can_mark``), not applied yet
         self.pending_marked = 0
         #: deliveries (and basic.get answers) held until their checkout is applied:
@@ -65,6 +65,18 @@ class Checkouts:
         #: the held lists whose ``checkout`` is logged and not applied yet
         self.in_flight: list[list[list]] = []
         self.settled_out: list[int] = []    # those settled as sent (no_ack)
+
+    @property
+    def queue(self) -> Queue:
+        return self.group.queue
+
+    @property
+    def machine(self) -> QueueMachine:
+        return self.group.machine
+
+    @property
+    def host(self) -> Any:
+        return self.group.host
 
     def has_entries(self) -> bool:
         """Whether the turn left deliveries or marks to log (:meth:`log_turn`)."""

@@ -495,3 +495,45 @@ def test_a_marked_message_does_not_overtake_one_waiting_for_its_checkout(tmp_pat
     c.tick(2)
     got = c.take("node-0", T.DELIVER)
     assert [(d[7], d[3]) for d in got] == [(b"m0", True), (b"m1", False)]
+
+
+def test_a_member_that_joined_empty_logs_its_deliveries_when_it_leads(tmp_path, monkeypatch):
+    """A member added to a queue whose log was compacted learns the queue from the leader's
+    snapshot (its queue and state machine are made anew). Leading later, it must still log
+    each delivery's checkout, so that the next leader redelivers the message flagged. (The
+    fault campaign found a delivery without ``redelivered`` after a wiped node: the leader's
+    checkouts kept the state machine made before the snapshot.)"""
+    from shoal.node.replication import group
+    monkeypatch.setattr(group, "COMPACT_ENTRIES", 2)
+    c = Cluster(tmp_path, n=4)
+    declare(c, args={**QQ, "x-quorum-initial-group-size": 3})
+    leader = c.leader()
+    outside = next(n for n in c.ids if ("/", "q") not in c.shards[n].replication.groups)
+    for i in range(6):
+        publish(c, leader, 1 + i, str(i).encode())
+    c.tick(3)
+    c.request(leader, T.QUORUM_OP, "add_member", "/", "q", outside)
+    voters = c.shards[leader].replication.groups[("/", "q")].raft.voters
+    for _ in range(60):                 # it joins as a learner, then votes
+        c.tick()
+        if any(m.startswith(outside + "@") for m in voters):
+            break
+    assert held(c, outside) == [str(i).encode() for i in range(6)]
+    assert c.shards[outside].replication.groups[("/", "q")].snapshot is not None
+    c.request(leader, T.QUORUM_OP, "transfer", "/", "q", outside)
+    for _ in range(30):
+        c.tick()
+        if c.shards[outside].replication.groups[("/", "q")].leading:
+            break
+    assert c.leader() == outside
+    delivered = consume(c, outside, 1)
+    c.tick(2)
+    delivered += c.take(outside, T.DELIVER)
+    assert [(d[7], d[3]) for d in delivered] == [(b"0", False)]
+    c.crash(outside)
+    for _ in range(30):
+        c.tick()
+        if c.leader() != outside:
+            break
+    got = c.request(c.leader(), T.GET, "/", "q", 1, None)
+    assert (got[4][5], got[4][1]) == (b"0", True)      # flagged: it was delivered
