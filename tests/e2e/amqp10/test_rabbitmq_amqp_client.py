@@ -184,6 +184,7 @@ def close_via_management(cl, container_id: str, dry_run: bool = False) -> int:
     return len(mine)
 
 
+@pytest.mark.layout_free   # the router's forced close and the client's recovery
 def test_connection_closed_by_an_operator_recovers(access_cluster, names):
     """The reconnection example's scenario (its README: break the connection from the
     management UI): the connection is closed with ``amqp:connection:forced``; the client's

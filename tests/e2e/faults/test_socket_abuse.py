@@ -12,6 +12,7 @@ from . import socket_abuse
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.layout_free   # the router's own sockets: no layout changes how it treats them
 def test_a_normal_client_is_served_through_socket_abuse(own_cluster):
     figures = socket_abuse.campaign(own_cluster, idle=100, seconds=12.0)
     print("\n" + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
