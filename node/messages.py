@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-from shoal.shared.errors import ACCESS_REFUSED, COMMAND_INVALID, RESOURCE_ERROR, hard_error, \
-    soft_error
+from shoal.shared.errors import ACCESS_REFUSED, COMMAND_INVALID, NOT_IMPLEMENTED, \
+    RESOURCE_ERROR, hard_error, soft_error
 from shoal.shared.errors import AMQPError
 from shoal.shared.wire import (MOVED, OUTCOME_ACK, OUTCOME_REJECT, OUTCOME_RELEASE,
                                OUTCOME_REQUEUE, TAG_PUBLISH_MOVED, TAG_PUBLISH_RESULT, TAG_REPLY, T)
@@ -44,6 +44,8 @@ class ShardCore(Protocol):
     leases_on: bool
     #: the quorum queues (node/replication/manager.py's Replication), or None
     replication: Any
+    #: the streams (node/streams/hosting.py's Streams)
+    streams: Any
 
     def send(self, identity: bytes, msg: list) -> None: ...
 
@@ -74,9 +76,16 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     lsn = 0
     paged = None        # one page-file copy of the body, shared by this node's queues
     quorum = None
+    streamed = False
     for name in names:
         q = queues.get((vhost, name))
-        if q is not None:
+        if q is None:
+            s = shard.streams.streams.get((vhost, name))
+            if s is not None:       # a stream: confirmed when the turn's chunk is on disk
+                shard.streams.publish(s, exchange, routing_key, header, body)
+                streamed = True
+                routed += 1
+        else:
             if q.replica is not None:       # a quorum queue: its log decides (below)
                 if quorum is None:
                     quorum = []
@@ -105,7 +114,9 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
         publish_quorum(shard, state, seq, quorum, msg, routed, refused, lsn)
     elif seq:
         res = [TAG_PUBLISH_RESULT, seq, RESOURCE_ERROR if refused else 0, routed]
-        if lsn:
+        if streamed:
+            shard.streams.hold(state.identity, res, lsn)
+        elif lsn:
             shard.durable.defer(lsn, state.identity, res)   # answered once on disk
         else:
             shard.send(state.identity, res)
@@ -188,7 +199,13 @@ def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> int:
     (a quorum queue's consumer follows its leader: router/quorum.py registers it again at
     each announcement, and after a link flap the node may still hold it): its credit goes
     back to 0, as the router's count of it does, and what it holds acquired stays so."""
-    _, _, cid, vhost, name, tag, no_ack, exclusive, args, owner = msg
+    _, _, cid, vhost, name, tag, no_ack, exclusive, args, owner = msg[:10]
+    if (vhost, name) in shard.streams.streams and (vhost, name) not in shard.queues:
+        if cid in state.consumers:
+            raise hard_error(COMMAND_INVALID, f"consumer id {cid} already in use")
+        return shard.streams.consume(state, cid, shard.streams.streams[(vhost, name)], tag,
+                                     bool(no_ack), args or {}, msg[10] if len(msg) > 10
+                                     else None)
     q = shard.queue_for(vhost, name, owner)
     if q.replica is not None and not q.replica.leading:
         raise moved(shard, state, q)
@@ -219,10 +236,15 @@ def on_cancel(shard: ShardCore, state: RouterPeer, msg: list) -> Any:
     """CANCEL (spec 1.8.3.5): unsettled deliveries stay acquired. Auto-delete queues lose
     their last consumer -> deleted. Unknown consumer: success."""
     c = state.consumers.pop(msg[2], None)
-    if c is not None and c.queue.remove_consumer(c):
+    if c is None:
+        sc = shard.streams.consumer(state.identity, msg[2])
+        if sc is not None:
+            shard.streams.cancel(sc)
+        return None
+    if c.queue.remove_consumer(c):
         shard.maybe_auto_delete(c.queue)
         lease.maybe_grant(shard, c.queue)
-    if c is not None and c.queue.replica is not None:
+    if c.queue.replica is not None:
         # answered behind the deliveries held for their checkouts (the router must see
         # them before it forgets the consumer)
         c.queue.replica.out.send_ordered(state.identity, [TAG_REPLY, msg[1], 0, "", None])
@@ -234,6 +256,11 @@ def on_credit(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     _, cid, credit, drain = msg
     c = state.consumers.get(cid) if type(cid) is int else None
     if c is None or type(credit) is not int or credit < 0:
+        sc = shard.streams.consumer(state.identity, cid) if c is None else None
+        if sc is not None and type(credit) is int and credit >= 0:
+            left = shard.streams.credit(sc, credit, bool(drain))
+            if left is not None:
+                shard.send(state.identity, [int(T.CREDIT_DRAINED), cid, left])
         return
     q = c.queue
     if credit or drain:
@@ -357,6 +384,9 @@ def on_get(shard: ShardCore, state: RouterPeer, msg: list) -> Any:
     holds now is applied (a publish just before the get is seen, as in RabbitMQ, where a get
     is a command in the log), and only from a leader in its lease (else MOVED)."""
     _, req_id, vhost, name, no_ack, owner = msg
+    if (vhost, name) in shard.streams.streams and (vhost, name) not in shard.queues:
+        raise hard_error(NOT_IMPLEMENTED, f"basic.get not supported by stream queues queue "
+                                          f"'{name}' in vhost '{vhost}'")
     q = shard.queue_for(vhost, name, owner)
     g = q.replica
     if g is None:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from shoal.shared.errors import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, soft_error
+from shoal.shared.errors import (NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED,
+                                 RESOURCE_LOCKED, hard_error, soft_error)
 
 from shoal.node.durability.durable import DurableLog
 from shoal.node.peers import DEFERRED, RouterPeer
@@ -43,6 +44,8 @@ class QueueHost(Protocol):
     settings: Any
     #: the quorum queues (node/replication/manager.py's Replication), or None
     replication: Any
+    #: the streams (node/streams/hosting.py's Streams)
+    streams: Any
 
     def new_queue(self, vhost: str, name: str, durable: bool, auto_delete: bool,
                   exclusive_owner: str | None, arguments: dict | None,
@@ -52,7 +55,9 @@ class QueueHost(Protocol):
 
     def delete_queue(self, q: Queue) -> None: ...
 
-    def queue_added(self, q: Queue) -> None: ...
+    def queue_added(self, q: Any) -> None: ...
+
+    def queue_removed(self, vhost: str, name: str) -> None: ...
 
 
 def check_owner(q: Queue, owner: str | None) -> None:
@@ -62,7 +67,7 @@ def check_owner(q: Queue, owner: str | None) -> None:
                                           f"'{q.name}' in vhost '{q.vhost}'")
 
 
-def check_equivalent_queue(q: Queue, durable: bool, auto_delete: bool, args: dict) -> None:
+def check_equivalent_queue(q: Any, durable: bool, auto_delete: bool, args: dict) -> None:
     """406 "inequivalent arg" as RabbitMQ: durable, auto_delete, x- arguments (exclusive
     is checked before, 405)."""
     checks = [("durable", durable, q.durable), ("auto_delete", auto_delete, q.auto_delete)]
@@ -79,9 +84,19 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
     _, req_id, vhost, name, passive, durable, exclusive, auto_delete, args, owner = msg
     q = shard.queues.get((vhost, name))
     if q is None:
+        s = shard.streams.streams.get((vhost, name))
+        if s is not None:
+            if not passive:
+                check_equivalent_queue(s, bool(durable), bool(auto_delete), args or {})
+            return [name, s.message_count, s.consumer_count]
         if passive:
             raise soft_error(NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
         args = args or {}
+        if args.get("x-queue-type") == "stream":       # node/streams/hosting.py
+            s = shard.streams.declare(vhost, name, bool(durable), bool(exclusive),
+                                      bool(auto_delete), args)
+            shard.queue_added(s)
+            return [name, 0, 0]
         if is_quorum(shard, args, bool(durable and not exclusive and not auto_delete)):
             if "x-queue-type" not in args:
                 args = {**args, "x-queue-type": "quorum"}
@@ -130,7 +145,17 @@ def on_queue_delete(shard: QueueHost, state: RouterPeer, msg: list) -> list:
     _, req_id, vhost, name, if_unused, if_empty, owner = msg
     q = shard.queues.get((vhost, name))
     if q is None:
-        return [0]
+        s = shard.streams.streams.get((vhost, name))
+        if s is None:
+            return [0]
+        if if_unused and s.consumer_count:
+            raise soft_error(PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost}' in use")
+        if if_empty and s.message_count:
+            raise soft_error(PRECONDITION_FAILED,
+                             f"queue '{name}' in vhost '{vhost}' is not empty")
+        count = shard.streams.delete(s)
+        shard.queue_removed(vhost, name)
+        return [count]
     check_owner(q, owner)
     g = q.replica
     if g is not None and not g.leading:
@@ -152,6 +177,9 @@ def on_queue_delete(shard: QueueHost, state: RouterPeer, msg: list) -> list:
 def on_queue_purge(shard: QueueHost, state: RouterPeer, msg: list) -> list:
     """QUEUE_PURGE (spec 1.7.2.7) -> [purged count]. Raises 404, 405."""
     _, req_id, vhost, name, owner = msg
+    if (vhost, name) in shard.streams.streams:      # rabbit_channel.erl's text
+        raise hard_error(NOT_IMPLEMENTED, f"queue.purge not supported by stream queues "
+                                          f"queue '{name}' in vhost '{vhost}'")
     q = shard.queue_for(vhost, name, owner)
     if q.replica is not None:
         if q.replica.leading:

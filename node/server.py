@@ -136,6 +136,7 @@ class NodeServer:
             try:
                 n = self.shard.attach_journal(journal, self.group_commit.take_clean_marker())
                 self.open_replication(path.parent / "raft")
+                self.shard.open_streams(path.parent / "streams")
                 return n
             except BaseException:
                 self.group_commit.close()
@@ -369,6 +370,9 @@ class NodeServer:
             self._drain(socket)
             now = _now_ms()
             self.shard.tick(now)
+            shard = self.shard      # streams first: a publish to a stream and a quorum
+            # queue is answered once both have it, and a quorum answer may come this turn
+            shard.streams.commit(shard.durable.defer if shard.durable is not None else None)
             rep = self.shard.replication
             if rep is not None:
                 rep.process()           # quorum queues: one fsync, then send and apply
@@ -502,6 +506,7 @@ class NodeServer:
         if self._own_ctx:
             self.ctx.term()
         self.group_commit.close()
+        self.shard.streams.close()
         if self.shard.pages is not None:
             self.shard.pages.close()
         if self._dir_lock is not None:

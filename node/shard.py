@@ -24,6 +24,7 @@ import itertools
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Callable
 
 from shoal.shared.errors import (INTERNAL_ERROR, NOT_FOUND, SYNTAX_ERROR, AMQPError,
@@ -53,6 +54,7 @@ from shoal.node.queues.args import QueueConfig, parse_queue_arguments
 from shoal.node.queue_requests import check_owner
 from shoal.node.stats import (LoopLag, on_force_close, on_node_stats, on_queue_list, on_router_report,
                     on_router_reports)
+from shoal.node.streams.hosting import Streams
 from shoal.node.timers import Timers
 from shoal.node.topology import Topology
 
@@ -66,7 +68,10 @@ _TOPOLOGY_REQUESTS = frozenset(int(t) for t in (
 
 _S = (str, type(None))      # optional str (owner)
 _D = (dict, type(None))     # optional table (arguments)
-_SETTLE = int(T.SETTLE)
+_L = (list, type(None))     # optional list (CONSUME's qos)
+#: messages that may carry one more field than their spec's count: SETTLE's annotations,
+#: CONSUME's qos (shared/wire.py)
+_OPTIONAL_LAST = frozenset({int(T.SETTLE), int(T.CONSUME)})
 
 
 class Shard:
@@ -104,6 +109,9 @@ class Shard:
         self._events = 0        #: TOPOLOGY_EVENTs emitted (a request that emits syncs routers)
         #: the quorum queues (node/replication/manager.py's Replication), once attached
         self.replication: Any = None
+        #: the streams (node/streams/hosting.py), in a temporary directory until
+        #: :meth:`open_streams` names the node's
+        self.streams = Streams(self.send, self._next_id, None)
         if wall_offset_ms is None:
             wall_offset_ms = time.time() * 1000.0 - time.monotonic() * 1000.0
         self.timers = Timers(0.0, wall_offset_ms)
@@ -138,7 +146,7 @@ class Shard:
             T.ACCESS_SET: (4, (int, int, dict), on_access_set, True),
             T.QUORUM_OP: (6, (int, str, _S, _S, _S), on_quorum_op, True),
             T.PUBLISH: (9, None, M.on_publish, False),      # hot path: count only
-            T.CONSUME: (10, (int, int, str, str, str, int, int, _D, _S), M.on_consume, True),
+            T.CONSUME: (10, (int, int, str, str, str, int, int, _D, _S, _L), M.on_consume, True),
             T.CANCEL: (3, (int, int), M.on_cancel, True),
             T.CREDIT: (4, None, M.on_credit, False),        # hot: checked inside
             T.SETTLE: (3, None, M.on_settle, False),        # hot: checked inside
@@ -184,8 +192,19 @@ class Shard:
             self.replication.catalogue.own_event(EV_QUEUE_ADDED, data)
 
     def catalogue_own(self) -> list:
-        """``[exchanges, bindings, queues]`` of this node (TOPOLOGY_SNAPSHOT's first three)."""
-        return [*self.topology.snapshot(), own_queues(self.queues)]
+        """``[exchanges, bindings, queues]`` of this node (TOPOLOGY_SNAPSHOT's first three),
+        its streams among the queues."""
+        return [*self.topology.snapshot(),
+                own_queues(self.queues) + own_queues(self.streams.streams)]
+
+    # ------------------------------------------------------------------ streams
+    def open_streams(self, directory: Path) -> int:
+        """Serve streams from ``directory`` (the node's data dir), opening those it holds;
+        returns how many."""
+        self.streams.close()
+        self.streams = Streams(self.send, self._next_id, directory)
+        return self.streams.restore()
+
 
     # ------------------------------------------------------------------ durability
     def attach_journal(self, journal: Journal, clean: bool = True) -> int:
@@ -324,8 +343,8 @@ class Shard:
             log.warning("dropping wire message with unknown tag %r from %r", tag, peer)
             return
         arity, types, handler, is_request = spec
-        if (len(msg) != arity and not (tag == _SETTLE and len(msg) == 4)) or \
-                (types and not all(map(isinstance, msg[1:], types))):   # SETTLE's annotations
+        if (len(msg) != arity and not (len(msg) == arity + 1 and tag in _OPTIONAL_LAST)) or \
+                (types and not all(map(isinstance, msg[1:], types))):
             self._malformed(peer, msg, is_request)
             return
         if tag == TAG_HELLO:
@@ -413,6 +432,7 @@ class Shard:
         exclusive queues (EV_QUEUE_REMOVED)."""
         if self.durable is not None:
             self.durable.forget_router(state.identity)
+        self.streams.forget(state.identity)
         consumers = list(state.consumers.values())
         state.consumers.clear()
         for c in consumers:
@@ -459,8 +479,12 @@ class Shard:
         del self.queues[(q.vhost, q.name)]
         if q.journaled:
             self.durable.delete_queue(q)
-        self.topology.unbind_destination(q.vhost, DEST_QUEUE, q.name)
-        self._emit(EV_QUEUE_REMOVED, [q.vhost, q.name])
+        self.queue_removed(q.vhost, q.name)
+
+    def queue_removed(self, vhost: str, name: str) -> None:
+        """A queue or stream is gone: this node's bindings to it go, EV_QUEUE_REMOVED."""
+        self.topology.unbind_destination(vhost, DEST_QUEUE, name)
+        self._emit(EV_QUEUE_REMOVED, [vhost, name])
 
     def maybe_auto_delete(self, q: Queue) -> None:
         if q.auto_delete and q.had_consumers and not q.consumer_count and not q.deleted:

@@ -93,11 +93,15 @@ def on_queue_list(shard: Any, state: Any, msg: list) -> list:
     for peer in shard.peers.values():
         unacked.update(id(e.queue) for e in peer.unsettled.values())
     rep = getattr(shard, "replication", None)
-    return [[q.vhost, q.name, q.durable, q.exclusive_owner is not None, q.auto_delete,
+    rows = [[q.vhost, q.name, q.durable, q.exclusive_owner is not None, q.auto_delete,
              q.arguments, q.message_count, q.consumer_count, unacked[id(q)], q.stats,
              rep.describe(q.replica) if q.replica is not None else None]
             for q in shard.queues.values() if (vhost is None or q.vhost == vhost) and
             (q.replica is None or q.replica.lists_here())]
+    rows += [[s.vhost, s.name, True, False, False, s.arguments, s.message_count,
+              s.consumer_count, 0, s.stats, None]
+             for s in shard.streams.streams.values() if vhost is None or s.vhost == vhost]
+    return rows
 
 
 def on_node_stats(shard: Any, state: Any, msg: list) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 #: Bumped whenever a message's fields change. Checked at connect time (HELLO).
-WIRE_VERSION = 7
+WIRE_VERSION = 8
 
 
 class T(IntEnum):
@@ -111,9 +111,11 @@ class T(IntEnum):
 
     # --- consumers ---
     CONSUME = 40          # R->N [T, req_id, consumer_id, vhost, queue, tag, no_ack, exclusive,
-                          #       arguments, owner] -> available: int (the queue's AVAILABLE
-                          #   entries now; a multi-queue consumer pulls at once from queues
-                          #   that have some. Older nodes answer None: wait for WORK)
+                          #       arguments, owner(, qos)] -> available: int (the queue's
+                          #   AVAILABLE entries now; a multi-queue consumer pulls at once from
+                          #   queues that have some. Older nodes answer None: wait for WORK).
+                          #   qos: [consumer prefetch, global prefetch] of a 0-9-1 channel
+                          #   (a stream checks them, RabbitMQ's rules); absent for AMQP 1.0
     CANCEL = 41           # R->N [T, req_id, consumer_id] -> None.  Unsettled deliveries stay
                           #   acquired until SETTLE (spec: basic.cancel keeps unacked messages).
     CREDIT = 42           # R->N [T, consumer_id, credit, drain]

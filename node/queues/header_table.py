@@ -117,3 +117,19 @@ def splice_headers(encoded: bytes, entries: list[tuple[str, Any]]) -> bytes:
     flags = ((encoded[12] << 8) | encoded[13]) | F_HEADERS
     return (encoded[:12] + bytes((flags >> 8, flags & 0xFF)) + encoded[14:pos] +
             _U32.pack(len(data)) + data + encoded[pos:])
+
+
+def add_header(header: bytes, key: str, value: Any) -> bytes:
+    """``header`` (a content-header payload) with one more entry ``key`` = ``value`` (see
+    :func:`table`) at the end of its headers table, every other byte as it was; a header
+    without a headers field gets one. Cheap: no property is decoded (a stream's
+    ``x-stream-offset`` on every delivery)."""
+    flags = (header[12] << 8) | header[13]
+    if not flags & F_HEADERS:
+        return splice_headers(header, [(key, value)])
+    entry = table([(key, value)])
+    pos = _headers_at(header)
+    n = _U32.unpack_from(header, pos)[0]
+    end = pos + 4 + n
+    return header[:pos] + _U32.pack(n + len(entry)) + header[pos + 4:end] + entry + \
+        header[end:]

@@ -10,6 +10,7 @@ holds back in :mod:`.transactions`.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import re
 import secrets
@@ -253,6 +254,10 @@ class Channel:
         args = dict(m.arguments or {})
         if m.no_local:  # spec 1.8.3.3: the node skips messages this connection published
             args["x-no-local"] = True
+        offset = args.get("x-stream-offset")
+        if isinstance(offset, datetime.datetime):   # a timestamp, not an offset (the wire
+            # carries datetimes as ints): node/streams/offsets.py
+            args["x-stream-offset"] = {"timestamp": int(offset.timestamp())}
         multi = args.pop("x-multiqueue", None)
         if multi is not None:
             queues = credit.multiqueue_names(multi)
@@ -267,7 +272,8 @@ class Channel:
         if tag in self.pool.targets:
             raise hard_error(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         t = ConsumerTarget(tag, self.number, self.vhost, m.no_ack, registered=False)
-        await self.consume(t, queues, m.exclusive, args)
+        await self.consume(t, queues, m.exclusive, args,
+                           [self.pool.prefetch_count, self.pool.global_prefetch])
         if self.closed or t.cancelled:
             return
         if not m.nowait:
@@ -275,11 +281,13 @@ class Channel:
         b.replenish(self, t)
 
     async def consume(self, t: ConsumerTarget, queues: list[str], exclusive: bool,
-                      args: dict) -> None:
+                      args: dict, qos: list | None = None) -> None:
         """Register target ``t`` (a basic.consume, or an AMQP 1.0 receiving link) with the
-        node of each of ``queues``; credit may flow once this returns. Raises 530 (hard) when
-        the channel holds ``consumer_max_per_channel`` consumers, and whatever a node answers
-        (404, 405, 403; no part stays registered then)."""
+        node of each of ``queues``; credit may flow once this returns. ``qos``: a 0-9-1
+        channel's ``[consumer prefetch, global prefetch]``, which a stream checks (CONSUME,
+        shared/wire.py). Raises 530 (hard) when the channel holds
+        ``consumer_max_per_channel`` consumers, and whatever a node answers (404, 405, 403,
+        406 and 540 from a stream; no part stays registered then)."""
         b = self.broker
         tag = t.tag
         cap = b.settings.consumer_max_per_channel
@@ -294,7 +302,8 @@ class Channel:
         results = await asyncio.gather(*(
             b.consume_request(c, self.vhost, [T.CONSUME, c.consumer_id, self.vhost, c.queue,
                                               tag, t.no_ack, exclusive, args,
-                                              self.client.owner])
+                                              self.client.owner,
+                                              *(() if qos is None else (qos,))])
             for c in t.consumers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:

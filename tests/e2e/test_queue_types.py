@@ -354,32 +354,33 @@ def test_qpid_not_valid_before(make_client, names):
 
 
 # ---- x-queue-type (docs/queues.md, "Queue types") --------------------------------------------
-def test_stream_queue_type_is_refused_as_rabbitmq_refuses_a_type_it_does_not_have(cluster):
-    """``x-queue-type: stream`` used to give a classic queue (a second reader from
-    ``x-stream-offset: first`` got nothing); it is refused with RabbitMQ 3.10's 406 and text
-    for an unsupported type, and nothing is created. ``quorum`` is still accepted."""
+def test_an_unknown_queue_type_is_refused_as_rabbitmq_refuses_it(cluster):
+    """A type Shoal does not have is refused with RabbitMQ 3.10's 406 and text for an
+    unsupported type, and nothing is created; ``quorum`` and ``stream`` are accepted
+    (streams: tests/e2e/test_streams.py)."""
     import uuid
 
     import pika
     import pika.exceptions
 
-    name = f"e2e-stream-{uuid.uuid4().hex[:12]}"
+    name = f"e2e-qtype-{uuid.uuid4().hex[:12]}"
     conn = pika.BlockingConnection(pika.URLParameters(cluster.url))
     try:
         ch = conn.channel()
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
-            ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+            ch.queue_declare(name, durable=True, arguments={"x-queue-type": "lazy"})
         assert e.value.reply_code == 406
         assert e.value.reply_text == (
             f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{name}' in vhost "
-            f"'/': \"unsupported queue type 'stream'\"")
+            f"'/': \"unsupported queue type 'lazy'\"")
         ch = conn.channel()
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
             ch.queue_declare(name, passive=True)
         assert e.value.reply_code == 404            # nothing was created
         ch = conn.channel()
-        quorum = ch.queue_declare(f"{name}-q", durable=True,
-                                  arguments={"x-queue-type": "quorum"}).method.queue
-        ch.queue_delete(quorum)
+        for qtype in ("quorum", "stream"):
+            made = ch.queue_declare(f"{name}-{qtype}", durable=True,
+                                    arguments={"x-queue-type": qtype}).method.queue
+            ch.queue_delete(made)
     finally:
         conn.close()

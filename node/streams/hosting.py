@@ -1,0 +1,365 @@
+"""A node's streams: declared, published to, consumed from offsets, deleted (docs/streams.md).
+
+The shard (node/shard.py) keeps its streams here, beside its queues: :class:`Streams` is
+``shard.streams``, and the wire handlers (node/messages.py, node/queue_requests.py) hand it
+what names a stream. Each stream lives in ``<data dir>/streams/<id>/``: its segments
+(segments.py) and ``meta.json`` (vhost, name, arguments), from which a restarted node opens
+it again.
+
+What a consumer sees is RabbitMQ's (rabbit_stream_queue.erl):
+
+- ``basic.consume`` needs a consumer prefetch (``basic.qos``, not global) and manual acks:
+  else 406 "consumer prefetch count is not set for stream ...", 540 "automatic
+  acknowledgement not supported by stream ...", 540 "... does not support global qos";
+- it starts at ``x-stream-offset`` (offsets.py); a bad one is 406 "failed consuming from
+  stream ...: <reason>";
+- each delivery carries ``x-stream-offset`` (a signed 64-bit integer) in its headers;
+- an ack gives credit back (the router's prefetch) and removes nothing; a nack or reject
+  does nothing either;
+- ``x-stream-filter`` (a string or an array of them) and ``x-stream-match-unfiltered``
+  select by each message's ``x-stream-filter-value`` header;
+- ``basic.get`` is 540 "basic.get not supported by stream queues ..."; a purge removes
+  nothing.
+
+A publish is confirmed once its chunk is on disk: :meth:`Streams.commit`, at the end of the
+node's turn, writes each stream's chunk of the turn and fdatasyncs it, then answers the turn's
+publishes and feeds the consumers. This step serves a stream from one member, the node that
+owns it; replication is the next (docs/streams.md, "What is not built yet").
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from shoal.shared.errors import (NOT_IMPLEMENTED, PRECONDITION_FAILED, RESOURCE_ERROR,
+                                 hard_error, soft_error)
+from shoal.shared.wire import TAG_DELIVER, T
+
+from shoal.node.queues.header_table import Long, add_header, raw_headers
+from shoal.node.streams.offsets import parse_offset_spec, start_offset
+from shoal.node.streams.segments import SegmentLog
+from shoal.node.streams.stream import (StreamConfig, StreamError, StreamReader, StreamWriter,
+                                       parse_stream_arguments)
+
+log = logging.getLogger("shoal.node")
+
+FILTER_VALUE = "x-stream-filter-value"
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _rs(vhost: str, name: str) -> str:
+    return f"queue '{name}' in vhost '{vhost}'"
+
+
+def filter_value(header: bytes) -> bytes | None:
+    """The ``x-stream-filter-value`` header of a content-header payload (a string), or
+    None."""
+    entries = raw_headers(header)
+    if not entries:
+        return None
+    for key, raw in entries:
+        if key == FILTER_VALUE and raw[:1] == b"S":
+            return bytes(raw[5:])
+    return None
+
+
+class StreamConsumer:
+    """One consumer of a stream: its reader (offset, filter), its credit, and whether its
+    router waits for a WORK."""
+
+    __slots__ = ("consumer_id", "peer", "tag", "stream", "reader", "credit", "wants_work",
+                 "args")
+
+    def __init__(self, consumer_id: int, peer: Any, tag: str, stream: "StreamQueue",
+                 reader: StreamReader, args: dict) -> None:
+        self.consumer_id = consumer_id
+        self.peer = peer
+        self.tag = tag
+        self.stream = stream
+        self.reader = reader
+        self.credit = 0
+        self.wants_work = False
+        self.args = args
+
+
+class StreamQueue:
+    """One stream on this node: what management lists of it, its writer and consumers.
+    ``stats``: [published, delivered, acked] as a queue's."""
+
+    durable = True
+    auto_delete = False
+    exclusive_owner = None
+    replica = None
+
+    def __init__(self, vhost: str, name: str, arguments: dict, cfg: StreamConfig,
+                 directory: Path) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.arguments = arguments
+        self.cfg = cfg
+        self.directory = directory
+        self.writer = StreamWriter(SegmentLog(directory / "segments", cfg.max_segment_bytes),
+                                   cfg)
+        self.consumers: list[StreamConsumer] = []
+        self.stats = [0, 0, 0]
+        self.pending = 0            # messages added this turn
+
+    @property
+    def log(self) -> SegmentLog:
+        return self.writer.log
+
+    @property
+    def message_count(self) -> int:
+        return self.writer.committed - self.log.first_offset
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    def describe(self) -> dict:
+        """What management shows of the stream (bytes, offsets, segments)."""
+        lg = self.log
+        return {"type": "stream", "first_offset": lg.first_offset,
+                "committed_offset": self.writer.committed, "segments": len(lg.segments),
+                "bytes": lg.bytes}
+
+
+class Streams:
+    """The streams of one node (``streams``: (vhost, name) -> :class:`StreamQueue`), in
+    ``directory`` (None: a temporary one, for tests and nodes without a data dir).
+    ``send(identity, msg)`` queues a wire message to a router; ``next_id()`` gives delivery
+    ids unique in the node (the shard's entry ids)."""
+
+    def __init__(self, send: Callable[[bytes, list], None], next_id: Callable[[], int],
+                 directory: str | os.PathLike | None) -> None:
+        self.send = send            #: ``send(identity, msg)``: the shard's, to a router
+        self.next_id = next_id      #: delivery ids, from the shard's entry ids
+        self._temp = directory is None
+        self.directory = Path(directory) if directory is not None else \
+            Path(os.environ.get("TMPDIR", "/tmp")) / f"shoal-streams-{uuid.uuid4().hex}"
+        self.streams: dict[tuple[str, str], StreamQueue] = {}
+        #: (router identity, consumer id) -> consumer
+        self.consumers: dict[tuple[bytes, int], StreamConsumer] = {}
+        self._written: dict[StreamQueue, None] = {}
+        #: the turn's publish answers: (identity, answer, journal lsn or 0)
+        self._held: list[tuple[bytes, list, int]] = []
+
+    # -- life -----------------------------------------------------------------------------
+
+    def restore(self) -> int:
+        """Open every stream found in the directory (a restarted node); returns how many."""
+        if not self.directory.is_dir():
+            return 0
+        for d in sorted(self.directory.iterdir()):
+            meta = d / "meta.json"
+            if not meta.is_file():
+                continue
+            m = json.loads(meta.read_text())
+            cfg = parse_stream_arguments(m["vhost"], m["name"], m["arguments"], True, False,
+                                         False)
+            s = StreamQueue(m["vhost"], m["name"], m["arguments"], cfg, d)
+            self.streams[(s.vhost, s.name)] = s
+        return len(self.streams)
+
+    def declare(self, vhost: str, name: str, durable: bool, exclusive: bool,
+                auto_delete: bool, arguments: dict) -> StreamQueue:
+        """A new stream. Raises 406 with RabbitMQ's text (stream.py)."""
+        try:
+            cfg = parse_stream_arguments(vhost, name, arguments, durable, exclusive,
+                                         auto_delete)
+        except StreamError as err:
+            raise soft_error(PRECONDITION_FAILED, str(err)) from None
+        d = self.directory / uuid.uuid4().hex
+        d.mkdir(parents=True)
+        tmp = d / "meta.json.tmp"
+        tmp.write_text(json.dumps({"vhost": vhost, "name": name, "arguments": arguments}))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        tmp.rename(d / "meta.json")
+        s = StreamQueue(vhost, name, arguments, cfg, d)
+        self.streams[(vhost, name)] = s
+        return s
+
+    def delete(self, s: StreamQueue) -> int:
+        """Delete ``s`` and its files; its consumers are cancelled (CONSUMER_CANCELLED).
+        Returns the messages it held."""
+        count = s.message_count
+        for c in list(s.consumers):
+            self.consumers.pop((c.peer.identity, c.consumer_id), None)
+            self.send(c.peer.identity, [int(T.CONSUMER_CANCELLED), c.consumer_id,
+                                              "queue deleted"])
+        s.consumers.clear()
+        self.streams.pop((s.vhost, s.name), None)
+        self._written.pop(s, None)
+        s.log.destroy()
+        shutil.rmtree(s.directory, ignore_errors=True)
+        return count
+
+    def close(self) -> None:
+        for s in self.streams.values():
+            s.log.close()
+        if self._temp:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    # -- publishing -----------------------------------------------------------------------
+
+    def publish(self, s: StreamQueue, exchange: str, routing_key: str, header: bytes,
+                body: bytes) -> None:
+        """Take a message for ``s``'s chunk of this turn (confirmed at :meth:`commit`)."""
+        s.writer.add(exchange, routing_key, header, body, filter_value(header))
+        s.stats[0] += 1
+        self._written[s] = None
+
+    def hold(self, identity: bytes, answer: list, lsn: int) -> None:
+        """Send ``answer`` (a PUBLISH_RESULT) once this turn's chunks are on disk, and, with
+        ``lsn``, once the journal has that record too."""
+        self._held.append((identity, answer, lsn))
+
+    def commit(self, defer: Callable[[int, bytes, list], None] | None) -> None:
+        """End of the node's turn: write and sync each stream's chunk, answer the turn's
+        publishes (``defer(lsn, identity, answer)`` for those that wait for the journal
+        too), then deliver to consumers with credit and tell those waiting (WORK)."""
+        if not self._written and not self._held:
+            return
+        now = _wall_ms()
+        written = list(self._written)
+        self._written.clear()
+        failed = False
+        for s in written:
+            try:
+                s.writer.flush(now)
+                s.writer.sync()
+                s.writer.retain(now)
+            except Exception:  # noqa: BLE001 - a failing disk (or a bug) nacks, never stops
+                # the node: the turn's publishes are refused, as a journal that cannot write
+                log.exception("stream '%s' in vhost '%s': cannot write its chunk; refusing "
+                              "the turn's publishes", s.name, s.vhost)
+                failed = True
+        held, self._held = self._held, []
+        send = self.send
+        for identity, answer, lsn in held:
+            if failed:          # PUBLISH_RESULT's code: basic.nack (shared/wire.py)
+                answer[2] = RESOURCE_ERROR
+            if lsn:
+                defer(lsn, identity, answer)
+            else:
+                send(identity, answer)
+        for s in written:
+            for c in s.consumers:
+                self._feed(c)
+
+    # -- consuming ------------------------------------------------------------------------
+
+    def consume(self, peer: Any, cid: int, s: StreamQueue, tag: str, no_ack: bool,
+                args: dict, qos: list | None) -> int:
+        """A consumer of ``s`` from its ``x-stream-offset``; returns the messages it may
+        read now. ``qos``: ``[consumer prefetch, global prefetch]`` of a 0-9-1 channel, None
+        for an AMQP 1.0 link (credit). Raises 406, 540 as RabbitMQ (module docstring)."""
+        known = self.consumers.get((peer.identity, cid))
+        if known is not None and known.stream is s:     # registered again: credit back to 0
+            known.credit = 0
+            known.wants_work = False
+            return max(0, s.writer.committed - known.reader.offset)
+        rs = _rs(s.vhost, s.name)
+        if qos is not None:
+            prefetch, global_prefetch = (list(qos) + [0, 0])[:2]
+            if not prefetch:
+                raise soft_error(PRECONDITION_FAILED,
+                                 f"consumer prefetch count is not set for stream {rs}")
+            if no_ack:
+                raise hard_error(NOT_IMPLEMENTED,
+                                 f"automatic acknowledgement not supported by stream {rs}")
+            if global_prefetch:
+                raise hard_error(NOT_IMPLEMENTED, f"{rs} does not support global qos")
+        args = args or {}
+        try:
+            spec = parse_offset_spec(args.get("x-stream-offset"), _wall_ms())
+        except ValueError as err:
+            raise soft_error(PRECONDITION_FAILED,
+                             f"failed consuming from stream {rs}: {err}") from None
+        values, unfiltered = _filter_args(args)
+        lg = s.log
+        start = start_offset(spec, lg.first_offset, s.writer.committed, lg.last_chunk_id,
+                             lg.seek_time)
+        c = StreamConsumer(cid, peer, tag, s, StreamReader(lg, start, values, unfiltered),
+                           args)
+        s.consumers.append(c)
+        self.consumers[(peer.identity, cid)] = c
+        return max(0, s.writer.committed - start)
+
+    def consumer(self, identity: bytes, cid: int) -> StreamConsumer | None:
+        return self.consumers.get((identity, cid))
+
+    def cancel(self, c: StreamConsumer) -> None:
+        self.consumers.pop((c.peer.identity, c.consumer_id), None)
+        if c in c.stream.consumers:
+            c.stream.consumers.remove(c)
+
+    def forget(self, identity: bytes) -> None:
+        """Router ``identity`` is gone: its consumers go."""
+        for key in [k for k in self.consumers if k[0] == identity]:
+            self.cancel(self.consumers[key])
+
+    def credit(self, c: StreamConsumer, credit: int, drain: bool) -> int | None:
+        """CREDIT for a stream consumer: deliver what it may read; with ``drain``, returns
+        the credit left (then 0); ``credit`` 0 without drain: a WORK when there is more."""
+        if credit:
+            c.credit += credit
+            c.wants_work = False
+        if credit or drain:
+            self._feed(c)
+        if drain:
+            left, c.credit = c.credit, 0
+            return left
+        if not credit:
+            c.wants_work = True
+            self._feed(c)
+        return None
+
+    def _feed(self, c: StreamConsumer) -> None:
+        s = c.stream
+        committed = s.writer.committed
+        if c.credit <= 0:
+            if c.wants_work and c.reader.offset < committed:
+                c.wants_work = False
+                self.send(c.peer.identity, [int(T.WORK), c.consumer_id])
+            return
+        msgs = c.reader.read(c.credit, committed)
+        if not msgs:
+            return
+        c.credit -= len(msgs)
+        s.stats[1] += len(msgs)
+        send = self.send
+        ident = c.peer.identity
+        next_id = self.next_id
+        for m in msgs:
+            send(ident, [TAG_DELIVER, c.consumer_id, next_id(), False, m.exchange,
+                         m.routing_key,
+                         add_header(bytes(m.header), "x-stream-offset", Long(m.offset)),
+                         bytes(m.body)])
+
+
+def _filter_args(args: dict) -> tuple[list[bytes] | None, bool]:
+    """``x-stream-filter`` (a string or an array of strings; others ignored, as RabbitMQ
+    does) and ``x-stream-match-unfiltered``."""
+    raw = args.get("x-stream-filter")
+    if raw is None:
+        return None, False
+    items = raw if isinstance(raw, list) else [raw]
+    values = []
+    for v in items:
+        if isinstance(v, str):
+            values.append(v.encode())
+        elif isinstance(v, (bytes, bytearray)):
+            values.append(bytes(v))
+    unfiltered = args.get("x-stream-match-unfiltered") in (True, 1, "true")
+    return (values or None), unfiltered

@@ -1,0 +1,451 @@
+"""A stream's log on disk: segment files of chunks, each with its index (docs/streams.md).
+
+One directory per stream member. A segment holds whole chunks (node/streams/chunk.py) in
+write order after Osiris's 8-byte log header (``OSIL``, version 1), and is named by its first
+chunk id, 20 digits, as Osiris names them: ``00000000000000004096.segment``. Beside it,
+``.index`` holds one fixed-size record per chunk after an 8-byte header (``SHSI``, version 1):
+
+=====  ====================================================================================
+bytes  field
+=====  ====================================================================================
+8      chunk id (the chunk's first offset)
+8      timestamp (signed, epoch ms)
+8      epoch
+4      the chunk's position in the segment file
+1      chunk type
+8      log index: the replication layer's index of the chunk (0 when none)
+=====  ====================================================================================
+
+Osiris's index record is the first 29 bytes of this one; the log index is Shoal's. Chunk ids
+and (as the writer keeps them, :class:`~shoal.node.streams.stream.StreamWriter`) timestamps
+never decrease, so seeking to an offset or to a time is a binary search over the records, a
+lookup, not a scan. A reader's page of the index is the segment's ``index`` bytes in memory
+(37 bytes a chunk, no object per chunk).
+
+Durability: :meth:`SegmentLog.append` writes the chunk then its index record; :meth:`sync`
+fdatasyncs both. At open, every chunk the last segment's index names is checked (whole, and
+its CRC): the segment is cut at the first that fails, or at the end of the last indexed one
+(a torn write; what has no index record was never synced, so never confirmed). A restart
+thus reads the segment being written once, at most ``max_segment_bytes``. Earlier segments
+were synced when the next one began.
+
+Retention (RabbitMQ's ``x-max-length-bytes`` and ``x-max-age``, rabbit_stream_queue.erl and
+osiris_retention.erl) removes whole segments from the front, never the one being written.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import shutil
+import struct
+from pathlib import Path
+
+from shoal.node.durability.compact import fsync_dir
+from shoal.node.streams.chunk import HEADER_SIZE, ChunkError, ChunkHeader, check
+
+SEGMENT_HEADER = b"OSIL\x00\x00\x00\x01"
+INDEX_HEADER = b"SHSI\x00\x00\x00\x01"
+INDEX = struct.Struct(">QqQIBQ")
+INDEX_SIZE = INDEX.size         # 37
+#: Osiris's defaults for x-stream-max-segment-size-bytes and chunks per segment
+DEFAULT_MAX_SEGMENT_BYTES = 500_000_000
+DEFAULT_MAX_SEGMENT_CHUNKS = 256_000
+#: RabbitMQ's ceiling for x-stream-max-segment-size-bytes (rabbit.hrl)
+MAX_SEGMENT_BYTES = 3_000_000_000
+
+
+class Segment:
+    """One segment file and its index records (``index``: the records without the header)."""
+
+    __slots__ = ("first", "path", "index", "size", "fd", "ifd")
+
+    def __init__(self, first: int, path: Path) -> None:
+        self.first = first          # the chunk id in its name
+        self.path = path
+        self.index = bytearray()
+        self.size = len(SEGMENT_HEADER)
+        self.fd: int | None = None
+        self.ifd: int | None = None
+
+    @property
+    def chunks(self) -> int:
+        return len(self.index) // INDEX_SIZE
+
+    def record(self, i: int) -> tuple[int, int, int, int, int, int]:
+        """``(chunk_id, timestamp, epoch, position, type, log_index)`` of chunk ``i``."""
+        return INDEX.unpack_from(self.index, i * INDEX_SIZE)
+
+    def chunk_id(self, i: int) -> int:
+        return int.from_bytes(self.index[i * INDEX_SIZE:i * INDEX_SIZE + 8], "big")
+
+    def timestamp(self, i: int) -> int:
+        return INDEX.unpack_from(self.index, i * INDEX_SIZE)[1]
+
+    def end_of(self, i: int) -> int:
+        """Where chunk ``i`` ends in the segment file."""
+        if i + 1 < self.chunks:
+            return self.record(i + 1)[3]
+        return self.size
+
+    def find(self, offset: int) -> int:
+        """The position in the index of the last chunk whose id is at most ``offset``
+        (-1 when the first is already past it)."""
+        lo, hi = 0, self.chunks
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.chunk_id(mid) <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo - 1
+
+    def find_time(self, ts: int) -> int:
+        """The position of the first chunk whose timestamp is at least ``ts`` (``chunks``
+        when none is)."""
+        lo, hi = 0, self.chunks
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.timestamp(mid) < ts:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def open(self) -> None:
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self.ifd = os.open(self.path.with_suffix(".index"), os.O_RDWR | os.O_CREAT, 0o644)
+
+    def close(self) -> None:
+        for fd in (self.fd, self.ifd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.ifd = None
+
+    def read(self, lo: int, hi: int) -> bytes:
+        self.open()
+        return os.pread(self.fd, hi - lo, lo)
+
+
+def _name(first: int) -> str:
+    return f"{first:020d}"
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, pos: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, pos)
+        view = view[n:]
+        pos += n
+
+
+class SegmentLog:
+    """The chunks of one stream member, in segment files under ``directory``.
+
+    ``next_offset`` is the offset the next chunk must start at; ``first_offset`` the first
+    offset still held (``next_offset`` when none is). Sizes in bytes, times epoch ms.
+    Raises ValueError for a chunk that does not start at ``next_offset`` and
+    :class:`~shoal.node.streams.chunk.ChunkError` for bytes that are not a chunk.
+    """
+
+    def __init__(self, directory: str | os.PathLike,
+                 max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES,
+                 max_segment_chunks: int = DEFAULT_MAX_SEGMENT_CHUNKS) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_segment_bytes = min(max_segment_bytes, MAX_SEGMENT_BYTES)
+        self.max_segment_chunks = max_segment_chunks
+        self.segments: list[Segment] = []
+        self.next_offset = 0
+        self.bytes = 0              # every segment file's size
+        self._firsts: list[int] = []
+        self._recover()
+
+    # -- reading --------------------------------------------------------------------------
+
+    @property
+    def first_offset(self) -> int:
+        for s in self.segments:
+            if s.chunks:
+                return s.chunk_id(0)
+        return self.next_offset
+
+    @property
+    def last_chunk_id(self) -> int | None:
+        """The id of the last chunk written (RabbitMQ's ``last`` offset spec starts there),
+        or None for an empty log."""
+        for s in reversed(self.segments):
+            if s.chunks:
+                return s.chunk_id(s.chunks - 1)
+        return None
+
+    @property
+    def first_timestamp(self) -> int | None:
+        for s in self.segments:
+            if s.chunks:
+                return s.timestamp(0)
+        return None
+
+    def chunk_count(self) -> int:
+        return sum(s.chunks for s in self.segments)
+
+    def locate(self, offset: int) -> tuple[Segment, int] | None:
+        """The segment and index position of the chunk that holds ``offset``, or None when
+        it is not held (before ``first_offset`` or at ``next_offset`` and after)."""
+        if offset >= self.next_offset or offset < self.first_offset:
+            return None
+        k = bisect.bisect_right(self._firsts, offset) - 1
+        while k >= 0:
+            s = self.segments[k]
+            i = s.find(offset)
+            if i >= 0:
+                return s, i
+            k -= 1
+        return None
+
+    def chunk_at(self, offset: int) -> bytes | None:
+        """The whole chunk that holds ``offset`` (one read from the file), or None."""
+        at = self.locate(offset)
+        if at is None:
+            return None
+        s, i = at
+        return s.read(s.record(i)[3], s.end_of(i))
+
+    def record_of(self, offset: int) -> tuple[int, int, int, int, int, int] | None:
+        """The index record of the chunk holding ``offset``: ``(chunk_id, timestamp, epoch,
+        position, type, log_index)``, or None."""
+        at = self.locate(offset)
+        return None if at is None else at[0].record(at[1])
+
+    def chunk_after(self, offset: int) -> int:
+        """The id of the first chunk that starts at ``offset`` or later (``next_offset``
+        when none does): where a reader that wants ``offset`` and after goes when ``offset``
+        is not a chunk's first."""
+        at = self.locate(offset)
+        if at is None:
+            return max(offset, self.first_offset) if offset < self.next_offset \
+                else self.next_offset
+        s, i = at
+        if i + 1 < s.chunks:
+            return s.chunk_id(i + 1)
+        k = self.segments.index(s) + 1
+        while k < len(self.segments):
+            if self.segments[k].chunks:
+                return self.segments[k].chunk_id(0)
+            k += 1
+        return self.next_offset
+
+    def seek_time(self, ts: int) -> int:
+        """The id of the first chunk written at ``ts`` (epoch ms) or later, ``next_offset``
+        when none was: RabbitMQ's timestamp offset spec (osiris_log.erl's
+        ``timestamp_idx_scan``: the chunk is the unit)."""
+        for s in self.segments:
+            if s.chunks and s.timestamp(s.chunks - 1) >= ts:
+                return s.chunk_id(s.find_time(ts))
+        return self.next_offset
+
+    # -- writing --------------------------------------------------------------------------
+
+    def append(self, chunk: bytes, log_index: int = 0, verify: bool = False) -> ChunkHeader:
+        """Write ``chunk`` (not yet synced: :meth:`sync`); ``verify`` checks its CRC first
+        (a chunk from another member). Returns its header."""
+        h = check(chunk) if verify else ChunkHeader(chunk)
+        if len(chunk) != h.size:
+            raise ChunkError(f"chunk {h.chunk_id}: {len(chunk)} bytes, its header says "
+                             f"{h.size}")
+        if h.chunk_id != self.next_offset:
+            raise ValueError(f"chunk {h.chunk_id} does not start at the log's next offset "
+                             f"{self.next_offset}")
+        s = self.segments[-1] if self.segments else None
+        if s is None or (s.chunks and (s.size + len(chunk) > self.max_segment_bytes
+                                       or s.chunks >= self.max_segment_chunks)):
+            if s is not None:
+                self._sync(s)
+            s = self._new_segment(h.chunk_id)
+        s.open()
+        rec = INDEX.pack(h.chunk_id, h.timestamp, h.epoch, s.size, h.type, log_index)
+        _pwrite_all(s.fd, chunk, s.size)
+        _pwrite_all(s.ifd, rec, len(INDEX_HEADER) + len(s.index))
+        s.index += rec
+        s.size += len(chunk)
+        self.bytes += len(chunk)
+        self.next_offset = h.next_offset
+        return h
+
+    def sync(self) -> None:
+        """Everything appended is on disk once this returns (fdatasync of the segment being
+        written and its index)."""
+        if self.segments:
+            self._sync(self.segments[-1])
+
+    def reset(self, next_offset: int) -> None:
+        """Forget every chunk and start again at ``next_offset``: a member that is behind a
+        leader's retention starts from the leader's first offset (docs/streams.md)."""
+        for s in self.segments:
+            s.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.segments = []
+        self._firsts = []
+        self.bytes = 0
+        self.next_offset = next_offset
+        self._sync(self._new_segment(next_offset))
+
+    def truncate_from(self, offset: int) -> None:
+        """Remove the chunk holding ``offset`` and every later one (a replica's chunks that
+        the leader's log does not have); ``next_offset`` becomes that chunk's id. Does
+        nothing when ``offset`` is not held."""
+        at = self.locate(offset)
+        if at is None:
+            return
+        s, i = at
+        k = self.segments.index(s)
+        for later in self.segments[k + 1:]:
+            self._remove(later)
+        del self.segments[k + 1:]
+        del self._firsts[k + 1:]
+        cid, _, _, pos, _, _ = s.record(i)
+        s.open()
+        os.ftruncate(s.fd, pos)
+        os.ftruncate(s.ifd, len(INDEX_HEADER) + i * INDEX_SIZE)
+        self.bytes -= s.size - pos
+        s.size = pos
+        del s.index[i * INDEX_SIZE:]
+        self.next_offset = cid
+        self._sync(s)
+
+    def retain(self, max_bytes: int | None, max_age_ms: int | None, now_ms: int) -> int:
+        """Apply retention: remove the oldest segments while the log is over ``max_bytes``
+        or their newest chunk is older than ``max_age_ms`` before ``now_ms``; never the
+        segment being written. Returns how many were removed."""
+        removed = 0
+        while len(self.segments) > 1:
+            s = self.segments[0]
+            over = max_bytes is not None and self.bytes > max_bytes
+            old = (max_age_ms is not None and s.chunks
+                   and s.timestamp(s.chunks - 1) < now_ms - max_age_ms)
+            if not (over or old or not s.chunks):
+                break
+            self._remove(s)
+            del self.segments[0]
+            del self._firsts[0]
+            removed += 1
+        return removed
+
+    def close(self) -> None:
+        for s in self.segments:
+            s.close()
+
+    def destroy(self) -> None:
+        """Close and delete every file (the stream was deleted)."""
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.segments = []
+        self._firsts = []
+        self.bytes = 0
+
+    # -- inside ---------------------------------------------------------------------------
+
+    def _new_segment(self, first: int) -> Segment:
+        s = Segment(first, self.directory / f"{_name(first)}.segment")
+        s.open()
+        os.ftruncate(s.fd, 0)
+        os.ftruncate(s.ifd, 0)
+        _pwrite_all(s.fd, SEGMENT_HEADER, 0)
+        _pwrite_all(s.ifd, INDEX_HEADER, 0)
+        self.segments.append(s)
+        self._firsts.append(first)
+        self.bytes += s.size
+        fsync_dir(self.directory)
+        return s
+
+    def _sync(self, s: Segment) -> None:
+        if s.fd is not None:
+            os.fdatasync(s.fd)
+            os.fdatasync(s.ifd)
+
+    def _remove(self, s: Segment) -> None:
+        s.close()
+        self.bytes -= s.size
+        for p in (s.path, s.path.with_suffix(".index")):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+
+    def _recover(self) -> None:
+        names = sorted(p for p in self.directory.glob("*.segment"))
+        for n, path in enumerate(names):
+            try:
+                first = int(path.stem)
+            except ValueError:
+                continue
+            s = Segment(first, path)
+            s.size = path.stat().st_size
+            last = n == len(names) - 1
+            if s.size < len(SEGMENT_HEADER) or path.read_bytes()[:8] != SEGMENT_HEADER:
+                if not last:
+                    raise ChunkError(f"{path}: not a stream segment")
+                s.open()
+                os.ftruncate(s.fd, 0)
+                _pwrite_all(s.fd, SEGMENT_HEADER, 0)
+                s.size = len(SEGMENT_HEADER)
+            self._load_index(s, check_tail=last)
+            self.segments.append(s)
+            self._firsts.append(first)
+            self.bytes += s.size
+        self.next_offset = 0
+        for s in reversed(self.segments):
+            if s.chunks:
+                cid, _, _, pos, _, _ = s.record(s.chunks - 1)
+                self.next_offset = ChunkHeader(s.read(pos, pos + HEADER_SIZE)).next_offset
+                break
+        else:
+            if self.segments:
+                self.next_offset = self.segments[-1].first
+
+    def _load_index(self, s: Segment, check_tail: bool) -> None:
+        """Read ``s``'s index; for the segment being written (``check_tail``) keep the
+        records up to the first that does not name a whole chunk passing its CRC, and cut
+        the segment file there (a torn write). A chunk without its index record was never
+        synced (:meth:`sync` writes both), so it was never confirmed: it goes too."""
+        ipath = s.path.with_suffix(".index")
+        raw = ipath.read_bytes() if ipath.exists() else b""
+        recs = bytearray(raw[len(INDEX_HEADER):]) if raw[:8] == INDEX_HEADER else bytearray()
+        del recs[len(recs) - len(recs) % INDEX_SIZE:]
+        if not check_tail:
+            s.index = recs
+            return
+        s.open()
+        pos = len(SEGMENT_HEADER)
+        n = 0
+        for i in range(len(recs) // INDEX_SIZE):
+            cid, _, _, at, _, _ = INDEX.unpack_from(recs, i * INDEX_SIZE)
+            if at != pos or at + HEADER_SIZE > s.size:
+                break
+            try:
+                h = ChunkHeader(s.read(at, at + HEADER_SIZE))
+            except ChunkError:
+                break
+            if h.chunk_id != cid or at + h.size > s.size or not self._whole(s, at, h):
+                break
+            pos = at + h.size
+            n = i + 1
+        if pos != s.size:
+            os.ftruncate(s.fd, pos)
+            s.size = pos
+        good = recs[:n * INDEX_SIZE]
+        s.index = good
+        if len(good) != len(recs) or raw[:8] != INDEX_HEADER:
+            os.ftruncate(s.ifd, 0)
+            _pwrite_all(s.ifd, INDEX_HEADER + bytes(good), 0)
+        self._sync(s)
+
+    @staticmethod
+    def _whole(s: Segment, at: int, h: ChunkHeader) -> bool:
+        try:
+            check(s.read(at, at + h.size))
+        except ChunkError:
+            return False
+        return True
+
