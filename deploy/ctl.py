@@ -159,7 +159,7 @@ def run(api: Api, a: argparse.Namespace) -> str | None:
 
 #: rabbitmq-queues' commands, with its argument order (docs/replication.md, "Operating")
 QUORUM_COMMANDS = ("add_member", "delete_member", "grow", "shrink", "rebalance",
-                   "quorum_status")
+                   "quorum_status", "stream_status")
 
 
 def run_quorum(api: Api, a: argparse.Namespace) -> str:
@@ -169,6 +169,11 @@ def run_quorum(api: Api, a: argparse.Namespace) -> str:
         rows = api.call("GET", f"/api/queues/{vh}/{q(a.queue)}/quorum-status")
         return json.dumps(rows, indent=2) if a.json else table(
             rows, ["node", "raft_state", "membership", "last_index", "commit_index", "term"])
+    if a.command == "stream_status":        # rabbitmq-streams stream_status
+        rows = api.call("GET", f"/api/queues/{vh}/{q(a.queue)}/stream-status")
+        return json.dumps(rows, indent=2) if a.json else table(
+            rows, ["role", "node", "epoch", "offset", "committed_offset", "first_offset",
+                   "readers", "segments"])
     if a.command == "add_member":
         out = api.call("POST", f"/api/queues/{vh}/{q(a.queue)}/members", {"node": a.node})
         return f"quorum queue '{a.queue}': members {', '.join(out['members'])}"
@@ -253,6 +258,10 @@ def parser() -> argparse.ArgumentParser:
     qs = sub.add_parser("quorum_status", help="a quorum queue's members and their Raft state")
     qs.add_argument("queue")
     qs.add_argument("--json", action="store_true", help="the API's JSON instead of a table")
+    ss = sub.add_parser("stream_status", help="a stream's members, offsets and segments "
+                        "(rabbitmq-streams stream_status)")
+    ss.add_argument("queue")
+    ss.add_argument("--json", action="store_true", help="the API's JSON instead of a table")
     return p
 
 

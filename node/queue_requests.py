@@ -84,20 +84,27 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
     _, req_id, vhost, name, passive, durable, exclusive, auto_delete, args, owner = msg
     q = shard.queues.get((vhost, name))
     if q is None:
+        plain_durable = bool(durable and not exclusive and not auto_delete)
+        default_stream = shard.settings.default_queue_type == "stream" and \
+            "x-queue-type" not in (args or {})
         s = shard.streams.streams.get((vhost, name))
         if s is not None:
             if not passive:
+                if default_stream:      # the type it has (as quorum queues, below)
+                    args = {**(args or {}), "x-queue-type": "stream"}
                 check_equivalent_queue(s, bool(durable), bool(auto_delete), args or {})
             return [name, s.message_count, s.consumer_count]
         if passive:
             raise soft_error(NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
         args = args or {}
+        if default_stream and plain_durable:
+            args = {**args, "x-queue-type": "stream"}
         if args.get("x-queue-type") == "stream":       # node/streams/hosting.py
             s = shard.streams.declare(vhost, name, bool(durable), bool(exclusive),
                                       bool(auto_delete), args)
             shard.queue_added(s)
             return [name, 0, 0]
-        if is_quorum(shard, args, bool(durable and not exclusive and not auto_delete)):
+        if is_quorum(shard, args, plain_durable):
             if "x-queue-type" not in args:
                 args = {**args, "x-queue-type": "quorum"}
             replication.declare(shard.replication, state.identity, req_id, vhost, name, bool(durable),

@@ -99,7 +99,7 @@ def on_queue_list(shard: Any, state: Any, msg: list) -> list:
             for q in shard.queues.values() if (vhost is None or q.vhost == vhost) and
             (q.replica is None or q.replica.lists_here())]
     rows += [[s.vhost, s.name, True, False, False, s.arguments, s.message_count,
-              s.consumer_count, 0, s.stats, None]
+              s.consumer_count, 0, s.stats, s.describe()]
              for s in shard.streams.streams.values() if vhost is None or s.vhost == vhost]
     return rows
 

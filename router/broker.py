@@ -178,14 +178,14 @@ class Broker:
     def with_default_type(self, vhost: str, msg: list) -> list:
         """QUEUE_DECLARE ``msg`` with ``x-queue-type`` set to ``vhost``'s default queue type
         when it names none (RabbitMQ's ``rabbit_amqqueue:augment_declare_args``): a quorum
-        default applies to durable, non-exclusive, non-auto-delete queues only (others stay
-        classic, as the types' ``is_compatible`` says)."""
+        or stream default applies to durable, non-exclusive, non-auto-delete queues only
+        (others stay classic, as the types' ``is_compatible`` says)."""
         qtype = self.definitions.default_queue_types.get(vhost)
         args = msg[7] or {}
         if qtype is None or "x-queue-type" in args:
             return msg
         durable, exclusive, auto_delete = msg[4], msg[5], msg[6]
-        if qtype == "quorum" and not (durable and not exclusive and not auto_delete):
+        if qtype in ("quorum", "stream") and not (durable and not exclusive and not auto_delete):
             return msg
         return [*msg[:7], {**args, "x-queue-type": qtype}, *msg[8:]]
 

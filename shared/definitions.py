@@ -133,8 +133,8 @@ class Definitions:
     bindings: list[dict] = field(default_factory=list)
 
 
-#: The queue types a vhost's ``default_queue_type`` may name (streams: not yet, issue 47).
-DEFAULT_QUEUE_TYPES = ("classic", "quorum")
+#: The queue types a vhost's ``default_queue_type`` may name.
+DEFAULT_QUEUE_TYPES = ("classic", "quorum", "stream")
 
 
 def from_settings(users: dict[str, str], vhosts: list[str]) -> Definitions:
@@ -231,7 +231,7 @@ def parse_definitions(data: Any, source: str = "definitions") -> Definitions:
         if qtype not in (None, "", "undefined"):
             if qtype not in DEFAULT_QUEUE_TYPES:
                 raise ConfigError(f"{source}: vhost '{name}': default_queue_type must be "
-                                  f"{' or '.join(DEFAULT_QUEUE_TYPES)} (got {qtype!r})")
+                                  f"one of {', '.join(DEFAULT_QUEUE_TYPES)} (got {qtype!r})")
             defs.default_queue_types[name] = qtype
     for i, p in enumerate(items("parameters")):
         if p.get("component") == "vhost-limits":

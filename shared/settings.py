@@ -102,7 +102,8 @@ class Settings:
     peer_bind: str = ""                      #: node: a ZeroMQ endpoint the other nodes reach
     #: it on, when ``node_bind`` is ``unix://`` ("" = ``node_bind``)
     default_queue_type: str = "classic"      #: the type of a durable queue declared without
-    #: ``x-queue-type``: ``classic`` or ``quorum`` (RabbitMQ's ``default_queue_type``)
+    #: ``x-queue-type``: ``classic``, ``quorum`` or ``stream`` (RabbitMQ's
+    #: ``default_queue_type``; exclusive, auto-delete and non-durable queues stay classic)
     quorum_delivery_limit: int = 20          #: node: the ``x-delivery-limit`` of a
     #: quorum queue declared without one (RabbitMQ 4.0's default, 20); -1: no limit, as
     #: RabbitMQ 3.10 (docs/replication.md)
@@ -247,8 +248,8 @@ class Settings:
             raise bad("embed_bind", "must be an endpoint like ipc:///path or unix:///path")
         if not isinstance(self.quorum_delivery_limit, int) or self.quorum_delivery_limit < -1:
             raise bad("quorum_delivery_limit", "must be an integer >= 0, or -1 for no limit")
-        if self.default_queue_type not in ("classic", "quorum"):
-            raise bad("default_queue_type", "must be classic or quorum")
+        if self.default_queue_type not in ("classic", "quorum", "stream"):
+            raise bad("default_queue_type", "must be classic, quorum or stream")
         for p in self.peers:
             if "=" not in p.split("://", 1)[0] or "://" not in p:
                 raise bad("peers", f"'{p}' is not ID=ENDPOINT (e.g. node-1=tcp://host:5680)")

@@ -126,11 +126,23 @@ class StreamQueue:
         return len(self.consumers)
 
     def describe(self) -> dict:
-        """What management shows of the stream (bytes, offsets, segments)."""
+        """What management shows of the stream (RabbitMQ's queue info keys for streams, and
+        ``bytes``): offsets as RabbitMQ counts them (``committed_offset``: the last
+        committed message's, -1 when none; ``first_offset``: the first held), the
+        segments, bytes on disk, and ``stream_consumers``: each consumer as ``[tag, offset,
+        offset_lag]`` (``offset``: the next it reads; ``offset_lag``: committed messages it
+        has not read)."""
         lg = self.log
-        return {"type": "stream", "first_offset": lg.first_offset,
-                "committed_offset": self.writer.committed, "segments": len(lg.segments),
-                "bytes": lg.bytes}
+        committed = self.writer.committed
+        rec = lg.record_of(committed - 1) if committed else None
+        return {"type": "stream", "epoch": self.writer.epoch,
+                "first_offset": lg.first_offset, "committed_offset": committed - 1,
+                "committed_chunk_id": rec[0] if rec else -1,
+                "first_timestamp": lg.first_timestamp, "segments": len(lg.segments),
+                "bytes": lg.bytes,
+                "stream_consumers": [[c.tag, c.reader.offset,
+                                      max(0, committed - c.reader.offset)]
+                                     for c in self.consumers]}
 
 
 class Streams:

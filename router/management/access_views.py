@@ -111,8 +111,8 @@ async def put_vhost(request: web.Request):
         raise ApiError(400, "bad_request", "a vhost needs a name")
     qtype = body.get("default_queue_type") if isinstance(body, dict) else None
     if qtype not in (None, "", "undefined", *DEFAULT_QUEUE_TYPES):
-        raise ApiError(400, "bad_request", f"default_queue_type must be "
-                                           f"{' or '.join(DEFAULT_QUEUE_TYPES)}, got {qtype!r}")
+        raise ApiError(400, "bad_request", f"default_queue_type must be one of "
+                                           f"{', '.join(DEFAULT_QUEUE_TYPES)}, got {qtype!r}")
     created = []
 
     def edit(defs: Definitions) -> Definitions | None:

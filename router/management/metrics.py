@@ -110,6 +110,7 @@ async def families(broker: Broker, lag: RouterLag, per_object: bool) -> list:
         else:
             fam.add_metric([], sum(r[fields[key]] for r in rows))
     out += list(gauges.values())
+    out += stream_families(rows, per_object)
     out.append(GaugeMetricFamily("rabbitmq_queues", "Queues available", value=len(rows)))
     channels = sum(len(c.channels) for c in broker.connections)
     for name, doc, value in (
@@ -169,6 +170,31 @@ async def families(broker: Broker, lag: RouterLag, per_object: bool) -> list:
         else:
             merged[h.name] = h
     return out + list(merged.values())
+
+
+def stream_families(rows: list[dict], per_object: bool) -> list:
+    """Streams' consumer offset lag (docs/streams.md): RabbitMQ's
+    ``rabbitmq_stream_consumer_max_offset_lag`` (the highest of all, or per stream with
+    ``per_object``), and with ``per_object`` each consumer's own,
+    ``shoal_stream_consumer_offset_lag`` (committed messages it has not read)."""
+    streams = [r for r in rows if r.get("type") == "stream"]
+    labels = ["vhost", "queue", "node"] if per_object else []
+    top = GaugeMetricFamily("rabbitmq_stream_consumer_max_offset_lag",
+                            "Highest consumer offset lag", labels=labels)
+    lags = {(r["vhost"], r["name"], r["node"]): [c[2] for c in r["stream_consumers"]]
+            for r in streams}
+    if per_object:
+        for key, values in lags.items():
+            top.add_metric(list(key), max(values, default=0))
+        each = GaugeMetricFamily("shoal_stream_consumer_offset_lag", "Committed messages a "
+                                 "stream consumer has not read",
+                                 labels=["vhost", "queue", "consumer_tag"])
+        for r in streams:
+            for tag, _, lag in r["stream_consumers"]:
+                each.add_metric([r["vhost"], r["name"], tag], lag)
+        return [top, each]
+    top.add_metric([], max((v for vs in lags.values() for v in vs), default=0))
+    return [top]
 
 
 #: RabbitMQ's Raft metrics (rabbitmq_prometheus, per quorum queue member) -> the index of the

@@ -1,8 +1,11 @@
-"""The management API's quorum queue commands (design.md section 8, docs/replication.md): what
-``rabbitmq-queues`` does over Erlang distribution, Shoal's API does over HTTP, for ``shoal ctl``
-(deploy/ctl.py) with the same command names and argument order.
+"""The management API's quorum queue and stream commands (design.md section 8,
+docs/replication.md, docs/streams.md): what ``rabbitmq-queues`` and ``rabbitmq-streams`` do
+over Erlang distribution, Shoal's API does over HTTP, for ``shoal ctl`` (deploy/ctl.py) with
+the same command names and argument order.
 
 - ``GET /api/queues/{vhost}/{name}/quorum-status``: each member as the leader sees it;
+- ``GET /api/queues/{vhost}/{name}/stream-status``: each member of a stream, with
+  ``rabbitmq-streams stream_status``'s columns (404 unless a stream);
 - ``POST /api/queues/{vhost}/{name}/members`` ``{"node": N}``: add_member;
 - ``DELETE /api/queues/{vhost}/{name}/members/{node}``: delete_member;
 - ``POST /api/quorum/grow`` ``{"node": N, "strategy": "all" | "even"}`` and
@@ -21,6 +24,7 @@ from aiohttp import web
 from shoal.shared.wire import T
 
 from shoal.router.management.views import ApiError, _arg, _body, _broker, _vhost, queue_rows
+from shoal.router.management.views import queue as queue_row
 
 STATUS_FIELDS = ("node", "member", "raft_state", "membership", "last_index", "commit_index",
                  "term")
@@ -30,6 +34,19 @@ async def quorum_status(request: web.Request):
     b, vhost, name = _broker(request), _vhost(request), _arg(request, "name")
     rows = await b.queue_request(vhost, name, [T.QUORUM_OP, "status", vhost, name, None])
     return [dict(zip(STATUS_FIELDS, r)) for r in rows]
+
+
+async def stream_status(request: web.Request):
+    """rabbitmq-streams' stream_status: role, node, epoch, offset (the last written),
+    committed_offset, first_offset, readers, segments, per member."""
+    row = await queue_row(request)
+    if row.get("type") != "stream":
+        raise ApiError(404, "not_found", f"queue '{row['name']}' in vhost '{row['vhost']}' is "
+                                         f"not a stream")
+    return [{"role": "writer", "node": row["node"], "epoch": row["epoch"],
+             "offset": row["committed_offset"], "committed_offset": row["committed_offset"],
+             "first_offset": row["first_offset"], "readers": len(row["stream_consumers"]),
+             "segments": row["segments"]}]
 
 
 async def _node_arg(request: web.Request, data: dict) -> str:
@@ -115,6 +132,7 @@ async def rebalance(request: web.Request):
 def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/api/queues/{vhost}/{name}/quorum-status", quorum_status)
+    r.add_get("/api/queues/{vhost}/{name}/stream-status", stream_status)
     r.add_post("/api/queues/{vhost}/{name}/members", add_member)
     r.add_delete("/api/queues/{vhost}/{name}/members/{node}", delete_member)
     r.add_post("/api/quorum/grow", grow)

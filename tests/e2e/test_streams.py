@@ -177,3 +177,39 @@ def test_kombu_reads_a_history(cluster) -> None:
                     pass
         queue(conn.channel()).delete()
     assert got == [(0, 1), (1, 2)]
+
+
+def test_a_vhosts_default_queue_type_stream(tmp_path) -> None:
+    """A definitions file's vhost ``metadata.default_queue_type: stream`` (RabbitMQ 3.11+)
+    makes that vhost's durable queues declared without a type streams; exclusive ones stay
+    classic (the stream type's ``is_compatible``), and a redeclare naming no type is the
+    stream it is."""
+    import json
+
+    from shoal.shared.definitions import hash_password
+    from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
+    if EXTERNAL_URL:
+        pytest.skip("starts its own cluster")
+    defs = tmp_path / "defs.json"
+    defs.write_text(json.dumps({
+        "users": [{"name": "guest", "password_hash": hash_password("guest"),
+                   "tags": ["administrator"]}],
+        "vhosts": [{"name": "/", "metadata": {"default_queue_type": "stream"}}],
+        "permissions": [{"user": "guest", "vhost": "/", "configure": ".*", "write": ".*",
+                         "read": ".*"}]}))
+    cluster = start_cluster(tmp_path / "cluster", 2, env={"SHOAL_LOAD_DEFINITIONS": str(defs)})
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(cluster.url))
+        ch = conn.channel()
+        q = _name()
+        ch.queue_declare(q, durable=True)
+        ch.queue_declare(q, durable=True)                   # the same stream
+        ch.confirm_delivery()
+        _publish(ch, q, [b"a", b"b"])
+        assert _read(conn, ch, q, 2, {"x-stream-offset": "first"}) == [(0, b"a"), (1, b"b")]
+        excl = ch.queue_declare("", exclusive=True).method.queue
+        ch.basic_publish("", excl, b"x")
+        assert ch.basic_get(excl, auto_ack=True)[2] == b"x"     # a classic queue
+        conn.close()
+    finally:
+        stop_cluster(cluster)

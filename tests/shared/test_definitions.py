@@ -154,10 +154,11 @@ def test_a_vhosts_default_queue_type_is_read_kept_and_checked():
     defs = parse_definitions({"vhosts": [
         {"name": "/", "metadata": {"default_queue_type": "quorum"}},
         {"name": "a", "default_queue_type": "classic"},
-        {"name": "b", "metadata": {"default_queue_type": "undefined"}}]})
-    assert defs.default_queue_types == {"/": "quorum", "a": "classic"}
+        {"name": "b", "metadata": {"default_queue_type": "undefined"}},
+        {"name": "s", "metadata": {"default_queue_type": "stream"}}]})
+    assert defs.default_queue_types == {"/": "quorum", "a": "classic", "s": "stream"}
     again = parse_definitions(access_document(defs))
     assert again.default_queue_types == defs.default_queue_types
-    with pytest.raises(ConfigError, match="vhost 'c': default_queue_type must be classic or "
-                                          "quorum"):
+    with pytest.raises(ConfigError, match="vhost 'c': default_queue_type must be one of "
+                                          "classic, quorum, stream"):
         parse_definitions({"vhosts": [{"name": "c", "metadata": {"default_queue_type": "x"}}]})

@@ -112,3 +112,34 @@ def test_ctl_errors_are_one_line_and_exit_non_zero(mgmt):
     assert r.returncode == 1 and r.stderr.startswith(
         "shoal ctl: cannot reach the management API at http://127.0.0.1:1")
     assert ctl(mgmt, "list", "everything").returncode == 2             # argparse: bad usage
+
+
+def test_a_stream_in_the_api_and_shoal_ctl_stream_status(mgmt, uid):
+    """A stream's row has RabbitMQ's stream keys (type, leader, members, committed_offset,
+    segments) and its bytes; ``shoal ctl stream_status`` prints rabbitmq-streams' columns;
+    a queue that is not a stream is a 404 there (docs/streams.md)."""
+    q = f"stream-{uid}"
+    conn = pika.BlockingConnection(pika.URLParameters(mgmt.url))
+    ch = conn.channel()
+    ch.queue_declare(q, durable=True, arguments={"x-queue-type": "stream"})
+    ch.confirm_delivery()
+    for i in range(3):
+        ch.basic_publish("", q, b"x" * 100)
+    conn.close()
+    row = call(mgmt, "GET", f"/queues/%2F/{q}")[1]
+    assert row["type"] == "stream" and row["members"] == [row["leader"]] == [row["node"]]
+    assert (row["first_offset"], row["committed_offset"], row["segments"]) == (0, 2, 1)
+    assert row["messages"] == 3 and row["message_bytes"] > 300
+    r = ctl(mgmt, "stream_status", q, "--json")
+    assert r.returncode == 0, r.stderr
+    status = json.loads(r.stdout)
+    assert status == [{"role": "writer", "node": row["node"], "epoch": 1, "offset": 2,
+                       "committed_offset": 2, "first_offset": 0, "readers": 0,
+                       "segments": 1}]
+    r = ctl(mgmt, "stream_status", q)
+    assert r.returncode == 0 and "committed_offset" in r.stdout.splitlines()[0]
+    assert call(mgmt, "PUT", f"/queues/%2F/classic-{uid}", {"durable": False})[0] == 201
+    r = ctl(mgmt, "stream_status", f"classic-{uid}")
+    assert r.returncode != 0 and "not a stream" in r.stderr
+    r = ctl(mgmt, "stream_status", f"missing-{uid}")
+    assert r.returncode != 0 and r.stderr

@@ -101,3 +101,27 @@ def test_the_charts_dashboard_uses_only_metrics_shoal_serves(prom):
             for name in re.findall(r"\b((?:rabbitmq|shoal)_[a-z_]+)\b", t["expr"])}
     served = {s.name for samples in scrape(prom).values() for s in samples}
     assert used and used <= served, used - served
+
+
+def test_stream_consumer_offset_lag(prom, uid):
+    """A stream consumer that has read 2 of 5 messages lags by 3: RabbitMQ's highest-lag
+    gauge, and per consumer on /metrics/per-object (docs/streams.md)."""
+    q = f"prom-stream-{uid}"
+    conn = pika.BlockingConnection(pika.URLParameters(prom.url))
+    ch = conn.channel()
+    ch.queue_declare(q, durable=True, arguments={"x-queue-type": "stream"})
+    ch.confirm_delivery()
+    for i in range(5):
+        ch.basic_publish("", q, b"m%d" % i)
+    ch.basic_qos(prefetch_count=2)
+    got = []
+    ch.basic_consume(q, lambda c, m, p, b: got.append(m), consumer_tag="lagging",
+                     arguments={"x-stream-offset": "first"})
+    while len(got) < 2:
+        conn.process_data_events(time_limit=0.1)
+    assert value(scrape(prom)["rabbitmq_stream_consumer_max_offset_lag"]) >= 3
+    per = scrape(prom, "/metrics/per-object")
+    assert value(per["rabbitmq_stream_consumer_max_offset_lag"], queue=q) == 3
+    assert value(per["shoal_stream_consumer_offset_lag"], queue=q, consumer_tag="lagging") == 3
+    ch.queue_delete(q)
+    conn.close()
