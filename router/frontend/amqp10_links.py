@@ -28,7 +28,7 @@ from shoal.shared.errors import AMQPError
 from shoal.router import consumers as credit
 from shoal.router.amqp.events import MessagePublished
 from shoal.router.amqp10 import address, convert, whole
-from shoal.router.amqp10.codec import DecodeError, Described, Symbol
+from shoal.router.amqp10.codec import DecodeError, Described, Symbol, Timestamp
 from shoal.router.amqp10.engine import Link
 from shoal.router.amqp10.frames import (Accepted, Modified, Rejected, Released, Source, Target,
                                         error)
@@ -50,6 +50,10 @@ CONDITIONS = {311: "amqp:link:message-size-exceeded", 312: "amqp:not-found",
               540: "amqp:not-implemented", 541: "amqp:internal-error"}
 #: the JMS selector filter's descriptor (Apache Qpid's, AMQP filters registry)
 SELECTOR_FILTER = (Symbol("apache.org:selector-filter:string"), 0x0000468C00000004)
+#: RabbitMQ's stream filters (rabbit_amqp_session.erl ``parse_filters``; docs/streams.md)
+STREAM_OFFSET = "rabbitmq:stream-offset-spec"
+STREAM_FILTER = "rabbitmq:stream-filter"
+STREAM_UNFILTERED = "rabbitmq:stream-match-unfiltered"
 
 
 def condition(err: AMQPError) -> str:
@@ -281,7 +285,7 @@ class LinkChannel(Channel):
             queues, addr = await self._source_queues(link, src)
             for q in queues:
                 self.check_access(READ, "queue", q)
-            args = _consume_args(link, src)
+            args, honoured = _consume_args(link, src)
         except address.BadAddress as exc:
             link.session.refuse_link(link, "amqp:invalid-field", str(exc))
             return
@@ -304,7 +308,7 @@ class LinkChannel(Channel):
             self.broker.cancel_consumer(self, t)
             return
         source = Source(addr, src.durable, src.expiry_policy, src.timeout, src.dynamic,
-                        None, None, src.filter, src.default_outcome, src.outcomes,
+                        None, None, honoured, src.default_outcome, src.outcomes,
                         src.capabilities)
         link.session.accept_link(link, source=source)
         t.credit = link.credit
@@ -417,17 +421,41 @@ class LinkChannel(Channel):
                                           "the queue was deleted or its node is unreachable")
 
 
-def _consume_args(link: Link, src: Source) -> dict:
-    """basic.consume arguments from the link: a JMS selector filter (x-filter-jms-selector),
-    ``rabbitmq:priority`` (x-priority)."""
+def _consume_args(link: Link, src: Source) -> tuple[dict, dict | None]:
+    """basic.consume arguments from the link, and the source's filters as honoured (the
+    attach's answer names only those, as RabbitMQ 4's ``parse_filter``): a JMS selector
+    filter (x-filter-jms-selector); RabbitMQ's stream filters ``rabbitmq:stream-offset-spec``
+    (x-stream-offset: first, last, next, a duration, an offset, a timestamp in ms),
+    ``rabbitmq:stream-filter`` (x-stream-filter: a string or a list of them),
+    ``rabbitmq:stream-match-unfiltered`` (x-stream-match-unfiltered), described or not
+    (RabbitMQ's ``amqp_filter_set_bug``; docs/streams.md); ``rabbitmq:priority``
+    (x-priority)."""
     args: dict = {}
+    honoured: dict | None = None
     if isinstance(src.filter, dict):
-        for value in src.filter.values():
+        honoured = {}
+        for key, value in src.filter.items():
+            inner = value.value if isinstance(value, Described) else value
+            name = value.descriptor if isinstance(value, Described) else key
             if isinstance(value, Described) and value.descriptor in SELECTOR_FILTER:
                 if not isinstance(value.value, str):
                     raise address.BadAddress("the selector filter is not a string")
                 args["x-filter-jms-selector"] = value.value
+            elif name == STREAM_OFFSET and isinstance(inner, Timestamp):
+                args["x-stream-offset"] = {"timestamp": int(inner) // 1000}
+            elif name == STREAM_OFFSET and isinstance(inner, str):
+                args["x-stream-offset"] = str(inner)
+            elif name == STREAM_OFFSET and type(inner) is int and inner >= 0:
+                args["x-stream-offset"] = inner
+            elif name == STREAM_FILTER and isinstance(inner, (str, list)):
+                args["x-stream-filter"] = str(inner) if isinstance(inner, str) else \
+                    [str(v) for v in inner if isinstance(v, str)]
+            elif name == STREAM_UNFILTERED and isinstance(inner, bool):
+                args["x-stream-match-unfiltered"] = inner
+            else:
+                continue
+            honoured[key] = value
     prio = link.properties.get(Symbol("rabbitmq:priority"))
     if type(prio) is int:
         args["x-priority"] = prio
-    return args
+    return args, honoured

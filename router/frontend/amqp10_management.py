@@ -238,7 +238,10 @@ class ManagementNode:
             raise HttpError("404", f"queue '{name}' in vhost '{vhost}' not found")
         _, _, durable, exclusive, auto_delete, args, ready, consumers, *rest = row
         replica = rest[2] if len(rest) > 2 and rest[2] else None
-        leader, members = (replica[2], replica[4]) if replica else (node, [node])
+        if isinstance(replica, dict) or not replica:    # a stream (one member) or classic
+            leader, members = node, [node]
+        else:                                           # a quorum queue's [.., leader, .., members]
+            leader, members = replica[2], replica[4]
         out: dict = {}
         if leader:
             out["leader"] = leader
