@@ -1,6 +1,6 @@
 """RabbitMQ's Python AMQP 1.0 client's own examples, run unchanged against Shoal (issue 45):
-getting started, the pre-settled consumer, RPC (its responder and requester) and the direct
-reply-to queue.
+getting started, the pre-settled consumer, RPC (its responder and requester), the direct
+reply-to queue, and the stream examples (issue 47) but the one with filter expressions.
 
 The examples are not in the client's PyPI package, and CI reaches only PyPI: set
 ``SHOAL_AMQP_EXAMPLES`` to a checkout of github.com/rabbitmq/rabbitmq-amqp-python-client to
@@ -136,3 +136,24 @@ def test_direct_reply_queue(on_5672):
     text = "\n".join(lines)
     assert "connecting to address: /queues/amq.rabbitmq.reply-to." in text
     assert "message not routed" not in text and "message rejected" not in text
+
+
+def test_streams(on_5672):
+    """A stream declared through the management node, 200 messages with filter values,
+    read from ``first`` with their ``x-stream-offset`` annotations (docs/streams.md)."""
+    proc, lines = start("streams/example_with_streams.py")
+    read_until(proc, lines, r"^count 199$")
+    assert finish(proc, lines, interrupt=True) == 0, "\n".join(lines[-30:])
+    got = [ln for ln in lines if ln.startswith("received message from stream:")]
+    assert got[0] == "received message from stream: apple: 0 with offset: 0"
+    assert got[199] == "received message from stream: banana: 99 with offset: 199"
+
+
+def test_stream_consumer_offset_datetime(on_5672):
+    """A consumer from a time: only the second batch, published 3 s later."""
+    proc, lines = start("stream_consumer_offset_datetime/"
+                        "example_stream_consumer_offset_datetime.py")
+    read_until(proc, lines, r"Total Consumed: 100\]")
+    assert finish(proc, lines, interrupt=True) == 0, "\n".join(lines[-30:])
+    got = [ln for ln in lines if "Received message:" in ln]
+    assert all("Second send" in ln for ln in got) and len(got) == 100
