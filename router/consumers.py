@@ -61,6 +61,7 @@ class Consumer:
     interest_sent: bool = False  #: CREDIT(0) "tell me when you have work" is registered
     last_grant: int = 0       #: size of the last drain grant (to count empty pulls)
     unacked: int = 0          #: this queue's deliveries not yet acknowledged by the client
+    stream: bool = False      #: its queue is a stream (the node's CONSUME answer says so)
     #: the CONSUME message (without req_id) that registered it: sent again to a quorum
     #: queue's new leader (router/quorum.py)
     request: list | None = None
@@ -106,6 +107,8 @@ class LinkTarget(ConsumerTarget):
     drain: bool = False
     drain_sent: bool = False
     on_drained: Any = None
+    #: AMQP 1.0 property filter expressions a stream's link applies (amqp10/filters.py)
+    filters: Any = None
     #: the consumers a drain has yet to ask, in order (``_link_grants``)
     drain_todo: list = field(default_factory=list)
 
@@ -244,10 +247,14 @@ def _link_grants(pool: CreditPool, t: LinkTarget) -> list[Grant]:
 
 def on_registered(t: ConsumerTarget, available: list) -> None:
     """Every node answered CONSUME for ``t``, in ``t.consumers``' order, with its queue's
-    AVAILABLE entries (None from an older node: WORK will tell): credit may flow now, and each
+    AVAILABLE entries (None from an older node: WORK will tell; a stream answers
+    ``[available, "stream"]``): credit may flow now, and each
     queue that has messages is pulled from at once, so that a multi-queue consumer starts on
     all of them together (seed 002 DG5) rather than on whichever node answers WORK first."""
     for c, n in zip(t.consumers, available):
+        if type(n) is list:         # a stream's answer: [available, "stream"]
+            c.stream = n[1:2] == ["stream"]
+            n = n[0]
         if type(n) is int and n > 0:
             on_work(c)
     t.registered = True

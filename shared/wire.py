@@ -115,7 +115,8 @@ class T(IntEnum):
                           #   AVAILABLE entries now; a multi-queue consumer pulls at once from
                           #   queues that have some. Older nodes answer None: wait for WORK).
                           #   qos: [consumer prefetch, global prefetch] of a 0-9-1 channel
-                          #   (a stream checks them, RabbitMQ's rules); absent for AMQP 1.0
+                          #   (a stream checks them, RabbitMQ's rules); absent for AMQP 1.0.
+                          #   A stream answers [available, "stream"]
     CANCEL = 41           # R->N [T, req_id, consumer_id] -> None.  Unsettled deliveries stay
                           #   acquired until SETTLE (spec: basic.cancel keeps unacked messages).
     CREDIT = 42           # R->N [T, consumer_id, credit, drain]

@@ -272,15 +272,15 @@ class Streams:
     # -- consuming ------------------------------------------------------------------------
 
     def consume(self, peer: Any, cid: int, s: StreamQueue, tag: str, no_ack: bool,
-                args: dict, qos: list | None) -> int:
-        """A consumer of ``s`` from its ``x-stream-offset``; returns the messages it may
-        read now. ``qos``: ``[consumer prefetch, global prefetch]`` of a 0-9-1 channel, None
+                args: dict, qos: list | None) -> list:
+        """A consumer of ``s`` from its ``x-stream-offset``; returns ``[the messages it may
+        read now, "stream"]`` (CONSUME's answer: the router learns the queue is a stream). ``qos``: ``[consumer prefetch, global prefetch]`` of a 0-9-1 channel, None
         for an AMQP 1.0 link (credit). Raises 406, 540 as RabbitMQ (module docstring)."""
         known = self.consumers.get((peer.identity, cid))
         if known is not None and known.stream is s:     # registered again: credit back to 0
             known.credit = 0
             known.wants_work = False
-            return max(0, s.writer.committed - known.reader.offset)
+            return [max(0, s.writer.committed - known.reader.offset), "stream"]
         rs = _rs(s.vhost, s.name)
         if qos is not None:
             prefetch, global_prefetch = (list(qos) + [0, 0])[:2]
@@ -306,7 +306,7 @@ class Streams:
                            args)
         s.consumers.append(c)
         self.consumers[(peer.identity, cid)] = c
-        return max(0, s.writer.committed - start)
+        return [max(0, s.writer.committed - start), "stream"]
 
     def consumer(self, identity: bytes, cid: int) -> StreamConsumer | None:
         return self.consumers.get((identity, cid))

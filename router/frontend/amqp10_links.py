@@ -27,7 +27,7 @@ from shoal.shared.errors import AMQPError
 
 from shoal.router import consumers as credit
 from shoal.router.amqp.events import MessagePublished
-from shoal.router.amqp10 import address, convert, whole
+from shoal.router.amqp10 import address, convert, filters, whole
 from shoal.router.amqp10.codec import DecodeError, Described, Symbol, Timestamp
 from shoal.router.amqp10.engine import Link
 from shoal.router.amqp10.frames import (Accepted, Modified, Rejected, Released, Source, Target,
@@ -221,6 +221,14 @@ class LinkChannel(Channel):
             payload = None
         if payload is None:
             payload = convert.to_amqp10(header, body, exchange, routing_key, redelivered)
+        if t.filters is not None and not filters.matches(t.filters, payload):
+            # a stream's message this link's filter expressions leave out: settled here,
+            # which gives the credit back (RabbitMQ evaluates them in its session alike)
+            if not t.no_ack:
+                self.settle([(tag, self.unacked.pop(tag))], wire.OUTCOME_ACK)
+            else:
+                self.broker.replenish(self, t)
+            return
         link.session.send_message(link, payload, tag)
         t.credit = link.credit
 
@@ -285,7 +293,7 @@ class LinkChannel(Channel):
             queues, addr = await self._source_queues(link, src)
             for q in queues:
                 self.check_access(READ, "queue", q)
-            args, honoured = _consume_args(link, src)
+            args, honoured, expressions = _consume_args(link, src)
         except address.BadAddress as exc:
             link.session.refuse_link(link, "amqp:invalid-field", str(exc))
             return
@@ -307,6 +315,9 @@ class LinkChannel(Channel):
         if link.detached or self.closed:
             self.broker.cancel_consumer(self, t)
             return
+        if expressions and all(c.stream for c in t.consumers):
+            t.filters = [parsed for _, parsed in expressions]
+            honoured = {**(honoured or {}), **{k: src.filter[k] for k, _ in expressions}}
         source = Source(addr, src.durable, src.expiry_policy, src.timeout, src.dynamic,
                         None, None, honoured, src.default_outcome, src.outcomes,
                         src.capabilities)
@@ -421,9 +432,11 @@ class LinkChannel(Channel):
                                           "the queue was deleted or its node is unreachable")
 
 
-def _consume_args(link: Link, src: Source) -> tuple[dict, dict | None]:
-    """basic.consume arguments from the link, and the source's filters as honoured (the
-    attach's answer names only those, as RabbitMQ 4's ``parse_filter``): a JMS selector
+def _consume_args(link: Link, src: Source) -> tuple[dict, dict | None, list]:
+    """basic.consume arguments from the link, the source's filters as honoured (the
+    attach's answer names only those, as RabbitMQ 4's ``parse_filter``), and its property
+    filter expressions (``(key, parsed)``: amqp10/filters.py; a stream's link applies them,
+    and only then are they honoured). The arguments: a JMS selector
     filter (x-filter-jms-selector); RabbitMQ's stream filters ``rabbitmq:stream-offset-spec``
     (x-stream-offset: first, last, next, a duration, an offset, a timestamp in ms),
     ``rabbitmq:stream-filter`` (x-stream-filter: a string or a list of them),
@@ -432,6 +445,7 @@ def _consume_args(link: Link, src: Source) -> tuple[dict, dict | None]:
     (x-priority)."""
     args: dict = {}
     honoured: dict | None = None
+    expressions: list = []
     if isinstance(src.filter, dict):
         honoured = {}
         for key, value in src.filter.items():
@@ -453,9 +467,12 @@ def _consume_args(link: Link, src: Source) -> tuple[dict, dict | None]:
             elif name == STREAM_UNFILTERED and isinstance(inner, bool):
                 args["x-stream-match-unfiltered"] = inner
             else:
+                parsed = filters.parse(value)
+                if parsed is not None:      # applied on a stream only (attach_receiver)
+                    expressions.append((key, parsed))
                 continue
             honoured[key] = value
     prio = link.properties.get(Symbol("rabbitmq:priority"))
     if type(prio) is int:
         args["x-priority"] = prio
-    return args, honoured
+    return args, honoured, expressions

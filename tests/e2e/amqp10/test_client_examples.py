@@ -1,6 +1,6 @@
 """RabbitMQ's Python AMQP 1.0 client's own examples, run unchanged against Shoal (issue 45):
 getting started, the pre-settled consumer, RPC (its responder and requester), the direct
-reply-to queue, and the stream examples (issue 47) but the one with filter expressions.
+reply-to queue, and the stream examples (issue 47) but the one with SQL filters.
 
 The examples are not in the client's PyPI package, and CI reaches only PyPI: set
 ``SHOAL_AMQP_EXAMPLES`` to a checkout of github.com/rabbitmq/rabbitmq-amqp-python-client to
@@ -154,6 +154,19 @@ def test_stream_consumer_offset_datetime(on_5672):
     proc, lines = start("stream_consumer_offset_datetime/"
                         "example_stream_consumer_offset_datetime.py")
     read_until(proc, lines, r"Total Consumed: 100\]")
+    time.sleep(1)       # Ctrl+C once it waits again, not inside the client's accept
     assert finish(proc, lines, interrupt=True) == 0, "\n".join(lines[-30:])
     got = [ln for ln in lines if "Received message:" in ln]
     assert all("Second send" in ln for ln in got) and len(got) == 100
+
+
+def test_streams_with_filters(on_5672):
+    """The stream filter with property filter expressions (subject, an application
+    property): of 200 messages, only the 17 yellow bananas from Italy arrive."""
+    proc, lines = start("streams_with_filters/example_streams_with_filters.py")
+    read_until(proc, lines, r"Total Consumed: 17\]")
+    time.sleep(1)                   # none after them
+    assert finish(proc, lines, interrupt=True) == 0, "\n".join(lines[-30:])
+    got = [ln for ln in lines if "Received message:" in ln]
+    assert len(got) == 17
+    assert all("banana" in ln and "subject yellow" in ln and "'italy'" in ln for ln in got)

@@ -69,17 +69,17 @@ def test_consumers_read_from_their_offsets_with_credit(tmp_path) -> None:
         for i in range(3):
             publish(r, f"{turn}{i}".encode())
         commit(net)
-    assert consume(r, {"x-stream-offset": "first"})[4] == 9
+    assert consume(r, {"x-stream-offset": "first"})[4] == [9, "stream"]
     first = r.next_consumer
     got = r.credit(first, 4)
     assert [m[7] for m in got] == [b"00", b"01", b"02", b"10"]
     assert offsets(got) == [0, 1, 2, 3]
     assert all(m[3] is False for m in got)
-    assert consume(r, {"x-stream-offset": 7})[4] == 2
+    assert consume(r, {"x-stream-offset": 7})[4] == [2, "stream"]
     assert offsets(r.credit(r.next_consumer, 10)) == [7, 8]
-    assert consume(r, {"x-stream-offset": "last"})[4] == 3
+    assert consume(r, {"x-stream-offset": "last"})[4] == [3, "stream"]
     assert offsets(r.credit(r.next_consumer, 10)) == [6, 7, 8]
-    assert consume(r)[4] == 0             # next: only what comes
+    assert consume(r)[4] == [0, "stream"]   # next: only what comes
     nxt = r.next_consumer
     assert r.credit(nxt, 10) == []
     publish(r, b"new")
