@@ -111,7 +111,8 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
                     paged = pages.page_out(body)
                 e.body = paged
     if quorum is not None:
-        publish_quorum(shard, state, seq, quorum, msg, routed, refused, lsn)
+        publish_quorum(shard, state, seq, quorum, msg, routed, refused, lsn,
+                       shard.streams.turns if streamed else -1)
     elif seq:
         res = [TAG_PUBLISH_RESULT, seq, RESOURCE_ERROR if refused else 0, routed]
         if streamed:
@@ -130,12 +131,14 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
 
 
 def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Queue],
-                   msg: list, routed: int, refused: int, lsn: int) -> None:
+                   msg: list, routed: int, refused: int, lsn: int, turn: int = -1) -> None:
     """The quorum queues of a PUBLISH: each leader appends the message to its log; the
     answer (PUBLISH_RESULT, with the classic queues' part) waits until every one has it
     committed, i.e. on a majority of members' disks, and applied. Queues this node does not
     lead are named in PUBLISH_MOVED: the router sends them the message again at their
-    leader (it is told who that is first, EV_QUEUE_LEADER)."""
+    leader (it is told who that is first, EV_QUEUE_LEADER). ``turn``: the publish went to a
+    stream too in the streams' turn of that number (-1: none); an answer ready before that
+    turn's chunk is on disk waits for it (node/streams/hosting.py)."""
     _, _, vhost, _, exchange, routing_key, header, body, publisher = msg
     cmd: list | None = None
     moved: list[str] = []
@@ -151,7 +154,9 @@ def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Q
         code = RESOURCE_ERROR if tally[1] else 0
         res = [TAG_PUBLISH_RESULT, seq, code, tally[0]] if not moved else \
             [TAG_PUBLISH_MOVED, seq, code, tally[0], moved]
-        if lsn:
+        if turn >= 0 and shard.streams.turns == turn:     # the stream's chunk: not yet
+            shard.streams.hold(state.identity, res, lsn)
+        elif lsn:
             shard.durable.defer(lsn, state.identity, res)
         else:
             shard.send(state.identity, res)

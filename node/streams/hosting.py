@@ -164,6 +164,9 @@ class Streams:
         self._written: dict[StreamQueue, None] = {}
         #: the turn's publish answers: (identity, answer, journal lsn or 0)
         self._held: list[tuple[bytes, list, int]] = []
+        #: commits that wrote or answered something (a publish's answer made before the
+        #: commit of its turn waits for it: node/messages.py's publish_quorum)
+        self.turns = 0
 
     # -- life -----------------------------------------------------------------------------
 
@@ -242,6 +245,7 @@ class Streams:
         too), then deliver to consumers with credit and tell those waiting (WORK)."""
         if not self._written and not self._held:
             return
+        self.turns += 1
         now = _wall_ms()
         written = list(self._written)
         self._written.clear()

@@ -195,3 +195,25 @@ def test_a_disk_that_fails_nacks_the_turns_publishes(tmp_path, monkeypatch) -> N
     publish(r, b"b", seq=2)
     commit(net)
     assert r.take() == [[T.PUBLISH_RESULT, 2, 0, 1]]
+
+
+def test_a_publish_to_a_stream_and_a_quorum_queue_waits_for_the_chunk(tmp_path) -> None:
+    """One publish to a quorum queue this node does not lead and to a stream on it: the
+    quorum part is answered at once (PUBLISH_MOVED), but the answer waits until the stream's
+    chunk of the turn is on disk."""
+    from tests.node.replication.test_quorum_nodes import HEADER, Cluster, declare
+    c = Cluster(tmp_path)
+    try:
+        declare(c)
+        leader = c.leader()
+        node = next(n for n in c.ids if n != leader)
+        assert c.request(node, T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)[2] == 0
+        c.inbox[node].clear()
+        c.send(node, T.PUBLISH, 7, "/", ["q", "s"], "", "q", HEADER, b"x", None)
+        assert c.take(node, T.PUBLISH_MOVED) == []
+        c.shards[node].streams.commit(None)
+        c.pump()
+        assert c.take(node, T.PUBLISH_MOVED) == [[T.PUBLISH_MOVED, 7, 0, 1, ["q"]]]
+    finally:
+        for shard in c.shards.values():
+            shard.streams.close()
