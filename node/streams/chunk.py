@@ -116,16 +116,6 @@ def decode_record(rec: memoryview) -> tuple[str, str, bytes | None, memoryview, 
     return ex, rk, fv, rec[at:at + lh], rec[at + lh:]
 
 
-def record_filter(rec: memoryview) -> bytes | None:
-    """The filter value of a stored record (None when it has none), without decoding the
-    rest."""
-    _, lex, lrk, lfv, _ = _RECORD.unpack_from(rec)
-    if not lfv:
-        return None
-    at = _RECORD.size + lex + lrk
-    return bytes(rec[at:at + lfv])
-
-
 def _hashes(value: bytes, bits: int) -> tuple[int, int]:
     """The two bits ``value`` sets in a bloom of ``bits`` bits: in 1..bits-1 (bit 0 marks a
     chunk with an unfiltered record, as in osiris_bloom.erl)."""

@@ -186,9 +186,6 @@ class SegmentLog:
                 return s.timestamp(0)
         return None
 
-    def chunk_count(self) -> int:
-        return sum(s.chunks for s in self.segments)
-
     def locate(self, offset: int) -> tuple[Segment, int] | None:
         """The segment and index position of the chunk that holds ``offset``, or None when
         it is not held (before ``first_offset`` or at ``next_offset`` and after)."""
@@ -216,24 +213,6 @@ class SegmentLog:
         position, type, log_index)``, or None."""
         at = self.locate(offset)
         return None if at is None else at[0].record(at[1])
-
-    def chunk_after(self, offset: int) -> int:
-        """The id of the first chunk that starts at ``offset`` or later (``next_offset``
-        when none does): where a reader that wants ``offset`` and after goes when ``offset``
-        is not a chunk's first."""
-        at = self.locate(offset)
-        if at is None:
-            return max(offset, self.first_offset) if offset < self.next_offset \
-                else self.next_offset
-        s, i = at
-        if i + 1 < s.chunks:
-            return s.chunk_id(i + 1)
-        k = self.segments.index(s) + 1
-        while k < len(self.segments):
-            if self.segments[k].chunks:
-                return self.segments[k].chunk_id(0)
-            k += 1
-        return self.next_offset
 
     def seek_time(self, ts: int) -> int:
         """The id of the first chunk written at ``ts`` (epoch ms) or later, ``next_offset``

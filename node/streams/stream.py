@@ -13,7 +13,6 @@ up to Osiris's committed chunk id the same way).
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Iterator
 
 from shoal.node.streams import chunk as chunks
@@ -254,7 +253,3 @@ class StreamReader:
                 return
             yield from batch
 
-
-def open_stream(directory: str | os.PathLike, cfg: StreamConfig) -> StreamWriter:
-    """A member's writer over the log in ``directory`` (recovered if it exists)."""
-    return StreamWriter(SegmentLog(directory, cfg.max_segment_bytes), cfg)
