@@ -160,6 +160,8 @@ class SegmentLog:
         self.bytes = 0              # every segment file's size
         self._firsts: list[int] = []
         self._recover()
+        if not self.segments:           # a new log has its first segment, as Osiris's
+            self._sync(self._new_segment(self.next_offset))
 
     # -- reading --------------------------------------------------------------------------
 

@@ -117,7 +117,8 @@ def test_ctl_errors_are_one_line_and_exit_non_zero(mgmt):
 def test_a_stream_in_the_api_and_shoal_ctl_stream_status(mgmt, uid):
     """A stream's row has RabbitMQ's stream keys (type, leader, members, committed_offset,
     segments) and its bytes; ``shoal ctl stream_status`` prints rabbitmq-streams' columns;
-    a queue that is not a stream is a 404 there (docs/streams.md)."""
+    a queue that is not a stream is a 404 there; the definitions export has the stream as
+    RabbitMQ writes one (docs/streams.md)."""
     q = f"stream-{uid}"
     conn = pika.BlockingConnection(pika.URLParameters(mgmt.url))
     ch = conn.channel()
@@ -138,6 +139,9 @@ def test_a_stream_in_the_api_and_shoal_ctl_stream_status(mgmt, uid):
                        "segments": 1}]
     r = ctl(mgmt, "stream_status", q)
     assert r.returncode == 0 and "committed_offset" in r.stdout.splitlines()[0]
+    exported = call(mgmt, "GET", "/definitions")[1]["queues"]     # a definitions file's form
+    assert {"name": q, "vhost": "/", "durable": True, "auto_delete": False,
+            "arguments": {"x-queue-type": "stream"}} in exported
     assert call(mgmt, "PUT", f"/queues/%2F/classic-{uid}", {"durable": False})[0] == 201
     r = ctl(mgmt, "stream_status", f"classic-{uid}")
     assert r.returncode != 0 and "not a stream" in r.stderr

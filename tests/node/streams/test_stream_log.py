@@ -361,3 +361,12 @@ def test_any_history_reads_back_and_survives_a_reopen(tmp_path_factory, turns, s
     assert _bodies(StreamReader(again, k)) == sent[k:]
     again.close()
     assert os.path.isdir(d)
+
+
+def test_a_new_log_has_its_first_segment(tmp_path) -> None:
+    """As Osiris's: stream_status shows one segment for a new stream."""
+    log = SegmentLog(tmp_path)
+    assert [s.path.name for s in log.segments] == [f"{0:020d}.segment"]
+    assert (log.first_offset, log.next_offset, log.last_chunk_id) == (0, 0, None)
+    log.close()
+    assert len(SegmentLog(tmp_path).segments) == 1
