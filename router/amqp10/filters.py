@@ -15,18 +15,34 @@ the value ``&X``; numbers compare by value whatever their types; anything else b
 At most 16 fields per filter, as RabbitMQ; a filter RabbitMQ would not parse is not applied
 (and so not named in the attach's answer).
 
+RabbitMQ 4.2's SQL filter expressions (``amqp:sql-filter``, code 0x120, under the filter
+name ``sql-filter``; ``rabbit_amqp_filter_sql.erl``) share the JMS selector's grammar where
+the two agree (shared/selector.py: comparisons, ``AND``/``OR``/``NOT``, arithmetic, ``LIKE``
+with ``ESCAPE``, ``IN``, ``IS [NOT] NULL``, single-quoted strings, three-valued logic), and
+read the message's fields by the filter expressions' names: ``header.priority`` (4 when
+absent), ``properties.subject`` and the other properties fields (``p.`` for short),
+``application_properties.key`` (``a.``) or the bare key. An expression the selector grammar
+does not parse (SQL's ``!=``, ``%``, ``UTC()``, double-quoted strings, ``0x`` binaries,
+``[delimited]`` identifiers) is not applied, and so not named in the attach's answer.
+
 Sans-IO: :func:`parse` reads a source filter's value, :func:`matches` a transfer's payload.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from shoal.shared.errors import AMQPError
+from shoal.shared.selector import compile_selector
+
 from shoal.router.amqp10.codec import DecodeError, Described, Symbol, Timestamp, Typed, decode
 from shoal.router.amqp10.convert import sections
 
 PROPERTIES = (Symbol("amqp:properties-filter"), 0x173)
 APPLICATION_PROPERTIES = (Symbol("amqp:application-properties-filter"), 0x174)
+SQL = (Symbol("amqp:sql-filter"), 0x120)
 MAX_FIELDS = 16
+MAX_SQL = 4096          #: characters, as RabbitMQ's MAX_EXPRESSION_LENGTH
+_HEADER_SECTION = 0x70
 _PROPERTIES_SECTION = 0x73
 _APP_PROPERTIES_SECTION = 0x74
 #: properties-section fields: name -> (position in the list, the reference's check)
@@ -86,6 +102,14 @@ def _message_id(v: Any) -> Any:
 def parse(value: Any) -> tuple[str, list[tuple[Any, Any]]] | None:
     """A source filter's value as ``("properties" | "application-properties", [(field,
     reference), ...])``, or None when it is neither filter or one RabbitMQ would not parse."""
+    if isinstance(value, Described) and value.descriptor in SQL:
+        text = value.value
+        if not isinstance(text, str) or isinstance(text, Symbol) or len(text) > MAX_SQL:
+            return None
+        try:
+            return "sql", [compile_selector(text)]
+        except AMQPError:           # not the selector's grammar: not applied
+            return None
     if not isinstance(value, Described) or not isinstance(value.value, dict):
         return None
     items = list(value.value.items())
@@ -147,7 +171,10 @@ def matches(filters: list[tuple[str, list]], payload: bytes) -> bool:
         found = {code: (vstart, end) for code, _, vstart, end in sections(payload)}
         props = app = None
         for kind, fields in filters:
-            if kind == "properties":
+            if kind == "sql":
+                if not fields[0].matches(_sql_fields(payload, found)):
+                    return False
+            elif kind == "properties":
                 if props is None:
                     at = found.get(_PROPERTIES_SECTION)
                     props = decode(payload, at[0], at[1])[0] if at else []
@@ -165,3 +192,34 @@ def matches(filters: list[tuple[str, list]], payload: bytes) -> bool:
     except (DecodeError, IndexError, TypeError):
         return False
     return True
+
+
+def _sql_fields(payload: bytes, found: dict) -> dict:
+    """The identifiers an SQL filter reads (module docstring), from the message's header,
+    properties and application-properties sections."""
+    fields: dict = {}
+    at = found.get(_APP_PROPERTIES_SECTION)
+    if at:
+        for k, v in (decode(payload, at[0], at[1])[0] or {}).items():
+            v = _sql_value(v)
+            fields[k] = fields[f"application_properties.{k}"] = fields[f"a.{k}"] = v
+    at = found.get(_PROPERTIES_SECTION)
+    props = decode(payload, at[0], at[1])[0] if at else []
+    for name, pos in _FIELDS.items():
+        if pos < len(props) and props[pos] is not None:
+            key = name.replace("-", "_")
+            fields[f"properties.{key}"] = fields[f"p.{key}"] = _sql_value(props[pos])
+    at = found.get(_HEADER_SECTION)
+    header = decode(payload, at[0], at[1])[0] if at else []
+    priority = _plain(header[1]) if len(header) > 1 and header[1] is not None else 4
+    fields["header.priority"] = fields["h.priority"] = priority
+    return fields
+
+
+def _sql_value(v: Any) -> Any:
+    v = _plain(v)
+    if isinstance(v, Symbol):
+        return str(v)
+    if isinstance(v, Timestamp):
+        return int(v)
+    return v

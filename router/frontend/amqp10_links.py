@@ -315,9 +315,13 @@ class LinkChannel(Channel):
         if link.detached or self.closed:
             self.broker.cancel_consumer(self, t)
             return
-        if expressions and all(c.stream for c in t.consumers):
-            t.filters = [parsed for _, parsed in expressions]
-            honoured = {**(honoured or {}), **{k: src.filter[k] for k, _ in expressions}}
+        if t.consumers and all(c.stream for c in t.consumers):
+            if expressions:
+                t.filters = [parsed for _, parsed in expressions]
+                honoured = {**(honoured or {}), **{k: src.filter[k] for k, _ in expressions}}
+            if honoured and "x-filter-jms-selector" in args:    # a stream applies none
+                honoured = {k: v for k, v in honoured.items() if not (
+                    isinstance(v, Described) and v.descriptor in SELECTOR_FILTER)}
         source = Source(addr, src.durable, src.expiry_policy, src.timeout, src.dynamic,
                         None, None, honoured, src.default_outcome, src.outcomes,
                         src.capabilities)

@@ -75,3 +75,36 @@ def test_a_filter_set_needs_every_filter() -> None:
     assert filters.matches(fs, message([None, None, None, "yellow"], {"from": "italy"}))
     assert not filters.matches(fs, message([None, None, None, "yellow"], {"from": "spain"}))
     assert not filters.matches(fs, b"\x00garbage")
+
+
+def sql(text: str):
+    return filters.parse(Described(Symbol("amqp:sql-filter"), text))
+
+
+def test_sql_filters_through_the_selector_grammar() -> None:
+    """RabbitMQ 4.2's SQL filter expressions, where they agree with the JMS selector's
+    grammar: section identifiers, application properties by bare name, LIKE, IN, IS NULL,
+    arithmetic, three-valued logic; header.priority is 4 when absent."""
+    msg = message(["id-1", None, None, "is_in_the_filter"], {"k": "v", "n": 5})
+    for text, want in [
+        ("properties.subject LIKE '%in_the_filter%' AND k = 'v'", True),
+        ("p.subject = 'is_in_the_filter' AND a.n > 4", True),
+        ("application_properties.n * 2 = 10", True),
+        ("k IN ('x', 'v')", True),
+        ("missing IS NULL AND p.message_id = 'id-1'", True),
+        ("header.priority = 4", True),
+        ("missing = 1", False),                 # unknown: not selected
+        ("NOT (missing = 1)", False),
+        ("k = 5", False),                       # unlike types
+    ]:
+        f = sql(text)
+        assert f is not None and f[0] == "sql", text
+        assert filters.matches([f], msg) is want, text
+    prio = encode(Described(0x70, [True, Typed("ubyte", 9)])) + msg
+    assert filters.matches([sql("h.priority = 9")], prio)
+
+
+def test_sql_that_is_not_the_selector_grammar_is_not_applied() -> None:
+    for text in ("k != 'v'", "n % 2 = 1", "UTC() > 0", 'k = "v"', "[odd key] = 1", ""):
+        assert sql(text) is None, text
+    assert sql("x" * 5000) is None                           # over RabbitMQ's 4096

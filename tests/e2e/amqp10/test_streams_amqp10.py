@@ -180,3 +180,27 @@ def test_property_filter_expressions_on_a_stream(cluster, env):
     management.delete_queue(q)
     management.close()
     conn.close()
+
+
+def test_sql_filter_expressions_on_a_stream(cluster, env):
+    """RabbitMQ 4.2's SQL filter (``StreamFilterOptions(sql=...)``), as the client's
+    streams_with_sql_filters example writes it: only the matching messages arrive."""
+    conn = env.connection()
+    conn.dial()
+    q = f"s10s-{uuid.uuid4().hex[:10]}"
+    management = conn.management()
+    management.declare_queue(StreamSpecification(name=q))
+    pub = conn.publisher(AddressHelper.queue_address(q))
+    for i, (subject, value) in enumerate([("not_this", "x"), ("is_in_the_filter_too", "v"),
+                                          ("is_in_the_filter", "no"),
+                                          ("also_in_the_filter", "v")]):
+        pub.publish(Message(body=Converter.string_to_bytes(f"m{i}"), subject=subject,
+                            application_properties={"key": value}))
+    pub.close()
+    got = _read(conn, q, 2, StreamConsumerOptions(
+        OffsetSpecification.first, StreamFilterOptions(
+            sql="properties.subject LIKE '%in_the_filter%' AND key = 'v'")))
+    assert got == [(1, "m1"), (3, "m3")]
+    management.delete_queue(q)
+    management.close()
+    conn.close()
