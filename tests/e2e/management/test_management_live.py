@@ -73,6 +73,13 @@ def test_every_router_lists_every_routers_connections_channels_and_consumers(two
         cha.basic_consume(f"live-{uid}", lambda *args: None, consumer_tag=f"tag-{uid}")
         b.channel()
         b.channel()
+        # a router reports its live objects a moment after they change: wait until the
+        # channels opened after the connection are in the report (CI's embed pass once saw
+        # the report of the connection alone, under load)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(
+                r["channels"] != 2 for r in rows_named(two, "/connections", {f"b-{uid}"})):
+            time.sleep(0.1)
         for _ in range(4):          # the API's port is shared: each call may reach either
             conns = rows_named(two, "/connections", {f"a-{uid}", f"b-{uid}"})
             by_name = {_conn_name(r): r for r in conns}
