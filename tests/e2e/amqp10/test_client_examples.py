@@ -89,7 +89,13 @@ def read_until(proc: subprocess.Popen, lines: list[str], pattern: str) -> None:
 def finish(proc: subprocess.Popen, lines: list[str], interrupt: bool) -> int:
     if interrupt:
         proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=WAIT_S)
+    try:
+        out, _ = proc.communicate(timeout=WAIT_S)
+    except subprocess.TimeoutExpired:       # say where the example stopped
+        proc.kill()
+        out, _ = proc.communicate()
+        lines.extend(out.splitlines())
+        raise AssertionError("the example did not exit:\n" + "\n".join(lines[-30:])) from None
     lines.extend(out.splitlines())
     return proc.returncode
 
