@@ -201,8 +201,3 @@ def records(chunk: bytes | memoryview) -> Iterator[tuple[int, memoryview]]:
         at += n
         offset += 1
 
-
-def bloom_of(chunk: bytes | memoryview) -> bytes | memoryview:
-    """The bloom filter bytes of ``chunk`` (empty when it has none)."""
-    h = ChunkHeader(chunk)
-    return chunk[HEADER_SIZE:HEADER_SIZE + h.bloom_size]

@@ -202,8 +202,11 @@ class StreamReader:
         self.offset = offset
         self.values = values
         self.unfiltered = unfiltered
+        #: the chunk being read: its bytes, its header and (once needed) its records, each
+        #: parsed once however many reads its credit takes
         self._chunk: bytes | None = None
-        self._chunk_id = -1
+        self._head: chunks.ChunkHeader | None = None
+        self._records: list[tuple[int, memoryview]] | None = None
         self.skipped_chunks = 0
 
     def read(self, limit: int, committed: int) -> list[Message]:
@@ -214,20 +217,19 @@ class StreamReader:
             if self.offset < self.log.first_offset:     # retention went past it
                 self.offset = self.log.first_offset
                 continue
-            c = self._chunk_for(self.offset)
-            if c is None:
+            h = self._chunk_for(self.offset)
+            if h is None:
                 break
-            h = chunks.ChunkHeader(c)
-            if h.chunk_id + h.records > committed:
+            if h.next_offset > committed:
                 break                   # a chunk is confirmed whole or not at all
             if self.values is not None and not chunks.may_match(
-                    chunks.bloom_of(c), self.values, self.unfiltered):
+                    self._chunk[chunks.HEADER_SIZE:h.data_at], self.values, self.unfiltered):
                 self.offset = h.next_offset
                 self.skipped_chunks += 1
                 continue
-            for off, rec in chunks.records(c):
-                if off < self.offset:
-                    continue
+            if self._records is None:
+                self._records = list(chunks.records(self._chunk))
+            for off, rec in self._records[self.offset - h.chunk_id:]:
                 if len(out) >= limit:
                     break
                 self.offset = off + 1
@@ -238,13 +240,16 @@ class StreamReader:
                 out.append(Message(off, ex, rk, header, body, h.timestamp))
         return out
 
-    def _chunk_for(self, offset: int) -> bytes | None:
-        if self._chunk is not None:
-            h = chunks.ChunkHeader(self._chunk)
-            if h.chunk_id <= offset < h.next_offset:
-                return self._chunk
+    def _chunk_for(self, offset: int) -> chunks.ChunkHeader | None:
+        """The header of the chunk holding ``offset``, read from the log unless it is the
+        one held already; None when the log does not hold it."""
+        h = self._head
+        if h is not None and h.chunk_id <= offset < h.next_offset:
+            return h
         self._chunk = self.log.chunk_at(offset)
-        return self._chunk
+        self._head = None if self._chunk is None else chunks.ChunkHeader(self._chunk)
+        self._records = None
+        return self._head
 
     def __iter__(self) -> Iterator[Message]:   # for tests and tools: everything committed
         while True:
