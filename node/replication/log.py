@@ -1,14 +1,19 @@
 """A Raft member's log in memory (etcd raft ``log.go`` and ``log_unstable.go`` in one).
 
 Indexes start at 1. Entries up to ``snap_index`` are compacted into a snapshot; the ones after
-it are kept in ``entries`` (``entries[0].index == snap_index + 1``). ``stable`` is the last index
+it are kept in ``entries`` (``entries[0].index == mem_base + 1``). ``stable`` is the last index
 the host has persisted: entries after it go out in the next Ready (raft.py) to be written before
 any message that depends on them is sent.
+
+A quorum queue's log keeps every entry after its snapshot in memory (``mem_base ==
+snap_index``). A stream's log is its segments (docs/streams.md, "Replication"): entries from
+``snap_index + 1`` to ``mem_base`` are persisted, no longer in memory, and read back by the
+log's ``reader`` (:class:`LogReader`) when a follower behind needs them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 #: The result a proposer's waiter gets when its entry will not be applied by this member as
 #: leader (it stopped leading first): group.py's ``propose``, checkouts.py.
@@ -61,10 +66,22 @@ class Snapshot:
         return cls(w[0], w[1], tuple(w[2]), tuple(w[3]), w[4])
 
 
+class LogReader(Protocol):
+    """Persisted entries that are no longer in memory (a stream's segments)."""
+
+    def term(self, index: int) -> int | None:
+        """The term of the persisted entry ``index``; None when not held."""
+
+    def entries(self, lo: int, hi: int) -> list[Entry]:
+        """Persisted entries from ``lo`` to at most ``hi`` in order: at least one, fewer
+        when a byte budget ends the read early."""
+
+
 @dataclass(slots=True)
 class RaftLog:
     """The log: the snapshot's index and term, the entries after it, the commit index, the
-    applied index (handed to the host in a Ready) and the last persisted index."""
+    applied index (handed to the host in a Ready) and the last persisted index; with a
+    ``reader``, ``mem_base``: the last index read back from it rather than held in memory."""
 
     snap_index: int = 0
     snap_term: int = 0
@@ -72,14 +89,18 @@ class RaftLog:
     committed: int = 0
     applied: int = 0
     stable: int = 0
+    mem_base: int = 0
+    reader: LogReader | None = None
 
     @property
     def last_index(self) -> int:
-        return self.entries[-1].index if self.entries else self.snap_index
+        return self.entries[-1].index if self.entries else self.mem_base
 
     @property
     def last_term(self) -> int:
-        return self.entries[-1].term if self.entries else self.snap_term
+        if self.entries:
+            return self.entries[-1].term
+        return self.term(self.mem_base) or 0
 
     def term(self, index: int) -> int | None:
         """The term of the entry at ``index``; None when compacted away or beyond the end."""
@@ -87,18 +108,29 @@ class RaftLog:
             return self.snap_term
         if index < self.snap_index or index > self.last_index:
             return None
-        return self.entries[index - self.snap_index - 1].term
+        if index > self.mem_base:
+            return self.entries[index - self.mem_base - 1].term
+        return self.reader.term(index)      # type: ignore[union-attr]
 
     def match_term(self, index: int, term: int) -> bool:
         return self.term(index) == term
 
     def entry(self, index: int) -> Entry:
-        return self.entries[index - self.snap_index - 1]
+        if index > self.mem_base:
+            return self.entries[index - self.mem_base - 1]
+        return self.reader.entries(index, index)[0]     # type: ignore[union-attr]
 
     def slice(self, lo: int, hi: int) -> list[Entry]:
-        """Entries ``lo`` to ``hi`` inclusive (``lo > snap_index``)."""
-        off = self.snap_index + 1
-        return self.entries[lo - off:hi - off + 1]
+        """Entries ``lo`` to ``hi`` inclusive (``lo > snap_index``); from a ``reader``, fewer
+        when its byte budget ends the read early."""
+        off = self.mem_base + 1
+        if lo >= off:
+            return self.entries[lo - off:hi - off + 1]
+        top = min(hi, self.mem_base)
+        disk = self.reader.entries(lo, top)     # type: ignore[union-attr]
+        if hi <= self.mem_base or len(disk) < top - lo + 1:
+            return disk
+        return disk + self.entries[:hi - off + 1]
 
     def is_up_to_date(self, last_index: int, last_term: int) -> bool:
         """Raft 5.4.1: a candidate's log is at least as up to date as this one."""
@@ -112,7 +144,11 @@ class RaftLog:
             return self.last_index
         first = entries[0].index
         assert first > self.committed, f"truncating committed entry {first} <= {self.committed}"
-        del self.entries[first - self.snap_index - 1:]
+        if first <= self.mem_base:      # cuts into what the reader holds (the host cuts it)
+            self.entries = []
+            self.mem_base = first - 1
+        else:
+            del self.entries[first - self.mem_base - 1:]
         self.entries.extend(entries)
         if self.stable >= first:
             self.stable = first - 1
@@ -164,20 +200,35 @@ class RaftLog:
     def restore(self, snap: Snapshot) -> None:
         """Replace the whole log by ``snap`` (a follower's MsgSnap)."""
         self.entries = []
-        self.snap_index = snap.index
+        self.snap_index = self.mem_base = snap.index
         self.snap_term = snap.term
         self.committed = snap.index
         self.applied = snap.index
         self.stable = snap.index
 
-    def compact(self, index: int) -> None:
-        """Drop the entries up to ``index`` (``<= applied``): a snapshot now covers them."""
+    def compact(self, index: int, term: int | None = None) -> None:
+        """Drop the entries up to ``index`` (``<= applied``): a snapshot now covers them.
+        ``term``: that entry's term when the log can no longer tell it (a stream's
+        retention removed it first)."""
         assert index <= self.applied, f"compacting unapplied {index} > {self.applied}"
         if index <= self.snap_index:
             return
-        term = self.term(index)
-        del self.entries[:index - self.snap_index]
+        if term is None:
+            term = self.term(index)
+        if index > self.mem_base:
+            del self.entries[:index - self.mem_base]
+            self.mem_base = index
         self.snap_index = index
         self.snap_term = term or 0
         if self.stable < index:
             self.stable = index
+
+    def release(self, index: int) -> None:
+        """Drop the in-memory entries up to ``index`` (applied and persisted); they stay
+        readable from the ``reader`` (a stream's host calls this after each Ready)."""
+        if index <= self.mem_base:
+            return
+        assert index <= self.applied and index <= self.stable, \
+            f"releasing {index}: applied {self.applied}, stable {self.stable}"
+        del self.entries[:index - self.mem_base]
+        self.mem_base = index

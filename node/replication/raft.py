@@ -65,6 +65,13 @@ class Raft:
     heartbeat interval. ``rng``: the only randomness (seeded in the simulator).
     ``snapshot_source()``: the host's state machine as of the last entry it applied (the data
     of a Snapshot sent to a follower that is behind the log, or new and empty).
+
+    ``max_append_bytes``: a byte budget per APP. A stream's member (node/streams/replica.py)
+    keeps its log in its segments: ``reader``
+    reads back the persisted entries up to ``disk_last`` (none in memory at start),
+    ``applied`` says how far its state already reflects the log (its configuration, given in
+    ``snapshot``, is as of that index), and ``peer_snapshot()`` gives the Snapshot a follower
+    behind the log gets (its log's start, where retention cut it, not the applied index).
     """
 
     def __init__(self, id: str, voters: tuple | list = (), learners: tuple | list = (), *,
@@ -72,14 +79,21 @@ class Raft:
                  rng: random.Random | None = None, hard_state: HardState | None = None,
                  snapshot: Snapshot | None = None, entries: list[Entry] | None = None,
                  pre_vote: bool = True, check_quorum: bool = True,
-                 snapshot_source: Callable[[], Any] = lambda: None) -> None:
+                 snapshot_source: Callable[[], Any] = lambda: None,
+                 reader: Any = None, disk_last: int = 0, applied: int = 0,
+                 peer_snapshot: Callable[[], Snapshot | None] | None = None,
+                 max_append_bytes: int | None = None) -> None:
         self.id = id
         self.rng = rng or random.Random()
         self.election_ticks = election_ticks
         self.heartbeat_ticks = heartbeat_ticks
         self.pre_vote = pre_vote
         self.check_quorum = check_quorum
-        self.log = RaftLog()
+        self.log = RaftLog(reader=reader)
+        self.peer_snapshot = peer_snapshot
+        #: an APP carries entries of at most this many bytes of data (at least one entry):
+        #: a stream's entries are chunks
+        self.max_append_bytes = max_append_bytes
         self.voters: set[str] = set(voters)
         #: counts configuration changes (a cache of the voters knows when it is stale)
         self.conf_seq = 0
@@ -91,12 +105,16 @@ class Raft:
         if entries:
             self.log.append([e for e in entries if e.index > self.log.snap_index])
             self.log.stable = self.log.last_index
+        if reader is not None and disk_last > self.log.snap_index:
+            self.log.mem_base = self.log.stable = disk_last
         hs = hard_state or HardState()
         self.term = hs.term
         self.vote = hs.vote
         # The host rebuilds its state machine from the snapshot and then every committed
         # entry, which come out in the first Ready (CONF entries take effect as they do).
         self.log.committed = max(self.log.committed, min(hs.commit, self.log.last_index))
+        if applied > self.log.applied:      # a stream's: its state is as of ``applied``
+            self.log.applied = min(applied, self.log.committed)
         self.state = FOLLOWER
         self.leader: str | None = None
         self.progress: dict[str, Progress] = {}
@@ -506,6 +524,13 @@ class Raft:
             return
         last = min(self.log.last_index, prev + MAX_APPEND)
         entries = self.log.slice(pr.next, last) if pr.next <= last else []
+        if self.max_append_bytes is not None and len(entries) > 1:
+            size = 0
+            for k, e in enumerate(entries):
+                size += len(e.data) if isinstance(e.data, bytes) else 16
+                if size > self.max_append_bytes and k:
+                    del entries[k:]
+                    break
         if not entries and pr.state == REPLICATE and prev >= self.log.last_index and \
                 pr.match >= self.log.committed:
             return          # nothing new for it: heartbeats carry the commit index
@@ -519,6 +544,8 @@ class Raft:
     def snapshot_for_peer(self) -> Snapshot | None:
         """A snapshot of the state machine as of the applied index (``snapshot_source``),
         with the configuration then; None before anything was applied."""
+        if self.peer_snapshot is not None:
+            return self.peer_snapshot()
         index = self.log.applied
         if index == 0:
             return None

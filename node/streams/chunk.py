@@ -40,6 +40,10 @@ HEADER = struct.Struct(">BBHIqQQIIIB3x")
 HEADER_SIZE = HEADER.size           # 48, as Osiris's HEADER_SIZE_B
 MAGIC_VERSION = 0x50
 USER = 0
+#: Shoal's own chunk type: a replication log entry that is not a publish (a new leader's
+#: empty entry, a membership change: node/streams/replica.py). It takes one offset, as
+#: Osiris's tracking chunks do, and readers skip it.
+CONTROL = 0x10
 #: x-stream-filter-size-bytes: RabbitMQ's default and bounds (osiris_bloom.erl)
 DEFAULT_FILTER_SIZE = 16
 MIN_FILTER_SIZE = 16
@@ -157,9 +161,10 @@ def may_match(bloom_bytes: bytes | memoryview, values: list[bytes], unfiltered: 
 
 def build(records: list[bytes], chunk_id: int, epoch: int, timestamp: int,
           filter_values: list[bytes | None] | None = None,
-          filter_size: int = DEFAULT_FILTER_SIZE) -> bytes:
-    """A user chunk of ``records`` (each :func:`encode_record`'s bytes) whose first offset
-    is ``chunk_id``. ``filter_values``: one per record (None: no value), for the bloom.
+          filter_size: int = DEFAULT_FILTER_SIZE, chunk_type: int = USER) -> bytes:
+    """A chunk of ``records`` (each :func:`encode_record`'s bytes, or a CONTROL chunk's
+    one record) whose first offset is ``chunk_id``. ``filter_values``: one per record (None:
+    no value), for the bloom.
     Raises ValueError for no records or more than 65,535 (the entry count's 16 bits)."""
     if not records or len(records) > 0xFFFF:
         raise ValueError(f"a chunk holds 1 to 65535 records, not {len(records)}")
@@ -169,7 +174,7 @@ def build(records: list[bytes], chunk_id: int, epoch: int, timestamp: int,
         parts.append(r)
     data = b"".join(parts)
     bl = bloom(filter_values, filter_size) if filter_values else b""
-    head = HEADER.pack(MAGIC_VERSION, USER, len(records), len(records), timestamp, epoch,
+    head = HEADER.pack(MAGIC_VERSION, chunk_type, len(records), len(records), timestamp, epoch,
                        chunk_id, zlib.crc32(data), len(data), 0, len(bl))
     return head + bl + data
 

@@ -99,6 +99,17 @@ class Segment:
                 hi = mid
         return lo - 1
 
+    def log_index(self, i: int) -> int:
+        return int.from_bytes(self.index[i * INDEX_SIZE + 29:(i + 1) * INDEX_SIZE], "big")
+
+    def find_index(self, log_index: int) -> int:
+        """The position of the chunk whose log index is ``log_index``, -1 when none is
+        (log indexes grow by one a chunk in a replicated stream)."""
+        if not self.chunks:
+            return -1
+        i = log_index - self.log_index(0)
+        return i if 0 <= i < self.chunks and self.log_index(i) == log_index else -1
+
     def find_time(self, ts: int) -> int:
         """The position of the first chunk whose timestamp is at least ``ts`` (``chunks``
         when none is)."""
@@ -216,6 +227,22 @@ class SegmentLog:
         at = self.locate(offset)
         return None if at is None else at[0].record(at[1])
 
+    def locate_index(self, log_index: int) -> tuple[Segment, int] | None:
+        """The segment and position of the chunk whose replication log index is
+        ``log_index`` (node/streams/replica.py), or None when it is not held."""
+        k = len(self.segments) - 1
+        while k >= 0:
+            s = self.segments[k]
+            if s.chunks and s.log_index(0) <= log_index:
+                i = s.find_index(log_index)
+                return None if i < 0 else (s, i)
+            k -= 1
+        return None
+
+    def read_at(self, s: Segment, i: int) -> bytes:
+        """The whole chunk at position ``i`` of segment ``s`` (one read)."""
+        return s.read(s.record(i)[3], s.end_of(i))
+
     def seek_time(self, ts: int) -> int:
         """The id of the first chunk written at ``ts`` (epoch ms) or later, ``next_offset``
         when none was: RabbitMQ's timestamp offset spec (osiris_log.erl's
@@ -283,6 +310,8 @@ class SegmentLog:
         k = self.segments.index(s)
         for later in self.segments[k + 1:]:
             self._remove(later)
+        if k + 1 < len(self.segments):
+            fsync_dir(self.directory)   # an unlinked later segment must not come back
         del self.segments[k + 1:]
         del self._firsts[k + 1:]
         cid, _, _, pos, _, _ = s.record(i)
@@ -299,19 +328,37 @@ class SegmentLog:
         """Apply retention: remove the oldest segments while the log is over ``max_bytes``
         or their newest chunk is older than ``max_age_ms`` before ``now_ms``; never the
         segment being written. Returns how many were removed."""
-        removed = 0
-        while len(self.segments) > 1:
-            s = self.segments[0]
-            over = max_bytes is not None and self.bytes > max_bytes
+        return self.drop_front(self.retention_plan(max_bytes, max_age_ms, now_ms))
+
+    def retention_plan(self, max_bytes: int | None, max_age_ms: int | None, now_ms: int,
+                       keep_index: int | None = None) -> int:
+        """How many segments from the front :meth:`retain` would remove; with
+        ``keep_index``, none holding a chunk whose log index is past it (a replicated
+        stream keeps what it has not applied)."""
+        n, size = 0, self.bytes
+        while n < len(self.segments) - 1:
+            s = self.segments[n]
+            over = max_bytes is not None and size > max_bytes
             old = (max_age_ms is not None and s.chunks
                    and s.timestamp(s.chunks - 1) < now_ms - max_age_ms)
             if not (over or old or not s.chunks):
                 break
+            if keep_index is not None and s.chunks and s.log_index(s.chunks - 1) > keep_index:
+                break
+            size -= s.size
+            n += 1
+        return n
+
+    def drop_front(self, n: int) -> int:
+        """Remove the first ``n`` segments (files and index); returns ``n``. The directory
+        is synced: a segment a crash brought back would break the log's continuity."""
+        for s in self.segments[:n]:
             self._remove(s)
-            del self.segments[0]
-            del self._firsts[0]
-            removed += 1
-        return removed
+        if n:
+            fsync_dir(self.directory)
+        del self.segments[:n]
+        del self._firsts[:n]
+        return n
 
     def close(self) -> None:
         for s in self.segments:
@@ -375,6 +422,7 @@ class SegmentLog:
             self.segments.append(s)
             self._firsts.append(first)
             self.bytes += s.size
+        self._drop_discontinuous()
         self.next_offset = 0
         for s in reversed(self.segments):
             if s.chunks:
@@ -384,6 +432,24 @@ class SegmentLog:
         else:
             if self.segments:
                 self.next_offset = self.segments[-1].first
+
+    def _drop_discontinuous(self) -> None:
+        """Segments must continue one another (each one's first chunk id is the offset after
+        the previous one's last chunk): from the first that does not (a file a crash brought
+        back after it was unlinked), the rest goes."""
+        prev_next = None
+        for k, s in enumerate(self.segments):
+            if not s.chunks:
+                continue
+            if prev_next is not None and s.chunk_id(0) != prev_next:
+                for later in self.segments[k:]:
+                    self._remove(later)
+                del self.segments[k:]
+                del self._firsts[k:]
+                fsync_dir(self.directory)
+                return
+            pos = s.record(s.chunks - 1)[3]
+            prev_next = ChunkHeader(s.read(pos, pos + HEADER_SIZE)).next_offset
 
     def _load_index(self, s: Segment, check_tail: bool) -> None:
         """Read ``s``'s index; for the segment being written (``check_tail``) keep the

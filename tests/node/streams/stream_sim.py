@@ -1,0 +1,529 @@
+"""A seeded, deterministic simulator for replicated streams (node/streams/replica.py) with a
+checker over the whole history: the Raft simulator's idea (tests/node/replication/sim.py)
+with each member's log in real segment files.
+
+    python3 tests/node/streams/stream_sim.py --schedules 500 [--start SEED]
+    python3 tests/node/streams/stream_sim.py --replay SEED
+
+One ``random.Random(seed)`` drives the cluster (3 or 5 members, chosen by the seed), its
+network, its disks and its faults; every member's files live under a temporary directory.
+A step is one of: a tick of every member or of one; a publish of 1 to 3 messages to a
+member that believes it leads; the delivery of a message (the oldest or any: reordering),
+which may instead be lost, or delivered and kept to arrive again (duplicated); a partition
+or its healing; a crash (the writes since the last fdatasync are lost, or a prefix of them
+survives: a torn write; files unlinked since then may come back); a restart; the end of a
+pending fdatasync (a member may sit between a write and its sync, taking nothing else);
+retention on one member (segments of a few chunks, so it bites).
+
+The checker, after every step:
+
+* **election safety**: at most one leader per term;
+* **same chunk at the same offset**: whenever a member's commit moves, each chunk it now
+  holds as committed is byte for byte the chunk every other member committed at that offset;
+* **no offset with two messages**: every message a member's reader delivers (a
+  :class:`~shoal.node.streams.stream.StreamReader` that reads only what is committed) is the
+  message every other reader got at that offset, and the one confirmed there;
+* **no confirmed message lost**: at the end every member's log holds every confirmed message
+  at its offset (unless retention removed it there);
+* **liveness**: once the faults stop and every member is back, a leader confirms a final
+  publish and every member commits it, within QUIET_STEPS steps.
+
+A wiped disk is not among the faults: a member that lost its disk must come back under a
+new member id through a membership change (membership.py), as the quorum queues' simulator
+covers; the stream's host does not do that yet (docs/streams.md).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+
+from shoal.node.replication.raft import LEADER, Message
+from shoal.node.streams import chunk as chunks
+from shoal.node.streams.replica import StreamReplica
+from shoal.node.streams.stream import StreamReader
+
+QUIET_STEPS = 6000
+FINAL = b"final"
+#: A deliberately unsafe host for the checker's own test: its fdatasync does nothing, so a
+#: crash loses what it acknowledged.
+NO_SYNC = "no_sync"
+
+
+class Violation(AssertionError):
+    def __init__(self, seed: int, step: int, invariant: str, details: str) -> None:
+        self.seed, self.step, self.invariant, self.details = seed, step, invariant, details
+        super().__init__(f"seed {seed} step {step}: {invariant}: {details} (replay: python3 "
+                         f"tests/node/streams/stream_sim.py --replay {seed})")
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+class DiskModel:
+    """What a crash leaves (installed over ``os`` for one run): an ``fsync`` or
+    ``fdatasync`` of a file records its content, one of a directory its names; ``os.replace``
+    carries a file's record to its new name. At a crash (:meth:`crash`) a file goes back to
+    its recorded content, keeping (when torn) a prefix of what was appended since; a file
+    never synced keeps any prefix or none; a name not in its directory's record may vanish
+    and an unlinked file whose directory still listed it may come back."""
+
+    def __init__(self, rng: random.Random, no_sync: bool = False) -> None:
+        self.rng = rng
+        self.no_sync = no_sync
+        self.files: dict[str, bytes] = {}
+        self.dirs: dict[str, set[str]] = {}
+        self._saved: tuple = ()
+
+    def _record(self, fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.isdir(path):
+            self.dirs[path] = set(os.listdir(path))
+        else:
+            with open(path, "rb") as f:
+                self.files[path] = f.read()
+
+    def install(self) -> None:
+        real_fsync, real_fdatasync, real_replace = os.fsync, os.fdatasync, os.replace
+        self._saved = (real_fsync, real_fdatasync, real_replace)
+
+        def fsync(fd: int) -> None:
+            self._record(fd)
+
+        def fdatasync(fd: int) -> None:
+            if not self.no_sync:
+                self._record(fd)
+
+        def replace(src: str, dst: str) -> None:
+            real_replace(src, dst)
+            src, dst = os.path.abspath(src), os.path.abspath(dst)
+            if src in self.files:
+                self.files[dst] = self.files.pop(src)
+
+        os.fsync, os.fdatasync, os.replace = fsync, fdatasync, replace
+
+    def uninstall(self) -> None:
+        if self._saved:
+            os.fsync, os.fdatasync, os.replace = self._saved
+            self._saved = ()
+
+    def crash(self, root: Path) -> None:
+        rng = self.rng
+        torn = rng.random() < 0.5
+        now = _files(root)
+        for path, data in now.items():
+            p = Path(path)
+            old = self.files.get(path)
+            listed = p.name in self.dirs.get(str(p.parent), ())
+            if old is None:
+                keep = data[:rng.randrange(len(data) + 1)] if torn else b""
+                if listed or keep or rng.random() < 0.5:
+                    p.write_bytes(keep)
+                else:
+                    p.unlink()
+            elif not listed and rng.random() < 0.3:
+                p.unlink()                          # its name never reached the disk
+            elif data != old:
+                if torn and data.startswith(old):
+                    p.write_bytes(data[:len(old) + rng.randrange(len(data) - len(old) + 1)])
+                else:
+                    p.write_bytes(old)
+        for path, data in list(self.files.items()):
+            p = Path(path)
+            if path in now or not path.startswith(str(root) + os.sep):
+                continue
+            names = self.dirs.get(str(p.parent))
+            if (names is None or p.name in names) and rng.random() < 0.5:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(data)                 # an unlink that did not last
+        # what is on disk now is what the restart finds
+        for path, data in _files(root).items():
+            self.files[path] = data
+        for d in [root, *(q for q in root.rglob("*") if q.is_dir())]:
+            self.dirs[str(d)] = set(os.listdir(d))
+        for path in [f for f in self.files if f.startswith(str(root) + os.sep)]:
+            if not os.path.exists(path):
+                del self.files[path]
+
+
+class Member:
+    """A member's directory, its replica (None while crashed), the Ready written and not
+    synced yet, and its reader's position."""
+
+    def __init__(self, sim: "Sim", mid: str, voters: list[str]) -> None:
+        self.sim = sim
+        self.id = mid
+        self.dir = sim.root / mid
+        self.pending = None
+        self.read_offset = 0
+        self.rep: StreamReplica | None = None
+        self.open(voters)
+
+    def open(self, voters: list[str] | None = None) -> None:
+        s = self.sim
+        self.rep = StreamReplica(self.id, self.dir, voters=voters, header=["/", "s", {}],
+                                 rng=random.Random(s.rng.random()),
+                                 election_ticks=s.election_ticks,
+                                 max_segment_chunks=s.segment_chunks)
+        self.reader = StreamReader(self.rep.segments, self.read_offset)
+        self.pending = None
+
+    def crash(self) -> None:
+        """Lose what was not made durable (DiskModel.crash)."""
+        self.rep.close()
+        self.rep = None
+        self.pending = None
+        self.sim.disk.crash(self.dir)
+
+
+class Sim:
+    def __init__(self, seed: int, trace: bool = False, variant: str | None = None) -> None:
+        self.seed = seed
+        self.variant = variant
+        #: what the schedule exercised: crashes, snapshots installed (a member reset to a
+        #: leader's start), logs cut (a divergent tail), segments removed by retention
+        self.stats = {"crashes": 0, "resets": 0, "cuts": 0, "retained": 0}
+        self.rng = rng = random.Random(seed)
+        self.trace_on = trace
+        self.trace: list[str] = []
+        self.tmp = tempfile.mkdtemp(prefix="shoal-stream-sim-")
+        self.root = Path(self.tmp)
+        n = rng.choice((3, 3, 5))
+        self.election_ticks = rng.choice((3, 5, 10))
+        self.segment_chunks = rng.choice((2, 4, 16, 1000))
+        self.retain_bytes = rng.choice((None, 600, 3000))
+        self.p_drop = rng.choice((0.0, 0.05, 0.2))
+        self.p_dup = rng.choice((0.0, 0.05))
+        self.p_crash = rng.choice((0.0, 0.005, 0.02))
+        self.p_part = rng.choice((0.0, 0.01, 0.03))
+        self.p_delay_sync = rng.choice((0.0, 0.3))
+        ids = [f"m{i}" for i in range(n)]
+        self.disk = DiskModel(rng, no_sync=variant == NO_SYNC)
+        self.disk.install()
+        try:
+            self.members = {m: Member(self, m, ids) for m in ids}
+        except BaseException:
+            self.disk.uninstall()
+            raise
+        self.net: list[tuple[str, str, bytes]] = []
+        self.cut: set[tuple[str, str]] = set()
+        self.step_no = 0
+        self.now = 1_000
+        self.leaders: dict[int, str] = {}
+        self.chunk_at: dict[int, bytes] = {}       # committed chunk bytes by chunk id
+        self.seen: dict[int, bytes] = {}           # offset -> message delivered or confirmed
+        self.confirmed: dict[int, bytes] = {}      # offset -> body, confirmed to a publisher
+        self.proposals: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
+        self.published = 0
+        self.final_offset: int | None = None
+        self.final_by: tuple[str, int] = ("", 0)
+
+    # ---- faults and plumbing ---------------------------------------------------------------
+    def fail(self, invariant: str, details: str) -> None:
+        raise Violation(self.seed, self.step_no, invariant, details)
+
+    def log(self, text: str) -> None:
+        if self.trace_on:
+            self.trace.append(f"{self.step_no}: {text}")
+
+    def alive(self) -> list[Member]:
+        return [m for m in self.members.values() if m.rep is not None]
+
+    def send(self, msgs: list[Message]) -> None:
+        for m in msgs:
+            self.net.append((m.frm, m.to, msgpack.packb(m.to_wire())))
+
+    def drive(self, m: Member) -> None:
+        """The host protocol: while there is a Ready and no sync pending, write it, sync it
+        (now or later), send, finish."""
+        while m.rep is not None and m.pending is None and m.rep.has_ready():
+            first = m.rep.segments.next_offset
+            rd = m.rep.write()
+            if rd.snapshot is not None:
+                self.stats["resets"] += 1
+            elif rd.entries and m.rep.segments.next_offset < first:
+                self.stats["cuts"] += 1
+            m.pending = rd
+            if self.rng.random() < self.p_delay_sync:
+                return
+            self.complete(m)
+        self.check_leader(m)
+
+    def complete(self, m: Member) -> None:
+        rd, m.pending = m.pending, None
+        rep = m.rep
+        rep.sync()
+        self.send(rd.messages)
+        before = rep.committed_offset
+        for index in rep.finish(rd):
+            for off, body in self.proposals.pop((m.id, index), []):
+                self.confirm(off, body)
+        if rep.committed_offset > before:
+            self.check_chunks(m, before, rep.committed_offset)
+        self.read(m)
+        if self.retain_bytes is not None and self.rng.random() < 0.5:
+            self.retain(m)                  # as the host does after a turn that wrote
+
+    def retain(self, m: Member) -> None:
+        n = m.rep.retain(self.retain_bytes, None, self.now)
+        self.stats["retained"] += n
+        if n:
+            self.log(f"{m.id} retention: {n} segments, start {m.rep.base['index']}")
+
+    def confirm(self, off: int, body: bytes) -> None:
+        if self.seen.get(off, body) != body:
+            self.fail("no offset with two messages",
+                      f"confirmed {body!r} at {off}, {self.seen[off]!r} delivered there")
+        self.seen[off] = body
+        self.confirmed[off] = body
+        self.log(f"confirmed {body!r} at {off}")
+
+    def check_chunks(self, m: Member, lo: int, hi: int) -> None:
+        seg = m.rep.segments
+        off = max(lo, seg.first_offset)
+        while off < hi:
+            raw = seg.chunk_at(off)
+            if raw is None:
+                self.fail("same chunk at the same offset",
+                          f"{m.id} committed up to {hi} but holds no chunk at {off}")
+            h = chunks.ChunkHeader(raw)
+            if h.next_offset > hi:
+                self.fail("same chunk at the same offset",
+                          f"{m.id}: chunk {h.chunk_id} ends at {h.next_offset}, past its "
+                          f"commit {hi}")
+            known = self.chunk_at.setdefault(h.chunk_id, raw)
+            if known != raw:
+                self.fail("same chunk at the same offset",
+                          f"{m.id}: chunk {h.chunk_id} differs from the one committed before")
+            off = h.next_offset
+
+    def read(self, m: Member) -> None:
+        for msg in m.reader.read(50, m.rep.committed_offset):
+            body = bytes(msg.body)
+            if self.seen.setdefault(msg.offset, body) != body:
+                self.fail("no offset with two messages",
+                          f"{m.id} read {body!r} at {msg.offset}, {self.seen[msg.offset]!r} "
+                          f"there before")
+        m.read_offset = m.reader.offset
+
+    def check_leader(self, m: Member) -> None:
+        r = m.rep.raft if m.rep is not None else None
+        if r is not None and r.state == LEADER:
+            who = self.leaders.setdefault(r.term, m.id)
+            if who != m.id:
+                self.fail("election safety", f"{who} and {m.id} both lead term {r.term}")
+
+    # ---- steps -----------------------------------------------------------------------------
+    def publish(self, final: bool = False) -> None:
+        leaders = [m for m in self.alive() if m.rep.is_leader and m.pending is None]
+        if not leaders:
+            return
+        m = self.rng.choice(leaders)
+        bodies = [FINAL] if final else \
+            [f"{self.seed}-{self.published + k}".encode() for k in range(self.rng.randint(1, 3))]
+        self.published += len(bodies)
+        recs = [chunks.encode_record("", "s", b"", b) for b in bodies]
+        got = m.rep.publish(recs, self.now)
+        if got is None:
+            return
+        index, first = got
+        self.proposals[(m.id, index)] = [(first + k, b) for k, b in enumerate(bodies)]
+        if final:
+            self.final_offset = first
+            self.final_by = (m.id, m.rep.raft.term)
+        self.log(f"{m.id} publishes {len(bodies)} at index {index}, offset {first}")
+        self.drive(m)
+
+    def deliver(self, any_order: bool) -> None:
+        if not self.net:
+            return
+        k = self.rng.randrange(len(self.net)) if any_order else 0
+        frm, to, raw = self.net[k]
+        r = self.rng.random()
+        if r < self.p_dup:
+            pass                                    # kept: it arrives again later
+        else:
+            del self.net[k]
+        if r >= self.p_dup and r < self.p_dup + self.p_drop:
+            return
+        m = self.members[to]
+        if m.rep is None or m.pending is not None or (frm, to) in self.cut:
+            if m.pending is not None and (frm, to) not in self.cut and m.rep is not None:
+                self.net.append((frm, to, raw))     # busy: later
+            return
+        m.rep.step(Message.from_wire(msgpack.unpackb(raw)))
+        self.drive(m)
+
+    def tick(self, m: Member) -> None:
+        if m.rep is not None and m.pending is None:
+            m.rep.tick()
+            self.drive(m)
+
+    def step(self, quiet: bool) -> None:
+        rng = self.rng
+        self.step_no += 1
+        self.now += 1
+        x = rng.random()
+        ms = list(self.members.values())
+        if not quiet and x < self.p_crash:
+            m = rng.choice(ms)
+            if m.rep is not None:
+                self.log(f"crash {m.id}")
+                self.stats["crashes"] += 1
+                m.crash()
+            return
+        if not quiet and x < self.p_crash + self.p_part:
+            if self.cut and rng.random() < 0.5:
+                self.cut = set()
+                self.log("heal")
+            else:
+                side = set(rng.sample([m.id for m in ms], rng.randint(1, len(ms) // 2)))
+                self.cut = {(a.id, b.id) for a in ms for b in ms
+                            if (a.id in side) != (b.id in side)}
+                self.log(f"partition {sorted(side)}")
+            return
+        x = rng.random()
+        if quiet:       # a calm network: messages arrive well within an election timeout
+            x = x * 0.4 if rng.random() < 0.15 else 0.4 + x * 0.6
+        if x < 0.03:
+            for m in ms:
+                if m.rep is None and (quiet or rng.random() < 0.3):
+                    self.log(f"restart {m.id}")
+                    m.open()
+                    self.drive(m)
+        elif x < 0.13:
+            for m in ms:
+                self.tick(m)
+        elif x < 0.18:
+            self.tick(rng.choice(ms))
+        elif x < 0.26:
+            pend = [m for m in ms if m.pending is not None]
+            if pend:
+                m = rng.choice(pend)
+                self.complete(m)
+                self.drive(m)
+        elif x < 0.33:
+            if not quiet or self.final_lost():
+                self.publish(final=quiet)
+        elif x < 0.35 and self.retain_bytes is not None:
+            m = rng.choice(ms)
+            if m.rep is not None and m.pending is None:
+                self.retain(m)
+        else:
+            self.deliver(any_order=not quiet and rng.random() < 0.3)
+
+    def run(self, steps: int | None = None) -> dict:
+        try:
+            n = steps if steps is not None else self.rng.randint(500, 3000)
+            for _ in range(n):
+                self.step(quiet=False)
+            self.cut = set()
+            self.p_drop = self.p_dup = self.p_delay_sync = 0.0
+            for m in self.members.values():
+                if m.pending is not None:
+                    self.complete(m)
+                    self.drive(m)
+            for _ in range(QUIET_STEPS):
+                self.step(quiet=True)
+                if self.done():
+                    break
+            else:
+                self.fail("liveness", f"no final commit on every member after {QUIET_STEPS} "
+                          f"quiet steps (final offset {self.final_offset})")
+            self.check_end()
+            return {"steps": self.step_no, "confirmed": len(self.confirmed),
+                    "leaders": len(self.leaders), **self.stats}
+        except Violation:
+            raise
+        except Exception as e:  # noqa: BLE001 - any exception is a finding
+            import traceback
+            self.fail("exception", "".join(traceback.format_exception(e))[-3000:])
+        finally:
+            self.disk.uninstall()
+            for m in self.members.values():
+                if m.rep is not None:
+                    m.rep.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def final_lost(self) -> bool:
+        """No final publish yet, or its leader lost the lead before it was confirmed (the
+        publisher sends it again, as a client whose channel's confirms were lost does)."""
+        if self.final_offset is None:
+            return True
+        if FINAL in self.confirmed.values():
+            return False
+        m = self.members[self.final_by[0]]
+        return m.rep is None or not m.rep.is_leader or m.rep.raft.term != self.final_by[1]
+
+    def done(self) -> bool:
+        if FINAL not in self.confirmed.values():
+            return False
+        final = next(o for o, b in self.confirmed.items() if b == FINAL)
+        return all(m.rep is not None and m.rep.committed_offset > final
+                   for m in self.members.values())
+
+    def check_end(self) -> None:
+        for m in self.members.values():
+            seg = m.rep.segments
+            for off, body in self.confirmed.items():
+                if off < seg.first_offset:
+                    continue
+                raw = seg.chunk_at(off)
+                got = None
+                if raw is not None:
+                    for o, rec in chunks.records(raw):
+                        if o == off:
+                            got = bytes(chunks.decode_record(rec)[4])
+                if got != body:
+                    self.fail("no confirmed message lost",
+                              f"{m.id} holds {got!r} at {off}, {body!r} was confirmed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="the replicated stream simulator")
+    p.add_argument("--schedules", type=int, default=200)
+    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--replay", type=int, metavar="SEED")
+    p.add_argument("--variant", choices=(NO_SYNC,),
+                   help="a deliberately unsafe host (the checker must catch it)")
+    a = p.parse_args(argv)
+    if a.replay is not None:
+        sim = Sim(a.replay, trace=True, variant=a.variant)
+        try:
+            sim.run()
+            ok = True
+        except Violation as v:
+            print("\n".join(sim.trace))
+            print(v)
+            ok = False
+        else:
+            print("\n".join(sim.trace))
+        return 0 if ok else 1
+    t0 = time.monotonic()
+    bad = 0
+    total: dict[str, int] = {}
+    for seed in range(a.start, a.start + a.schedules):
+        try:
+            st = Sim(seed, variant=a.variant).run()
+            for k, v in st.items():
+                total[k] = total.get(k, 0) + v
+        except Violation as v:
+            bad += 1
+            print(f"VIOLATION {v}", flush=True)
+    print(f"{a.schedules} schedules, {bad} violations, "
+          + ", ".join(f"{v} {k}" for k, v in total.items())
+          + f", {time.monotonic() - t0:.1f} s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""A replicated stream's member (node/streams/replica.py) driven by hand: publishes confirmed
+at commit, a restart that keeps the log, its commit and its configuration, a member that
+joins after retention and gets the log from the leader's segments, and the hard state file's
+torn-write rule. The simulator (stream_sim.py, test_stream_sim.py) covers faults."""
+from __future__ import annotations
+
+import random
+import struct
+
+import msgpack
+
+from shoal.node.replication.log import ADD_VOTER
+from shoal.node.replication.messages import HardState, Message
+from shoal.node.streams import chunk as chunks
+from shoal.node.streams.raftstate import SLOT, HardStateFile
+from shoal.node.streams.replica import StreamReplica
+from shoal.node.streams.stream import StreamReader
+
+
+def rec(body: bytes) -> bytes:
+    return chunks.encode_record("", "s", b"", body)
+
+
+class Cluster:
+    """Members with a perfect network: every Ready written, synced, sent and finished."""
+
+    def __init__(self, tmp_path, ids, **kw):
+        self.tmp = tmp_path
+        self.kw = kw
+        self.m = {i: StreamReplica(i, tmp_path / i, voters=list(ids), header=["/", "s", {}],
+                                   rng=random.Random(i), election_ticks=3, **kw)
+                  for i in ids}
+        self.net: list[bytes] = []
+        self.confirmed: dict[str, list[int]] = {i: [] for i in ids}
+
+    def join(self, mid):
+        self.m[mid] = StreamReplica(mid, self.tmp / mid, rng=random.Random(mid),
+                                    election_ticks=3, **self.kw)
+        self.confirmed[mid] = []
+
+    def drive(self):
+        for _ in range(10_000):
+            busy = False
+            for mid, r in self.m.items():
+                while r.has_ready():
+                    busy = True
+                    rd = r.write()
+                    r.sync()
+                    self.net += [msgpack.packb(x.to_wire()) for x in rd.messages]
+                    self.confirmed[mid] += r.finish(rd)
+            while self.net:
+                busy = True
+                msg = Message.from_wire(msgpack.unpackb(self.net.pop(0)))
+                if msg.to in self.m:
+                    self.m[msg.to].step(msg)
+            if not busy:
+                return
+        raise AssertionError("the cluster never settled")
+
+    def elect(self, mid):
+        self.m[mid].raft.campaign()
+        self.drive()
+        assert self.m[mid].is_leader
+
+    def tick(self, n=1):
+        for _ in range(n):
+            for r in self.m.values():
+                r.tick()
+            self.drive()
+
+
+def bodies(r: StreamReplica, offset: int = 0) -> list[bytes]:
+    return [bytes(m.body) for m in StreamReader(r.segments, offset).read(10_000,
+                                                                         r.committed_offset)]
+
+
+def test_publishes_are_confirmed_at_commit_and_every_member_holds_the_same_log(tmp_path):
+    c = Cluster(tmp_path, ["a", "b", "c"])
+    c.elect("a")
+    index, first = c.m["a"].publish([rec(b"one"), rec(b"two")], 1000)
+    assert first == 1                   # offset 0 is the new leader's entry (a CONTROL chunk)
+    assert c.m["b"].publish([rec(b"x")], 1000) is None      # not the leader
+    c.drive()
+    assert c.confirmed["a"] == [index]
+    c.tick(2)                           # heartbeats carry the commit to the followers
+    for r in c.m.values():
+        assert bodies(r) == [b"one", b"two"]
+        assert r.committed_offset == 3
+        assert r.segments.chunk_at(1) == c.m["a"].segments.chunk_at(1)
+
+
+def test_a_restarted_member_keeps_its_log_commit_and_members(tmp_path):
+    c = Cluster(tmp_path, ["a", "b", "c"])
+    c.elect("a")
+    for k in range(5):
+        c.m["a"].publish([rec(b"m%d" % k)], 1000 + k)
+        c.drive()
+    c.tick(2)                           # heartbeats carry the commit to the followers
+    b = c.m["b"]
+    before = (b.committed_offset, b.raft.log.committed, sorted(b.raft.voters))
+    b.close()
+    again = StreamReplica("b", tmp_path / "b", rng=random.Random(1), election_ticks=3)
+    assert (again.committed_offset, again.raft.log.committed,
+            sorted(again.raft.voters)) == before
+    assert bodies(again) == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+    assert again.raft.log.entries == []     # the log is read back from the segments
+
+
+def test_a_member_that_joins_after_retention_starts_at_the_leaders_first_offset(tmp_path):
+    c = Cluster(tmp_path, ["a", "b", "c"], max_segment_chunks=2)
+    c.elect("a")
+    for k in range(10):
+        c.m["a"].publish([rec(b"m%d" % k)], 1000 + k)
+        c.drive()
+    a = c.m["a"]
+    assert a.retain(1, None, 2000) > 0      # every whole segment but the one written
+    start = a.segments.first_offset
+    assert start > 0 and a.base["index"] > 1
+    c.join("d")
+    assert a.raft.propose_conf(ADD_VOTER, "d") is not None
+    c.drive()
+    c.tick(3)
+    d = c.m["d"]
+    assert d.segments.first_offset == start
+    assert d.base["index"] == a.base["index"]
+    assert sorted(d.raft.voters) == ["a", "b", "c", "d"]
+    assert bodies(d, start) == bodies(a, start)
+    # the learner's copy is the leader's, chunk for chunk
+    off = start
+    while off < a.committed_offset:
+        assert d.segments.chunk_at(off) == a.segments.chunk_at(off)
+        off = chunks.ChunkHeader(a.segments.chunk_at(off)).next_offset
+
+
+def test_the_hard_state_survives_a_torn_write_of_its_newest_slot(tmp_path):
+    f = HardStateFile(tmp_path / "raft.state")
+    f.write(HardState(3, "a", 10))
+    f.sync()
+    f.write(HardState(4, "b", 12))
+    f.sync()
+    f.close()
+    raw = bytearray((tmp_path / "raft.state").read_bytes())
+    seqs = [struct.unpack(">Q", raw[k * SLOT:k * SLOT + 8])[0] for k in range(2)]
+    newest = seqs.index(max(seqs))
+    raw[newest * SLOT + 20] ^= 0xFF          # torn: its CRC no longer matches
+    (tmp_path / "raft.state").write_bytes(bytes(raw))
+    assert HardStateFile(tmp_path / "raft.state").state == HardState(3, "a", 10)
