@@ -77,11 +77,18 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     paged = None        # one page-file copy of the body, shared by this node's queues
     quorum = None
     streamed = False
+    moved = None
     for name in names:
         q = queues.get((vhost, name))
         if q is None:
             s = shard.streams.streams.get((vhost, name))
             if s is not None:       # a stream: confirmed when the turn's chunk is on disk
+                if s.replica is not None and not s.replica.leading:
+                    if moved is None:       # its leader takes it (router/quorum.py)
+                        moved = []
+                        shard.streams.members.announce(s.replica, state.identity)
+                    moved.append(name)
+                    continue
                 shard.streams.publish(s, exchange, routing_key, header, body)
                 streamed = True
                 routed += 1
@@ -112,9 +119,11 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
                 e.body = paged
     if quorum is not None:
         publish_quorum(shard, state, seq, quorum, msg, routed, refused, lsn,
-                       shard.streams.turns if streamed else -1)
+                       shard.streams.turns if streamed else -1, moved)
     elif seq:
-        res = [TAG_PUBLISH_RESULT, seq, RESOURCE_ERROR if refused else 0, routed]
+        res = [TAG_PUBLISH_RESULT, seq, RESOURCE_ERROR if refused else 0, routed] \
+            if moved is None else \
+            [TAG_PUBLISH_MOVED, seq, RESOURCE_ERROR if refused else 0, routed, moved]
         if streamed:
             shard.streams.hold(state.identity, res, lsn)
         elif lsn:
@@ -131,17 +140,19 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
 
 
 def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Queue],
-                   msg: list, routed: int, refused: int, lsn: int, turn: int = -1) -> None:
+                   msg: list, routed: int, refused: int, lsn: int, turn: int = -1,
+                   streams_moved: list[str] | None = None) -> None:
     """The quorum queues of a PUBLISH: each leader appends the message to its log; the
     answer (PUBLISH_RESULT, with the classic queues' part) waits until every one has it
     committed, i.e. on a majority of members' disks, and applied. Queues this node does not
     lead are named in PUBLISH_MOVED: the router sends them the message again at their
     leader (it is told who that is first, EV_QUEUE_LEADER). ``turn``: the publish went to a
     stream too in the streams' turn of that number (-1: none); an answer ready before that
-    turn's chunk is on disk waits for it (node/streams/hosting.py)."""
+    turn's chunk is on disk waits for it (node/streams/hosting.py); ``streams_moved``: the
+    replicated streams of the publish this node does not lead (PUBLISH_MOVED too)."""
     _, _, vhost, _, exchange, routing_key, header, body, publisher = msg
     cmd: list | None = None
-    moved: list[str] = []
+    moved: list[str] = list(streams_moved or ())
     tally = [routed, refused, 0]        # routed, refused, proposals outstanding
     done = [False]
 

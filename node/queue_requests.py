@@ -93,6 +93,8 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
                 if default_stream:      # the type it has (as quorum queues, below)
                     args = {**(args or {}), "x-queue-type": "stream"}
                 check_equivalent_queue(s, bool(durable), bool(auto_delete), args or {})
+            if s.replica is not None:   # tell the router where it is led
+                shard.streams.members.announce(s.replica, state.identity)
             return [name, s.message_count, s.consumer_count]
         if passive:
             raise soft_error(NOT_FOUND, f"no queue '{name}' in vhost '{vhost}'")
@@ -100,8 +102,13 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
         if default_stream and plain_durable:
             args = {**args, "x-queue-type": "stream"}
         if args.get("x-queue-type") == "stream":       # node/streams/hosting.py
+            rep, peer = shard.replication, state.identity
             s = shard.streams.declare(vhost, name, bool(durable), bool(exclusive),
-                                      bool(auto_delete), args)
+                                      bool(auto_delete), args,
+                                      lambda: replication.reply(rep, peer, req_id,
+                                                                [name, 0, 0]))
+            if s is None or s.replica is not None:  # several members: answered once one
+                return DEFERRED                     # leads
             shard.queue_added(s)
             return [name, 0, 0]
         if is_quorum(shard, args, plain_durable):

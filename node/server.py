@@ -376,6 +376,7 @@ class NodeServer:
             rep = self.shard.replication
             if rep is not None:
                 rep.process()           # quorum queues: one fsync, then send and apply
+                shard.streams.process()     # replicated streams: write, sync, send, commit
             self._commit()
             sent = self._flush()
             # More than a turn's worth waits, or a send ate the FD's edge: look again.

@@ -203,6 +203,8 @@ class Shard:
         returns how many."""
         self.streams.close()
         self.streams = Streams(self.send, self._next_id, directory)
+        if self.replication is not None:
+            self.streams.attach_replication(self.replication, lambda: self.peers)
         return self.streams.restore()
 
 
@@ -223,9 +225,12 @@ class Shard:
         """Serve quorum queues with ``replication`` (node/replication/manager.py): its
         clock runs on this shard's timers, every TICK_MS."""
         self.replication = replication
+        if self.streams.members is None:
+            self.streams.attach_replication(replication, lambda: self.peers)
 
         def tick() -> None:
             replication.tick(self.timers.now)
+            self.streams.tick()
             self.timers.add(self.timers.now + TICK_MS, tick)
         self.timers.add(self.timers.now + TICK_MS, tick)
 

@@ -100,7 +100,8 @@ def on_queue_list(shard: Any, state: Any, msg: list) -> list:
             (q.replica is None or q.replica.lists_here())]
     rows += [[s.vhost, s.name, True, False, False, s.arguments, s.message_count,
               s.consumer_count, 0, s.stats, s.describe()]
-             for s in shard.streams.streams.values() if vhost is None or s.vhost == vhost]
+             for s in shard.streams.streams.values() if (vhost is None or s.vhost == vhost)
+             and (s.replica is None or s.replica.lists_here())]
     return rows
 
 

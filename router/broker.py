@@ -394,6 +394,8 @@ class Broker:
                 link.send([TAG_SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
                 return
             ch, c = entry
+            if c.stream:
+                c.last_header = header
             self.stats["delivered"] += 1
             try:
                 ch.deliver(c, delivery_id, redelivered, exchange, routing_key, header, body)

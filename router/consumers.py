@@ -69,6 +69,9 @@ class Consumer:
     registering: bool = False
     #: its quorum queue's leader was announced meanwhile: register again once answered
     again: bool = False
+    #: a stream's: the content header of its last delivery (its x-stream-offset says where
+    #: to go on at a new leader: router/quorum.py)
+    last_header: bytes | None = None
 
 
 @dataclass(slots=True, eq=False)

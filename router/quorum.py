@@ -288,9 +288,28 @@ def _retarget_consumer(broker: Any, ch: Any, c: Any, node: str) -> None:
         for d in ch.unacked.values():
             if d.consumer is c:
                 d.node_id = None
+    if c.stream and c.last_header is not None and c.request is not None:
+        off = stream_offset(c.last_header)
+        if off is not None:         # a stream's consumer goes on after its last delivery
+            args = dict(c.request[7] or {})
+            args["x-stream-offset"] = off + 1
+            c.request = [*c.request[:7], args, *c.request[8:]]
     c.node_id = node
     c.granted = 0
     c.draining = c.has_work = c.interest_sent = False
+
+
+_OFFSET_KEY = b"\x0fx-stream-offsetl"
+
+
+def stream_offset(header: bytes) -> int | None:
+    """The ``x-stream-offset`` header (a long, as every stream delivery carries it:
+    node/streams/hosting.py) of a delivery's content header, or None."""
+    at = header.rfind(_OFFSET_KEY)
+    if at < 0 or at + len(_OFFSET_KEY) + 8 > len(header):
+        return None
+    return int.from_bytes(header[at + len(_OFFSET_KEY):at + len(_OFFSET_KEY) + 8], "big",
+                          signed=True)
 
 
 def _follow_leader(broker: Any, ch: Any, c: Any) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 #: Bumped whenever a message's fields change. Checked at connect time (HELLO).
-WIRE_VERSION = 8
+WIRE_VERSION = 9
 
 
 class T(IntEnum):
@@ -224,6 +224,11 @@ class T(IntEnum):
                           #   (node/replication/reconcile.py)
     GROUP_ANSWER = 77     # N->N [T, vhost, name, uid, member_id, status]: "member", "removed"
                           #   (the group is here and the asker is not in it) or "none"
+    STREAM_RAFT = 78      # N->N [T, vhost, name, uid, message]: one Raft message between the
+                          #   members of a replicated stream (node/streams/members.py)
+    STREAM_CREATE = 79    # N->N [T, vhost, name, uid, arguments, voters]: be a first member of
+                          #   a new replicated stream (voters: member ids)
+    STREAM_DELETE = 80    # N->N [T, vhost, name, uid]: the stream was deleted: drop its member
 
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the
@@ -265,7 +270,7 @@ def leasable(header: bytes) -> bool:
 MOVED = 1
 
 #: N->N tags: the shard hands them to node/replication, not to a router's state.
-PEER_TAGS = frozenset({70, 71, 72, 73, 74, 75, 76, 77})
+PEER_TAGS = frozenset({70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80})
 
 # Topology events.
 EV_EXCHANGE_ADDED = 1

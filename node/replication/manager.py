@@ -34,6 +34,8 @@ log = logging.getLogger("shoal.node.replication")
 _RAFT, _PEER_HELLO, _GROUP_CREATE = int(T.RAFT), int(T.PEER_HELLO), int(T.GROUP_CREATE)
 _CATALOGUE_TAGS = frozenset({int(T.PEER_CATALOGUE), int(T.PEER_EVENT), int(T.PEER_WANT)})
 _GROUP_ASK, _GROUP_ANSWER = int(T.GROUP_ASK), int(T.GROUP_ANSWER)
+#: replicated streams' messages: the shard's streams handle them (node/streams/members.py)
+_STREAM_TAGS = frozenset({int(T.STREAM_RAFT), int(T.STREAM_CREATE), int(T.STREAM_DELETE)})
 #: Marks a peer whose link closed as long silent (its last heard time).
 OFFLINE_MS = 5000
 #: Ticks a deleted group's leader keeps telling its followers the delete is committed.
@@ -167,6 +169,11 @@ class Replication:
                 self.catalogue.heard(node, msg[4], now_ms)
         elif tag in _CATALOGUE_TAGS:
             self.catalogue.on_peer(msg, now_ms)
+        elif tag in _STREAM_TAGS:
+            if tag == int(T.STREAM_RAFT):
+                frm = msg[4][1]
+                self._heard(membership.node_of(frm), frm, now_ms)
+            self.shard.streams.on_peer(msg, now_ms)
         elif tag == _GROUP_ASK:
             reconcile.on_ask(self, msg)
         elif tag == _GROUP_ANSWER:
@@ -215,6 +222,7 @@ class Replication:
         p = self.peers.get(node)
         if p is not None:
             p[1] = -OFFLINE_MS
+        self.shard.streams.peer_lost(node)
         for g in self.groups.values():
             leader = g.raft.leader
             if leader is not None and membership.node_of(leader) == node:

@@ -41,8 +41,9 @@ HEADER_SIZE = HEADER.size           # 48, as Osiris's HEADER_SIZE_B
 MAGIC_VERSION = 0x50
 USER = 0
 #: Shoal's own chunk type: a replication log entry that is not a publish (a new leader's
-#: empty entry, a membership change: node/streams/replica.py). It takes one offset, as
-#: Osiris's tracking chunks do, and readers skip it.
+#: empty entry, a membership change: node/streams/replica.py). It holds one entry and no
+#: record, so it takes no offset (its chunk id is the next chunk's): offsets stay dense, as
+#: RabbitMQ's, and a lookup by offset finds the USER chunk written after it.
 CONTROL = 0x10
 #: x-stream-filter-size-bytes: RabbitMQ's default and bounds (osiris_bloom.erl)
 DEFAULT_FILTER_SIZE = 16
@@ -174,7 +175,8 @@ def build(records: list[bytes], chunk_id: int, epoch: int, timestamp: int,
         parts.append(r)
     data = b"".join(parts)
     bl = bloom(filter_values, filter_size) if filter_values else b""
-    head = HEADER.pack(MAGIC_VERSION, chunk_type, len(records), len(records), timestamp, epoch,
+    head = HEADER.pack(MAGIC_VERSION, chunk_type, len(records),
+                       len(records) if chunk_type != CONTROL else 0, timestamp, epoch,
                        chunk_id, zlib.crc32(data), len(data), 0, len(bl))
     return head + bl + data
 

@@ -23,8 +23,10 @@ What a consumer sees is RabbitMQ's (rabbit_stream_queue.erl):
 
 A publish is confirmed once its chunk is on disk: :meth:`Streams.commit`, at the end of the
 node's turn, writes each stream's chunk of the turn and fdatasyncs it, then answers the turn's
-publishes and feeds the consumers. This step serves a stream from one member, the node that
-owns it; replication is the next (docs/streams.md, "What is not built yet").
+publishes and feeds the consumers. A stream with one member (a node alone, or
+``x-initial-cluster-size: 1``) is served so by the node that owns it. A stream with more
+members (members.py) proposes the turn's chunk to its log instead, and the turn's answers
+wait until it is committed on a majority (:meth:`Streams.process`).
 """
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ from shoal.shared.errors import (NOT_IMPLEMENTED, PRECONDITION_FAILED, RESOURCE_
 from shoal.shared.wire import TAG_DELIVER, T
 
 from shoal.node.queues.header_table import Long, add_header, raw_headers
+from shoal.node.streams import chunk as chunks
+from shoal.node.streams.members import Barrier, StreamMembers, new_replica
 from shoal.node.streams.offsets import parse_offset_spec, start_offset
 from shoal.node.streams.segments import SegmentLog
 from shoal.node.streams.stream import (StreamConfig, StreamError, StreamReader, StreamWriter,
@@ -101,25 +105,35 @@ class StreamQueue:
     replica = None
 
     def __init__(self, vhost: str, name: str, arguments: dict, cfg: StreamConfig,
-                 directory: Path) -> None:
+                 directory: Path, rep: Any = None) -> None:
         self.vhost = vhost
         self.name = name
         self.arguments = arguments
         self.cfg = cfg
         self.directory = directory
+        #: a stream of one member writes through ``writer``; one of several has ``rep``
+        #: (replica.py) and ``replica`` (members.py's Member)
+        self.rep = rep
         self.writer = StreamWriter(SegmentLog(directory / "segments", cfg.max_segment_bytes),
-                                   cfg)
+                                   cfg) if rep is None else None
         self.consumers: list[StreamConsumer] = []
         self.stats = [0, 0, 0]
         self.pending = 0            # messages added this turn
+        self.batch: list[bytes] = []                # a replicated stream's turn of records
+        self.filters: list[bytes | None] = []
 
     @property
     def log(self) -> SegmentLog:
-        return self.writer.log
+        return self.writer.log if self.rep is None else self.rep.segments
+
+    @property
+    def committed(self) -> int:
+        """The offset after the last committed message: what readers may read below."""
+        return self.writer.committed if self.rep is None else self.rep.committed_offset
 
     @property
     def message_count(self) -> int:
-        return self.writer.committed - self.log.first_offset
+        return self.committed - self.log.first_offset
 
     @property
     def consumer_count(self) -> int:
@@ -133,9 +147,15 @@ class StreamQueue:
         offset_lag]`` (``offset``: the next it reads; ``offset_lag``: committed messages it
         has not read)."""
         lg = self.log
-        committed = self.writer.committed
+        committed = self.committed
         rec = lg.record_of(committed - 1) if committed else None
-        return {"type": "stream", "epoch": self.writer.epoch,
+        more = {}
+        if self.replica is not None:        # several members: who leads, who holds it
+            _, _, leader, _, members, online = self.replica.describe()
+            more = {"leader": leader, "members": members, "online": online,
+                    "member_offsets": self.replica.offsets()}
+        return {**more, "type": "stream",
+                "epoch": self.writer.epoch if self.rep is None else self.rep.raft.term,
                 "first_offset": lg.first_offset, "committed_offset": committed - 1,
                 "committed_chunk_id": rec[0] if rec else -1,
                 "first_timestamp": lg.first_timestamp, "segments": len(lg.segments),
@@ -167,6 +187,19 @@ class Streams:
         #: commits that wrote or answered something (a publish's answer made before the
         #: commit of its turn waits for it: node/messages.py's publish_quorum)
         self.turns = 0
+        #: the replicated streams (members.py), on a node with replication
+        self.members: StreamMembers | None = None
+        self.routers: Callable[[], Any] = lambda: ()
+
+    def attach_replication(self, rep: Any, routers: Callable[[], Any]) -> None:
+        """Serve streams of several members over the node's replication ``rep``;
+        ``routers()``: the identities of the routers connected."""
+        self.members = StreamMembers(self, rep)
+        self.routers = routers
+
+    @staticmethod
+    def now_ms() -> int:
+        return _wall_ms()
 
     # -- life -----------------------------------------------------------------------------
 
@@ -181,33 +214,83 @@ class Streams:
             m = json.loads(meta.read_text())
             cfg = parse_stream_arguments(m["vhost"], m["name"], m["arguments"], True, False,
                                          False)
-            s = StreamQueue(m["vhost"], m["name"], m["arguments"], cfg, d)
+            if m.get("uid"):
+                if self.members is None:
+                    log.error("stream '%s' in vhost '%s' has several members and this node "
+                              "has no replication: not opened", m["name"], m["vhost"])
+                    continue
+                r = new_replica(self.members.rep.member_id, d, None, None,
+                                cfg.max_segment_bytes)
+                s = StreamQueue(m["vhost"], m["name"], m["arguments"], cfg, d, r)
+                self.members.attach(s, r, m["uid"])
+            else:
+                s = StreamQueue(m["vhost"], m["name"], m["arguments"], cfg, d)
             self.streams[(s.vhost, s.name)] = s
         return len(self.streams)
 
     def declare(self, vhost: str, name: str, durable: bool, exclusive: bool,
-                auto_delete: bool, arguments: dict) -> StreamQueue:
-        """A new stream. Raises 406 with RabbitMQ's text (stream.py)."""
+                auto_delete: bool, arguments: dict,
+                answer: Callable[[], None] | None = None) -> StreamQueue | None:
+        """A new stream. With more than one member (members.py) ``answer()`` runs once it
+        has a leader (``s.replica`` is then set: the declare's answer waits), and None is
+        returned while the node, just started, waits to hear from the nodes it would
+        choose; else the stream is served at once. Raises 406 with RabbitMQ's text
+        (stream.py)."""
         try:
             cfg = parse_stream_arguments(vhost, name, arguments, durable, exclusive,
                                          auto_delete)
         except StreamError as err:
             raise soft_error(PRECONDITION_FAILED, str(err)) from None
-        d = self.directory / uuid.uuid4().hex
-        d.mkdir(parents=True)
-        tmp = d / "meta.json.tmp"
-        tmp.write_text(json.dumps({"vhost": vhost, "name": name, "arguments": arguments}))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        tmp.rename(d / "meta.json")
-        s = StreamQueue(vhost, name, arguments, cfg, d)
+        mem = self.members
+        size = mem.cluster_size(cfg) if mem is not None else 1
+        nodes = mem.nodes_for(vhost, name, size) if size > 1 else []
+        if size > 1 and len(nodes) < size and mem.starting():
+            mem.waiting.append((vhost, name, durable, exclusive, auto_delete, arguments,
+                                answer))
+            return None
+        if len(nodes) > 1:
+            voters = mem.member_ids(nodes)
+            s = self.create_member(vhost, name, arguments, uuid.uuid4().hex[:12], voters)
+            mem.created(s.replica, voters, answer)
+            return s
+        s = StreamQueue(vhost, name, arguments, cfg, self._new_dir(vhost, name, arguments))
         self.streams[(vhost, name)] = s
         return s
 
-    def delete(self, s: StreamQueue) -> int:
-        """Delete ``s`` and its files; its consumers are cancelled (CONSUMER_CANCELLED).
-        Returns the messages it held."""
+    def create_member(self, vhost: str, name: str, arguments: dict, uid: str,
+                      voters: list[str]) -> StreamQueue:
+        """A first member of a new replicated stream on this node (its creator's, or
+        STREAM_CREATE from it)."""
+        cfg = parse_stream_arguments(vhost, name, arguments, True, False, False)
+        d = self._new_dir(vhost, name, arguments, uid)
+        r = new_replica(self.members.rep.member_id, d, voters, [vhost, name, arguments, uid],
+                        cfg.max_segment_bytes)
+        s = StreamQueue(vhost, name, arguments, cfg, d, r)
+        self.members.attach(s, r, uid)
+        self.streams[(vhost, name)] = s
+        return s
+
+    def _new_dir(self, vhost: str, name: str, arguments: dict, uid: str | None = None
+                 ) -> Path:
+        d = self.directory / uuid.uuid4().hex
+        d.mkdir(parents=True)
+        tmp = d / "meta.json.tmp"
+        meta = {"vhost": vhost, "name": name, "arguments": arguments}
+        if uid:
+            meta["uid"] = uid
+        tmp.write_text(json.dumps(meta))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        tmp.rename(d / "meta.json")
+        return d
+
+    def delete(self, s: StreamQueue, tell: bool = True) -> int:
+        """Delete ``s`` and its files; its consumers are cancelled (CONSUMER_CANCELLED);
+        with several members, ``tell`` the others (STREAM_DELETE). Returns the messages it
+        held."""
         count = s.message_count
+        if s.replica is not None and self.members is not None:
+            self.members.deleted(s, tell)
         for c in list(s.consumers):
             self.consumers.pop((c.peer.identity, c.consumer_id), None)
             self.send(c.peer.identity, [int(T.CONSUMER_CANCELLED), c.consumer_id,
@@ -221,7 +304,10 @@ class Streams:
 
     def close(self) -> None:
         for s in self.streams.values():
-            s.log.close()
+            if s.rep is not None:
+                s.rep.close()
+            else:
+                s.log.close()
         if self._temp:
             shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -230,7 +316,12 @@ class Streams:
     def publish(self, s: StreamQueue, exchange: str, routing_key: str, header: bytes,
                 body: bytes) -> None:
         """Take a message for ``s``'s chunk of this turn (confirmed at :meth:`commit`)."""
-        s.writer.add(exchange, routing_key, header, body, filter_value(header))
+        fv = filter_value(header)
+        if s.rep is None:
+            s.writer.add(exchange, routing_key, header, body, fv)
+        else:
+            s.batch.append(chunks.encode_record(exchange, routing_key, header, body, fv))
+            s.filters.append(fv)
         s.stats[0] += 1
         self._written[s] = None
 
@@ -250,7 +341,16 @@ class Streams:
         written = list(self._written)
         self._written.clear()
         failed = False
+        proposed = []
         for s in written:
+            if s.rep is not None:
+                batch, filters, s.batch, s.filters = s.batch, s.filters, [], []
+                index = self.members.propose(s, batch, filters, now) if batch else None
+                if index is not None:
+                    proposed.append((s.replica, index))
+                elif batch:
+                    failed = True       # no longer leading: the turn is nacked
+                continue
             try:
                 s.writer.flush(now)
                 s.writer.sync()
@@ -262,16 +362,54 @@ class Streams:
                 failed = True
         held, self._held = self._held, []
         send = self.send
-        for identity, answer, lsn in held:
-            if failed:          # PUBLISH_RESULT's code: basic.nack (shared/wire.py)
-                answer[2] = RESOURCE_ERROR
-            if lsn:
-                defer(lsn, identity, answer)
-            else:
-                send(identity, answer)
+
+        def answer(held: list, ok: bool) -> None:
+            for identity, res, lsn in held:
+                if not ok:      # PUBLISH_RESULT's code: basic.nack (shared/wire.py)
+                    res[2] = RESOURCE_ERROR
+                if lsn:
+                    defer(lsn, identity, res)
+                else:
+                    send(identity, res)
+        if proposed and not failed:     # once each chunk is committed (process)
+            b = Barrier(held, answer)
+            b.left = len(proposed)
+            for m, index in proposed:
+                m.waiting[index] = b
+        else:
+            answer(held, not failed)
         for s in written:
+            if s.rep is None:
+                for c in s.consumers:
+                    self._feed(c)
+
+    # -- replicated streams (members.py) --------------------------------------------------
+
+    def process(self) -> None:
+        """End of the turn: every replicated stream's Raft work, then its consumers fed."""
+        if self.members is None:
+            return
+        for s in self.members.process():
             for c in s.consumers:
                 self._feed(c)
+
+    def tick(self) -> None:
+        if self.members is not None:
+            self.members.tick()
+
+    def on_peer(self, msg: list, now_ms: float) -> None:
+        if self.members is not None:
+            self.members.on_peer(msg, now_ms)
+
+    def peer_lost(self, node: str) -> None:
+        if self.members is not None:
+            self.members.peer_lost(node)
+
+    def stopped_leading(self, s: StreamQueue) -> None:
+        """``s``'s member here no longer leads: its consumers go (the routers register
+        them with the new leader, from where they were: router/quorum.py)."""
+        for c in list(s.consumers):
+            self.cancel(c)
 
     # -- consuming ------------------------------------------------------------------------
 
@@ -280,11 +418,13 @@ class Streams:
         """A consumer of ``s`` from its ``x-stream-offset``; returns ``[the messages it may
         read now, "stream"]`` (CONSUME's answer: the router learns the queue is a stream). ``qos``: ``[consumer prefetch, global prefetch]`` of a 0-9-1 channel, None
         for an AMQP 1.0 link (credit). Raises 406, 540 as RabbitMQ (module docstring)."""
+        if s.replica is not None and not s.replica.leading:
+            raise self.members.moved(s.replica, peer.identity)
         known = self.consumers.get((peer.identity, cid))
         if known is not None and known.stream is s:     # registered again: credit back to 0
             known.credit = 0
             known.wants_work = False
-            return [max(0, s.writer.committed - known.reader.offset), "stream"]
+            return [max(0, s.committed - known.reader.offset), "stream"]
         rs = _rs(s.vhost, s.name)
         if qos is not None:
             prefetch, global_prefetch = (list(qos) + [0, 0])[:2]
@@ -304,13 +444,16 @@ class Streams:
                              f"failed consuming from stream {rs}: {err}") from None
         values, unfiltered = _filter_args(args)
         lg = s.log
-        start = start_offset(spec, lg.first_offset, s.writer.committed, lg.last_chunk_id,
+        # the log's end, not its commit: a new leader learns the commit of what it holds
+        # only once it commits an entry of its term (a consumer coming back at the next
+        # offset after its last delivery must not be sent that one again)
+        start = start_offset(spec, lg.first_offset, lg.next_offset, lg.last_chunk_id,
                              lg.seek_time)
         c = StreamConsumer(cid, peer, tag, s, StreamReader(lg, start, values, unfiltered),
                            args)
         s.consumers.append(c)
         self.consumers[(peer.identity, cid)] = c
-        return [max(0, s.writer.committed - start), "stream"]
+        return [max(0, s.committed - start), "stream"]
 
     def consumer(self, identity: bytes, cid: int) -> StreamConsumer | None:
         return self.consumers.get((identity, cid))
@@ -343,7 +486,7 @@ class Streams:
 
     def _feed(self, c: StreamConsumer) -> None:
         s = c.stream
-        committed = s.writer.committed
+        committed = s.committed
         if c.credit <= 0:
             if c.wants_work and c.reader.offset < committed:
                 c.wants_work = False

@@ -5,8 +5,8 @@ Each Raft entry is one chunk (node/streams/chunk.py): a leader's turn of publish
 chunk, built by the leader with the chunk id that follows its log and its term as epoch, and
 every member writes the same bytes at the same offset. An entry that is not a publish (a new
 leader's empty entry, a membership change) is a CONTROL chunk that each member builds alike
-(one record, ``msgpack([kind, data])``; the epoch is its term, the timestamp the previous
-chunk's) and that takes one offset; readers skip it (stream.py). The segments' index keeps
+(one entry, ``msgpack([kind, data])``, and no record; the epoch is its term, the timestamp
+the previous chunk's) and that takes no offset: readers never meet it. The segments' index keeps
 each chunk's log index, so the Raft log reads its persisted entries back from them
 (:class:`SegmentReader`): in memory are only the entries not yet applied or persisted.
 
@@ -230,21 +230,19 @@ class StreamReplica:
     def offset_after(self, index: int) -> int:
         """The offset of the chunk that follows log entry ``index`` (in memory or on disk)."""
         log = self.raft.log
-        extra = 0
         i = index
         while i > log.mem_base:
             data = log.entries[i - log.mem_base - 1].data
             if isinstance(data, bytes):
-                return chunks.ChunkHeader(data).next_offset + extra
-            extra += 1
-            i -= 1
+                return chunks.ChunkHeader(data).next_offset
+            i -= 1                      # a CONTROL chunk takes no offset
         if i <= self.base["index"]:
-            return self.base["next"] + extra
+            return self.base["next"]
         at = self.segments.locate_index(i)
         assert at is not None, f"log index {i} neither in memory nor on disk"
         s, k = at
         pos = s.record(k)[3]
-        return chunks.ChunkHeader(s.read(pos, pos + chunks.HEADER_SIZE)).next_offset + extra
+        return chunks.ChunkHeader(s.read(pos, pos + chunks.HEADER_SIZE)).next_offset
 
     # ---- driving ----------------------------------------------------------------------------
     @property
@@ -301,7 +299,7 @@ class StreamReplica:
             first = rd.entries[0].index
             at = seg.locate_index(first)
             if at is not None:
-                seg.truncate_from(at[0].chunk_id(at[1]))
+                seg.cut(*at)
                 self.confs = [c for c in self.confs if c[0] < first]
                 self._tail_ts = self._tail_timestamp()
             leader = self.raft.is_leader

@@ -41,7 +41,7 @@ import struct
 from pathlib import Path
 
 from shoal.node.durability.compact import fsync_dir
-from shoal.node.streams.chunk import HEADER_SIZE, ChunkError, ChunkHeader, check
+from shoal.node.streams.chunk import HEADER_SIZE, USER, ChunkError, ChunkHeader, check
 
 SEGMENT_HEADER = b"OSIL\x00\x00\x00\x01"
 INDEX_HEADER = b"SHSI\x00\x00\x00\x01"
@@ -188,8 +188,9 @@ class SegmentLog:
         """The id of the last chunk written (RabbitMQ's ``last`` offset spec starts there),
         or None for an empty log."""
         for s in reversed(self.segments):
-            if s.chunks:
-                return s.chunk_id(s.chunks - 1)
+            for i in range(s.chunks - 1, -1, -1):
+                if s.record(i)[4] == USER:
+                    return s.chunk_id(i)
         return None
 
     @property
@@ -265,8 +266,11 @@ class SegmentLog:
             raise ValueError(f"chunk {h.chunk_id} does not start at the log's next offset "
                              f"{self.next_offset}")
         s = self.segments[-1] if self.segments else None
-        if s is None or (s.chunks and (s.size + len(chunk) > self.max_segment_bytes
-                                       or s.chunks >= self.max_segment_chunks)):
+        # a new segment once this one is full, unless the chunk would start it under the
+        # same name (a CONTROL chunk takes no offset: the next chunk has its id)
+        if s is None or (s.chunks and h.chunk_id != s.first
+                         and (s.size + len(chunk) > self.max_segment_bytes
+                              or s.chunks >= self.max_segment_chunks)):
             if s is not None:
                 self._sync(s)
             s = self._new_segment(h.chunk_id)
@@ -304,9 +308,13 @@ class SegmentLog:
         the leader's log does not have); ``next_offset`` becomes that chunk's id. Does
         nothing when ``offset`` is not held."""
         at = self.locate(offset)
-        if at is None:
-            return
-        s, i = at
+        if at is not None:
+            self.cut(*at)
+
+    def cut(self, s: Segment, i: int) -> None:
+        """Remove chunk ``i`` of segment ``s`` and every later one (by position: a replica
+        cuts at a log index, node/streams/replica.py, and a CONTROL chunk shares its chunk
+        id with the chunk after it)."""
         k = self.segments.index(s)
         for later in self.segments[k + 1:]:
             self._remove(later)

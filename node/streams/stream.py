@@ -222,9 +222,8 @@ class StreamReader:
                 break
             if h.next_offset > committed:
                 break                   # a chunk is confirmed whole or not at all
-            if h.type != chunks.USER:   # a replication entry (replica.py): no message
-                self.offset = h.next_offset
-                continue
+            if h.type != chunks.USER:   # a replication entry (replica.py): never found by
+                break                   # offset (it takes none), so nothing to read here
             if self.values is not None and not chunks.may_match(
                     self._chunk[chunks.HEADER_SIZE:h.data_at], self.values, self.unfiltered):
                 self.offset = h.next_offset

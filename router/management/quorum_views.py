@@ -43,10 +43,19 @@ async def stream_status(request: web.Request):
     if row.get("type") != "stream":
         raise ApiError(404, "not_found", f"queue '{row['name']}' in vhost '{row['vhost']}' is "
                                          f"not a stream")
-    return [{"role": "writer", "node": row["node"], "epoch": row["epoch"],
-             "offset": row["committed_offset"], "committed_offset": row["committed_offset"],
+    rows = [{"role": "writer", "node": row["node"], "epoch": row["epoch"],
+             "offset": row.get("member_offsets", {}).get(row["node"],
+                                                         row["committed_offset"]),
+             "committed_offset": row["committed_offset"],
              "first_offset": row["first_offset"], "readers": len(row["stream_consumers"]),
              "segments": row["segments"]}]
+    for node in row.get("members", []):     # the other members, as the leader sees them
+        if node != row["node"]:
+            rows.append({"role": "replica", "node": node, "epoch": row["epoch"],
+                         "offset": row.get("member_offsets", {}).get(node, -1),
+                         "committed_offset": row["committed_offset"],
+                         "first_offset": None, "readers": 0, "segments": None})
+    return rows
 
 
 async def _node_arg(request: web.Request, data: dict) -> str:

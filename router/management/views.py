@@ -93,8 +93,9 @@ async def queue_rows(broker: Broker, vhost: str | None) -> tuple[list[dict], lis
                 "message_stats": with_rates(memo, (node_id, vh, name),
                                             dict(zip(QUEUE_STATS, counts)), now)}
             if replica and isinstance(replica[0], dict):    # a stream (docs/streams.md)
-                row.update(replica[0], leader=node_id, members=[node_id], online=[node_id],
-                           messages_ready=ready, messages=ready)
+                row.update(leader=node_id, members=[node_id], online=[node_id])
+                row.update(replica[0], messages_ready=ready, messages=ready)   # several
+                # members: the leader's row names them (node/streams/hosting.py describe)
                 row["message_bytes"] = row.pop("bytes")
             elif replica and replica[0]:    # a quorum queue: RabbitMQ's leader, members, online
                 _, _, leader, _, members, online = replica[0]

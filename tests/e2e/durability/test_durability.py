@@ -298,11 +298,13 @@ def test_consumer_is_cancelled_and_finds_its_messages_after_node_restart(own_clu
 def test_a_stream_keeps_every_confirmed_message_through_node_kill(own_cluster, uid):
     """kill -9 of a stream's node while a publisher with confirms runs: after the restart a
     reader from ``first`` gets every confirmed message once, at offsets 0, 1, 2, ... with no
-    gap and no offset given twice (docs/streams.md, "On disk": a torn tail is cut)."""
+    gap and no offset given twice (docs/streams.md, "On disk": a torn tail is cut). A stream
+    of one member (x-initial-cluster-size 1): test_streams_replicated.py kills a leader."""
     cl = own_cluster
     stream = cl.queue_on("node-1", f"stream-{uid}")
     s = session(cl)
-    s.ch.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    s.ch.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream",
+                                                        "x-initial-cluster-size": 1})
     confirmed: list[bytes] = []
     for i in range(100):
         s.ch.basic_publish("", stream, b"m%d" % i, PERSISTENT)

@@ -128,15 +128,22 @@ def test_a_stream_in_the_api_and_shoal_ctl_stream_status(mgmt, uid):
         ch.basic_publish("", q, b"x" * 100)
     conn.close()
     row = call(mgmt, "GET", f"/queues/%2F/{q}")[1]
-    assert row["type"] == "stream" and row["members"] == [row["leader"]] == [row["node"]]
+    # a stream on every node of this 2-node cluster (x-initial-cluster-size: 3, at most
+    # the nodes there are), led by one
+    assert row["type"] == "stream" and row["members"] == ["node-0", "node-1"]
+    assert row["leader"] == row["node"] and row["leader"] in row["members"]
     assert (row["first_offset"], row["committed_offset"], row["segments"]) == (0, 2, 1)
     assert row["messages"] == 3 and row["message_bytes"] > 300
     r = ctl(mgmt, "stream_status", q, "--json")
     assert r.returncode == 0, r.stderr
     status = json.loads(r.stdout)
-    assert status == [{"role": "writer", "node": row["node"], "epoch": 1, "offset": 2,
-                       "committed_offset": 2, "first_offset": 0, "readers": 0,
-                       "segments": 1}]
+    other = next(n for n in row["members"] if n != row["node"])
+    assert status == [{"role": "writer", "node": row["node"], "epoch": row["epoch"],
+                       "offset": 2, "committed_offset": 2, "first_offset": 0, "readers": 0,
+                       "segments": 1},
+                      {"role": "replica", "node": other, "epoch": row["epoch"], "offset": 2,
+                       "committed_offset": 2, "first_offset": None, "readers": 0,
+                       "segments": None}]
     r = ctl(mgmt, "stream_status", q)
     assert r.returncode == 0 and "committed_offset" in r.stdout.splitlines()[0]
     exported = call(mgmt, "GET", "/definitions")[1]["queues"]     # a definitions file's form

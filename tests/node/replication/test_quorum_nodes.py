@@ -70,6 +70,7 @@ class Cluster:
         rep = Replication(shard, RaftStore(self.tmp / node), Links(self, node))
         rep.restore()
         shard.attach_replication(rep)
+        shard.open_streams(self.tmp / node / "streams")
         self.shards[node] = shard
         self.inbox[node] = []
         shard.handle(b"router", [T.HELLO, WIRE_VERSION, "r1", node], self.now)
@@ -92,6 +93,7 @@ class Cluster:
                 if node in self.down:
                     continue
                 shard.replication.process()
+                shard.streams.process()
                 for msgs in shard.take_outbox().values():
                     self.inbox[node].extend(msgs)
             if not self.net:

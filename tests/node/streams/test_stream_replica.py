@@ -78,15 +78,16 @@ def test_publishes_are_confirmed_at_commit_and_every_member_holds_the_same_log(t
     c = Cluster(tmp_path, ["a", "b", "c"])
     c.elect("a")
     index, first = c.m["a"].publish([rec(b"one"), rec(b"two")], 1000)
-    assert first == 1                   # offset 0 is the new leader's entry (a CONTROL chunk)
+    assert first == 0                   # the new leader's entry (a CONTROL chunk) takes none
     assert c.m["b"].publish([rec(b"x")], 1000) is None      # not the leader
     c.drive()
     assert c.confirmed["a"] == [index]
     c.tick(2)                           # heartbeats carry the commit to the followers
     for r in c.m.values():
         assert bodies(r) == [b"one", b"two"]
-        assert r.committed_offset == 3
-        assert r.segments.chunk_at(1) == c.m["a"].segments.chunk_at(1)
+        assert r.committed_offset == 2
+        assert r.segments.chunk_at(0) == c.m["a"].segments.chunk_at(0)
+        assert r.segments.last_chunk_id == 0        # `last`: the last USER chunk
 
 
 def test_a_restarted_member_keeps_its_log_commit_and_members(tmp_path):

@@ -207,7 +207,8 @@ def test_a_publish_to_a_stream_and_a_quorum_queue_waits_for_the_chunk(tmp_path) 
         declare(c)
         leader = c.leader()
         node = next(n for n in c.ids if n != leader)
-        assert c.request(node, T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)[2] == 0
+        one = {**STREAM, "x-initial-cluster-size": 1}     # a stream of one member
+        assert c.request(node, T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, one, None)[2] == 0
         c.inbox[node].clear()
         c.send(node, T.PUBLISH, 7, "/", ["q", "s"], "", "q", HEADER, b"x", None)
         assert c.take(node, T.PUBLISH_MOVED) == []

@@ -1,0 +1,351 @@
+"""Replicated streams on a node (docs/streams.md, "Replication"): the members of each stream
+that has more than one, their Raft traffic, and what the routers are told.
+
+A stream declared on a node with other nodes gets ``x-initial-cluster-size`` members
+(default 3, at most the nodes there are; rabbit_stream_queue.erl), on this node and the
+others that rank highest for it (node/replication/requests.py ``choose_nodes``, as a quorum
+queue's). Each member is a :class:`~shoal.node.streams.replica.StreamReplica` in the stream's
+directory. The creator tells the others (STREAM_CREATE) and campaigns; the declare is
+answered once a leader is known.
+
+The leader serves the stream: a turn's publishes become one chunk, proposed to the log, and
+their answers wait until it is committed (on a majority's disks: hosting.py's turn barrier).
+Consumers read the leader's committed chunks. The leader announces itself to every router as
+a quorum queue's does (EV_QUEUE_LEADER), so routers send it the publishes and the
+consumers; a member that does not lead answers MOVED. When it stops leading its consumers
+go, and the routers register them with the new leader from the offset after the last one
+they delivered (router/quorum.py); its proposals not committed are nacked.
+
+Node to node (shared/wire.py): STREAM_CREATE ``[T, vhost, name, uid, arguments, voters,
+wanted]``, STREAM_RAFT ``[T, vhost, name, uid, message]`` and STREAM_DELETE ``[T, vhost,
+name, uid]``.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from typing import Any
+
+from shoal.shared.errors import AMQPError
+from shoal.shared.wire import EV_QUEUE_LEADER, MOVED, TAG_TOPOLOGY_EVENT, T
+
+from shoal.node.replication.group import ELECTION_TICKS, HEARTBEAT_TICKS
+from shoal.node.replication.membership import node_of
+from shoal.node.replication.raft import Message
+from shoal.node.replication.requests import STARTUP_TICKS
+from shoal.node.streams.replica import StreamReplica
+
+log = logging.getLogger("shoal.node")
+
+STREAM_RAFT, STREAM_CREATE, STREAM_DELETE = (int(T.STREAM_RAFT), int(T.STREAM_CREATE),
+                                             int(T.STREAM_DELETE))
+#: RabbitMQ's default member count for a stream, at most the nodes there are.
+DEFAULT_CLUSTER_SIZE = 3
+
+
+class Member:
+    """A replicated stream's member on this node (``StreamQueue.replica``): its replica
+    ``rep``, the stream's ``uid`` (every member's), and who leads as last seen."""
+
+    def __init__(self, host: "StreamMembers", s: Any, rep: Any, uid: str) -> None:
+        self.host = host
+        self.stream = s
+        self.rep = rep
+        self.uid = uid
+        self.leading = False
+        self.known_leader: str | None = None
+        self.leader_term = 0
+        #: declare answers waiting for a leader
+        self.pending_declares: list = []
+        #: log index -> the turn barrier (hosting.py) waiting for it
+        self.waiting: dict[int, Any] = {}
+
+    def lists_here(self) -> bool:
+        """Whether this member reports the stream (QUEUE_LIST, management): the leader, or
+        while there is none the member on the first node in id order."""
+        return self.leading or (self.known_leader is None and
+                                self.host.node_id == min(self.members() or
+                                                         [self.host.node_id]))
+
+    def members(self) -> list[str]:
+        """The node ids of the voters, sorted."""
+        return sorted(node_of(m) for m in self.rep.raft.voters)
+
+    def offsets(self) -> dict[str, int]:
+        """As leader: each member's last offset written as far as this leader knows (its
+        own, and what each follower acknowledged), by node; {} on a follower."""
+        r = self.rep.raft
+        if not r.is_leader:
+            return {}
+        out = {}
+        for m in r.voters | r.learners:
+            index = r.log.last_index if m == r.id else r.progress[m].match \
+                if m in r.progress else 0
+            try:
+                out[node_of(m)] = self.rep.offset_after(max(index, r.log.snap_index)) - 1
+            except (AssertionError, LookupError):
+                out[node_of(m)] = -1
+        return out
+
+    def describe(self) -> list:
+        """EV_QUEUE_LEADER's data: [vhost, name, leader, term, members, online]."""
+        members = self.members()
+        return [self.stream.vhost, self.stream.name, self.known_leader, self.leader_term,
+                members, [n for n in members if self.host.rep.online(n)]]
+
+
+class StreamMembers:
+    """The replicated streams of one node (``Streams.members``), over the node's quorum
+    queue replication ``rep`` (node/replication/manager.py: its member id, peers and links).
+    """
+
+    def __init__(self, streams: Any, rep: Any) -> None:
+        self.streams = streams
+        self.rep = rep
+        self.node_id = rep.node_id
+        self.members: dict[tuple[str, str], Member] = {}
+        self._announced: set[bytes] = set()
+        #: declares waiting (at start) to hear from the nodes they would choose
+        self.waiting: list[tuple] = []
+
+    def starting(self) -> bool:
+        """Just started: the other nodes may not have said PEER_HELLO yet (a declare waits
+        for them rather than make a stream of fewer members, as a quorum queue's)."""
+        return self.rep.ticks < STARTUP_TICKS
+
+    # ---- making members ---------------------------------------------------------------------
+    def cluster_size(self, cfg: Any) -> int:
+        """How many members a new stream gets: ``x-initial-cluster-size`` (default 3), at
+        most the nodes this node knows of."""
+        want = cfg.initial_cluster_size or DEFAULT_CLUSTER_SIZE
+        return max(1, min(want, len(self.rep.node_ids)))
+
+    def nodes_for(self, vhost: str, name: str, size: int) -> list[str]:
+        """This node and the ``size - 1`` online others that rank highest for the stream."""
+        key = f"stream\x00{vhost}\x00{name}".encode()
+        others = [n for n in self.rep.node_ids if n != self.node_id and self.rep.online(n)
+                  and n in self.rep.peers]
+        others.sort(key=lambda n: hashlib.blake2b(key, digest_size=8,
+                                                   key=n.encode()[:64]).digest(), reverse=True)
+        return [self.node_id] + others[:max(0, size - 1)]
+
+    def member_ids(self, nodes: list[str]) -> list[str]:
+        return [self.rep.member_id if n == self.node_id else self.rep.peers[n][0]
+                for n in nodes]
+
+    def attach(self, s: Any, rep: Any, uid: str) -> Member:
+        m = Member(self, s, rep, uid)
+        s.replica = m
+        self.members[(s.vhost, s.name)] = m
+        return m
+
+    def created(self, m: Member, voters: list[str], answer: Any) -> None:
+        """This node made a new stream (Streams.declare): tell the other first members,
+        campaign, and answer (``answer()``) once a leader is known."""
+        s = m.stream
+        for v in voters:
+            if v != self.rep.member_id:
+                self.rep.to_peer(node_of(v), [STREAM_CREATE, s.vhost, s.name, m.uid,
+                                              s.arguments, voters])
+        if answer is not None:
+            m.pending_declares.append(answer)
+        m.rep.raft.campaign()
+        self.check_role(m)
+
+    # ---- from other nodes ------------------------------------------------------------------
+    def on_peer(self, msg: list, now_ms: float) -> None:
+        tag = msg[0]
+        vhost, name, uid = msg[1], msg[2], msg[3]
+        m = self.members.get((vhost, name))
+        if tag == STREAM_RAFT:
+            if m is None or m.uid != uid:
+                return
+            wm = Message.from_wire(msg[4])
+            if wm.to != m.rep.raft.id:
+                return
+            m.rep.step(wm)
+            self.check_role(m)
+        elif tag == STREAM_CREATE:
+            if m is not None or self.rep.member_id not in msg[5]:
+                return
+            try:
+                self.streams.create_member(vhost, name, msg[4], uid, list(msg[5]))
+            except Exception:  # noqa: BLE001 - a bad create must not stop the node
+                log.exception("cannot make a member of stream '%s' in vhost '%s'", name, vhost)
+        elif tag == STREAM_DELETE:
+            if m is not None and m.uid == uid:
+                self.streams.delete(m.stream, tell=False)
+
+    def peer_lost(self, node: str) -> None:
+        """The link to ``node`` closed: the streams it led elect a leader now."""
+        for m in self.members.values():
+            r = m.rep.raft
+            if r.leader is not None and node_of(r.leader) == node:
+                others = sorted((v for v in r.voters if v != r.leader),
+                                key=lambda v: hashlib.blake2b(f"{m.uid}/{v}".encode(),
+                                                              digest_size=8).digest())
+                rank = others.index(r.id) if r.id in others else len(others)
+                r.peer_lost(r.leader, 1 + 2 * rank)
+            elif r.is_leader:
+                for v in list(r.progress):
+                    if node_of(v) == node:
+                        r.peer_lost(v)
+
+    def deleted(self, s: Any, tell: bool) -> None:
+        m = self.members.pop((s.vhost, s.name), None)
+        if m is None:
+            return
+        if tell:
+            for v in m.rep.raft.voters | m.rep.raft.learners:
+                if v != self.rep.member_id:
+                    self.rep.to_peer(node_of(v), [STREAM_DELETE, s.vhost, s.name, m.uid])
+        self._fail(m)
+        m.rep.close()
+
+    # ---- the clock and the turn ------------------------------------------------------------
+    def tick(self) -> None:
+        if self.waiting:
+            waiting, self.waiting = self.waiting, []
+            for d in waiting:
+                if (d[0], d[1]) in self.streams.streams:
+                    if d[6] is not None:
+                        d[6]()
+                    continue
+                s = self.streams.declare(*d)
+                if s is not None and s.replica is None and d[6] is not None:
+                    d[6]()              # one member after all: served at once
+        for m in list(self.members.values()):
+            m.rep.tick()
+            self.check_role(m)
+
+    def propose(self, s: Any, records: list[bytes], filters: list, now_ms: int
+                ) -> int | None:
+        """The turn's chunk of ``s`` as leader: its log index, or None (not leading)."""
+        got = s.replica.rep.publish(records, now_ms, filters, s.cfg.filter_size)
+        return None if got is None else got[0]
+
+    def process(self) -> list[Any]:
+        """Every member's Ready: write, fdatasync, send, commit. Returns the streams whose
+        commit moved (their consumers may read further)."""
+        if not self.members:
+            return []
+        self._announce_new_routers()
+        moved = []
+        links = self.rep.links
+        for m in list(self.members.values()):
+            rep = m.rep
+            before = rep.committed_offset
+            try:
+                while rep.has_ready():
+                    rd = rep.write()
+                    rep.sync()
+                    if links is not None:
+                        for msg in rd.messages:
+                            links.queue(node_of(msg.to), [STREAM_RAFT, m.stream.vhost,
+                                                          m.stream.name, m.uid,
+                                                          msg.to_wire()])
+                    for index in rep.finish(rd):
+                        b = m.waiting.pop(index, None)
+                        if b is not None:
+                            b.done(True)
+                    s = m.stream
+                    cfg = s.cfg
+                    if cfg.max_bytes is not None or cfg.max_age is not None:
+                        rep.retain(cfg.max_bytes, cfg.max_age, self.streams.now_ms())
+            except Exception:  # noqa: BLE001 - a failing disk (or a bug) must not stop the node
+                log.exception("stream '%s' in vhost '%s': cannot write its log",
+                              m.stream.name, m.stream.vhost)
+                self._fail(m)
+            self.check_role(m)
+            if rep.committed_offset != before:
+                moved.append(m.stream)
+        if links is not None:
+            links.flush()
+        return moved
+
+    def _fail(self, m: Member) -> None:
+        """The member's proposals waiting will not be confirmed here: nack them."""
+        waiting, m.waiting = m.waiting, {}
+        for b in waiting.values():
+            b.done(False)
+
+    # ---- roles and routers -----------------------------------------------------------------
+    def check_role(self, m: Member) -> None:
+        r = m.rep.raft
+        if r.is_leader and not m.leading:
+            m.leading = True
+            log.info("stream '%s' in vhost '%s': %s leads (term %d)", m.stream.name,
+                     m.stream.vhost, self.node_id, r.term)
+        elif m.leading and not r.is_leader:
+            m.leading = False
+            self.streams.stopped_leading(m.stream)
+            lost = m.rep.lost_proposals()
+            for index in lost:
+                b = m.waiting.pop(index, None)
+                if b is not None:
+                    b.done(False)
+        leader = node_of(r.leader) if r.leader else None
+        if leader is not None and (leader, r.term) != (m.known_leader, m.leader_term):
+            m.known_leader, m.leader_term = leader, r.term
+            if m.pending_declares:
+                waiting, m.pending_declares = m.pending_declares, []
+                for fn in waiting:
+                    fn()
+            if m.leading:
+                for identity in list(self.streams.routers()):
+                    self.announce(m, identity)
+        elif leader is None:
+            m.known_leader = None
+
+    def announce(self, m: Member, identity: bytes) -> None:
+        """EV_QUEUE_LEADER to one router, when the stream has a leader."""
+        if m.known_leader is None:
+            return
+        self.streams.send(identity, [TAG_TOPOLOGY_EVENT, EV_QUEUE_LEADER, m.describe()])
+
+    def moved(self, m: Member, identity: bytes) -> AMQPError:
+        """The MOVED answer to a request this member cannot serve (it does not lead)."""
+        self.announce(m, identity)
+        return AMQPError(MOVED, f"stream '{m.stream.name}' is led by "
+                                f"{m.known_leader or 'no member yet'}")
+
+    def _announce_new_routers(self) -> None:
+        peers = self.streams.routers()
+        if len(self._announced) == len(peers) and all(i in self._announced for i in peers):
+            return
+        new = [i for i in peers if i not in self._announced]
+        self._announced = set(peers)
+        for m in self.members.values():
+            if m.leading:
+                for identity in new:
+                    self.announce(m, identity)
+
+
+class Barrier:
+    """A turn's publish answers (hosting.py ``commit``): sent once every chunk the turn
+    proposed is committed, as nacks (RESOURCE_ERROR) if one is not. ``send(answers,
+    ok)``."""
+
+    __slots__ = ("left", "ok", "answers", "send")
+
+    def __init__(self, answers: list, send: Any) -> None:
+        self.left = 0
+        self.ok = True
+        self.answers = answers
+        self.send = send
+
+    def done(self, ok: bool) -> None:
+        self.ok = self.ok and ok
+        self.left -= 1
+        if self.left == 0:
+            self.send(self.answers, self.ok)
+
+
+def new_replica(member_id: str, directory: Any, voters: list | None, header: Any,
+                max_segment_bytes: int) -> StreamReplica:
+    """A stream member with the node's Raft clock settings."""
+    return StreamReplica(member_id, directory, voters=voters, header=header,
+                         rng=random.Random(), election_ticks=ELECTION_TICKS,
+                         heartbeat_ticks=HEARTBEAT_TICKS,
+                         max_segment_bytes=max_segment_bytes)

@@ -1,0 +1,98 @@
+"""A replicated stream under kill -9 of its leader's node (docs/streams.md, "Replication"):
+3 nodes, a stream of 3 members, a publisher with confirms and a consumer reading from
+``first`` while the leader's node is killed.
+
+What a user sees, as with RabbitMQ's streams: the consumer stays subscribed (no
+basic.cancel) and goes on at the next offset from the new leader; no offset is delivered
+twice or with two messages; every confirmed message is in the stream. A publish whose
+confirm was lost with the node is sent again to the new leader by the router (at least
+once): with pika's one publish in flight, at most one message can be stored twice.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pika
+import pytest
+
+from tests.e2e.durability.test_durability import PERSISTENT, kill9, params, pids, session
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("own_cluster", [3], indirect=True)
+def test_a_replicated_stream_keeps_its_consumer_and_every_confirmed_message_through_kill_9(
+        own_cluster):
+    cl = own_cluster
+    stream = cl.queue_on("node-1", "stream")
+    s = session(cl)
+    s.ch.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream",
+                                                        "x-initial-cluster-size": 3})
+    got: list[tuple[int, bytes]] = []
+    cancelled: list[str] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        conn = pika.BlockingConnection(params(cl))
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=100)
+
+        def on_message(ch, method, props, body):
+            got.append((props.headers["x-stream-offset"], body))
+            ch.basic_ack(method.delivery_tag)
+        ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+        ch.basic_consume(stream, on_message, arguments={"x-stream-offset": "first"})
+        while not stop.is_set():
+            conn.process_data_events(time_limit=0.1)
+        conn.close()
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    confirmed: list[bytes] = []
+    for i in range(200):
+        s.ch.basic_publish("", stream, b"m%d" % i, PERSISTENT)
+        confirmed.append(b"m%d" % i)
+    victim = pids(cl)["node-1"]
+    killer = threading.Thread(target=kill9, args=(cl, "node-1"))
+    killer.start()
+    deadline = time.monotonic() + 60
+    i = 200
+    while i < 2000 and time.monotonic() < deadline:
+        try:
+            s.ch.basic_publish("", stream, b"m%d" % i, PERSISTENT)
+            confirmed.append(b"m%d" % i)
+        except (pika.exceptions.AMQPError, OSError):
+            s.close()
+            s = session(cl)
+        i += 1
+    killer.join()
+    assert pids(cl)["node-1"] != victim
+    s.close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and \
+            not set(confirmed) <= {b for _, b in got}:
+        time.sleep(0.2)
+    stop.set()
+    reader.join(10)
+    assert not cancelled, "the consumer was cancelled at the leader change"
+    offsets = [o for o, _ in got]
+    assert offsets == sorted(set(offsets)), "an offset delivered twice or out of order"
+    bodies = [b for _, b in got]
+    assert set(confirmed) <= set(bodies), sorted(set(confirmed) - set(bodies))[:5]
+    assert len(bodies) - len(set(bodies)) <= 1
+    first_seen = list(dict.fromkeys(bodies))
+    assert [b for b in first_seen if b in set(confirmed)] == confirmed
+    # a new reader from first: every offset once, 0, 1, 2, ... and the same messages
+    r = session(cl)
+    r.ch.basic_qos(prefetch_count=500)
+    again: list[tuple[int, bytes]] = []
+    for method, props, body in r.ch.consume(stream, inactivity_timeout=2.0,
+                                            arguments={"x-stream-offset": "first"}):
+        if method is None:
+            break
+        again.append((props.headers["x-stream-offset"], body))
+        r.ch.basic_ack(method.delivery_tag)
+    r.close()
+    assert [o for o, _ in again] == list(range(len(again)))
+    assert dict(again).items() >= dict(got).items()
