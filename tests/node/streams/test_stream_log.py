@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.offsets import (FIRST, LAST, NEXT, OFFSET, TIMESTAMP, Timestamp,
                                         parse_max_age, parse_offset_spec, start_offset)
-from shoal.node.streams.segments import INDEX_HEADER, INDEX_SIZE, SegmentLog
+from shoal.node.streams.segment import INDEX_HEADER, INDEX_SIZE
+from shoal.node.streams.segments import SegmentLog
 from shoal.node.streams.stream import (StreamConfig, StreamError, StreamReader, StreamWriter,
                                        parse_stream_arguments)
 
