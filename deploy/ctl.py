@@ -176,10 +176,10 @@ def run_quorum(api: Api, a: argparse.Namespace) -> str:
                    "readers", "segments"])
     if a.command == "add_member":
         out = api.call("POST", f"/api/queues/{vh}/{q(a.queue)}/members", {"node": a.node})
-        return f"quorum queue '{a.queue}': members {', '.join(out['members'])}"
+        return f"queue '{a.queue}': members {', '.join(out['members'])}"
     if a.command == "delete_member":
         out = api.call("DELETE", f"/api/queues/{vh}/{q(a.queue)}/members/{q(a.node)}")
-        return f"quorum queue '{a.queue}': members {', '.join(out['members'])}"
+        return f"queue '{a.queue}': members {', '.join(out['members'])}"
     if a.command in ("grow", "shrink"):
         body = {"node": a.node}
         if a.command == "grow":

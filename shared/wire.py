@@ -228,7 +228,8 @@ class T(IntEnum):
                           #   members of a replicated stream (node/streams/members.py)
     STREAM_CREATE = 79    # N->N [T, vhost, name, uid, arguments, voters]: be a first member of
                           #   a new replicated stream (voters: member ids)
-    STREAM_DELETE = 80    # N->N [T, vhost, name, uid]: the stream was deleted: drop its member
+    STREAM_DELETE = 80    # N->N [T, vhost, name, uid(, member_id)]: the stream was deleted, or
+                          #   (with member_id) that member was removed: drop it
 
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the

@@ -49,6 +49,9 @@ def quorum_op(rep: Any, peer: bytes, req_id: int, op: str, vhost: str | None,
                 changed.append([g.key[0], g.key[1]])
         return changed
     g = rep.groups.get((vhost, name))
+    mem = rep.shard.streams.members
+    if g is None and mem is not None and (vhost, name) in mem.members:
+        return mem.operate(peer, req_id, op, vhost, name, node)     # a replicated stream
     if g is None:
         raise soft_error(NOT_FOUND, f"no quorum queue '{name}' in vhost '{vhost}'")
     if not g.leading:

@@ -149,9 +149,10 @@ class Streams:
         return s
 
     def create_member(self, vhost: str, name: str, arguments: dict, uid: str,
-                      voters: list[str]) -> StreamQueue:
-        """A first member of a new replicated stream on this node (its creator's, or
-        STREAM_CREATE from it)."""
+                      voters: list[str] | None) -> StreamQueue:
+        """A member of a replicated stream on this node: a first one (``voters``: its
+        creator's, or STREAM_CREATE from it), or one that joins empty (None: added later;
+        its arguments come with the leader's snapshot, :meth:`learned`)."""
         cfg = parse_stream_arguments(vhost, name, arguments, True, False, False)
         d = self._new_dir(vhost, name, arguments, uid)
         r = new_replica(self.members.rep.member_id, d, voters, [vhost, name, arguments, uid],
@@ -161,18 +162,26 @@ class Streams:
         self.streams[(vhost, name)] = s
         return s
 
+    def learned(self, s: StreamQueue, arguments: dict) -> None:
+        """A member that joined empty learned the stream's declaration (its snapshot)."""
+        try:
+            s.cfg = parse_stream_arguments(s.vhost, s.name, arguments, True, False, False)
+        except StreamError as err:
+            log.error("stream '%s' in vhost '%s': bad declaration from its leader: %s",
+                      s.name, s.vhost, err)
+            return
+        s.arguments = arguments
+        _write_meta(s.directory, {"vhost": s.vhost, "name": s.name, "arguments": arguments,
+                                  "uid": s.replica.uid})
+
     def _new_dir(self, vhost: str, name: str, arguments: dict, uid: str | None = None
                  ) -> Path:
         d = self.directory / uuid.uuid4().hex
         d.mkdir(parents=True)
-        tmp = d / "meta.json.tmp"
         meta = {"vhost": vhost, "name": name, "arguments": arguments}
         if uid:
             meta["uid"] = uid
-        tmp.write_text(json.dumps(meta))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        tmp.rename(d / "meta.json")
+        _write_meta(d, meta)
         return d
 
     def delete(self, s: StreamQueue, tell: bool = True) -> int:
@@ -396,6 +405,15 @@ class Streams:
                          m.routing_key,
                          add_header(bytes(m.header), "x-stream-offset", Long(m.offset)),
                          bytes(m.body)])
+
+
+def _write_meta(d: Path, meta: dict) -> None:
+    """``meta.json`` (vhost, name, arguments, uid of a replicated stream), replaced whole."""
+    tmp = d / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta))
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    tmp.rename(d / "meta.json")
 
 
 def _filter_args(args: dict) -> tuple[list[bytes] | None, bool]:

@@ -16,9 +16,9 @@ consumers; a member that does not lead answers MOVED. When it stops leading its 
 go, and the routers register them with the new leader from the offset after the last one
 they delivered (router/quorum.py); its proposals not committed are nacked.
 
-Node to node (shared/wire.py): STREAM_CREATE ``[T, vhost, name, uid, arguments, voters,
-wanted]``, STREAM_RAFT ``[T, vhost, name, uid, message]`` and STREAM_DELETE ``[T, vhost,
-name, uid]``.
+Node to node (shared/wire.py): STREAM_CREATE ``[T, vhost, name, uid, arguments, voters]``,
+STREAM_RAFT ``[T, vhost, name, uid, message]`` and STREAM_DELETE ``[T, vhost, name, uid(,
+member id)]``.
 """
 from __future__ import annotations
 
@@ -27,12 +27,14 @@ import logging
 import random
 from typing import Any
 
-from shoal.shared.errors import AMQPError
-from shoal.shared.wire import EV_QUEUE_LEADER, MOVED, TAG_TOPOLOGY_EVENT, T
+from shoal.shared.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError, soft_error
+from shoal.shared.wire import EV_QUEUE_LEADER, MOVED, TAG_REPLY, TAG_TOPOLOGY_EVENT, T
 
+from shoal.node.peers import DEFERRED
+from shoal.node.replication import membership
 from shoal.node.replication.group import ELECTION_TICKS, HEARTBEAT_TICKS
 from shoal.node.replication.membership import node_of
-from shoal.node.replication.raft import Message
+from shoal.node.replication.raft import APP, SNAP, Message
 from shoal.node.replication.requests import STARTUP_TICKS
 from shoal.node.streams.replica import StreamReplica
 
@@ -159,10 +161,19 @@ class StreamMembers:
         vhost, name, uid = msg[1], msg[2], msg[3]
         m = self.members.get((vhost, name))
         if tag == STREAM_RAFT:
-            if m is None or m.uid != uid:
-                return
             wm = Message.from_wire(msg[4])
-            if wm.to != m.rep.raft.id:
+            if m is None and wm.to == self.rep.member_id and wm.type in (APP, SNAP):
+                # a leader replicates to this member, which has nothing of the stream (added
+                # by add_member, or this node's disk was wiped): join, empty; the leader's
+                # start (a snapshot, with the declaration) follows
+                try:
+                    s = self.streams.create_member(vhost, name, {"x-queue-type": "stream"},
+                                                   uid, None)
+                except Exception:  # noqa: BLE001 - must not stop the node
+                    log.exception("cannot join stream '%s' in vhost '%s'", name, vhost)
+                    return
+                m = s.replica
+            if m is None or m.uid != uid or wm.to != m.rep.raft.id:
                 return
             m.rep.step(wm)
             self.check_role(m)
@@ -174,7 +185,8 @@ class StreamMembers:
             except Exception:  # noqa: BLE001 - a bad create must not stop the node
                 log.exception("cannot make a member of stream '%s' in vhost '%s'", name, vhost)
         elif tag == STREAM_DELETE:
-            if m is not None and m.uid == uid:
+            member = msg[4] if len(msg) > 4 else None       # one member removed, or all
+            if m is not None and m.uid == uid and member in (None, m.rep.raft.id):
                 self.streams.delete(m.stream, tell=False)
 
     def peer_lost(self, node: str) -> None:
@@ -204,7 +216,63 @@ class StreamMembers:
         m.rep.close()
 
     # ---- the clock and the turn ------------------------------------------------------------
+    def operate(self, peer: bytes, req_id: int, op: str, vhost: str, name: str,
+                node: str | None) -> Any:
+        """QUORUM_OP on a replicated stream (node/replication/operations.py hands it
+        here): ``add_member`` / ``delete_member`` (rabbitmq-streams add_replica /
+        delete_replica: the nodes wanted are logged, and the leader changes the members
+        one at a time, a new one first a learner that catches up) answered with the nodes
+        wanted once that is committed; ``transfer`` hands the lead over. Raises 404 (no
+        such node), 406 (the last member; an unknown command), MOVED."""
+        m = self.members[(vhost, name)]
+        if not m.leading:
+            raise self.moved(m, peer)
+        if op == "transfer":
+            target = next((v for v in m.rep.raft.voters if node_of(v) == node), None)
+            return target is not None and m.rep.raft.transfer_leadership(target)
+        if op not in ("add_member", "delete_member"):
+            raise soft_error(PRECONDITION_FAILED, f"'{op}' is not a command for stream "
+                                                  f"'{name}' in vhost '{vhost}'")
+        if node not in self.rep.node_ids:
+            raise soft_error(NOT_FOUND, f"no node '{node}' in the cluster")
+        wanted = [n for n in (m.rep.wanted or m.members()) if n != node]
+        if op == "add_member":
+            wanted.append(node)
+        elif not wanted:                # rabbit_stream_coordinator: last_stream_member
+            raise soft_error(PRECONDITION_FAILED, f"cannot delete the last member of stream "
+                                                  f"'{name}' in vhost '{vhost}'")
+        index = m.rep.propose_wanted(wanted)
+        if index is None:
+            raise AMQPError(MOVED, f"stream '{name}' lost its leader")
+        m.waiting[index] = _Reply(self.streams, peer, req_id, sorted(wanted), name)
+        return DEFERRED
+
+    def repair(self) -> None:
+        """As leader, every 10 ticks: the next membership change toward the nodes wanted
+        (membership.py's ``repair``: add a wanted node's member as a learner, promote it
+        once caught up, remove a member not wanted or whose node's disk was wiped); a
+        leader whose node is not wanted hands the lead to one that is."""
+        current = {n: p[0] for n, p in self.rep.peers.items() if self.rep.online(n)}
+        current[self.node_id] = self.rep.member_id
+        for m in self.members.values():
+            r = m.rep.raft
+            if not m.leading:
+                continue
+            wanted = m.rep.wanted
+            if wanted and self.node_id not in wanted:
+                for v in sorted(r.voters):
+                    if node_of(v) in wanted and r.transfer_leadership(v):
+                        break
+                continue
+            change = membership.repair(r, current, set(wanted) if wanted else None)
+            if change is not None:
+                log.info("stream '%s' in vhost '%s': %s %s", m.stream.name, m.stream.vhost,
+                         *change)
+                r.propose_conf(*change)
+
     def tick(self) -> None:
+        if self.rep.ticks % 10 == 0:
+            self.repair()
         if self.waiting:
             waiting, self.waiting = self.waiting, []
             for d in waiting:
@@ -258,6 +326,18 @@ class StreamMembers:
                               m.stream.name, m.stream.vhost)
                 self._fail(m)
             self.check_role(m)
+            if rep.header is not None and rep.header[2] != m.stream.arguments:
+                self.streams.learned(m.stream, rep.header[2])   # a joiner's snapshot
+            if rep.dropped:
+                dropped, rep.dropped = rep.dropped, []
+                for v in dropped:
+                    self.rep.to_peer(node_of(v), [STREAM_DELETE, m.stream.vhost,
+                                                  m.stream.name, m.uid, v])
+            if rep.removed:
+                log.info("stream '%s' in vhost '%s': this member was removed",
+                         m.stream.name, m.stream.vhost)
+                self.streams.delete(m.stream, tell=False)
+                continue
             if rep.committed_offset != before:
                 moved.append(m.stream)
         if links is not None:
@@ -320,6 +400,22 @@ class StreamMembers:
             if m.leading:
                 for identity in new:
                     self.announce(m, identity)
+
+
+class _Reply:
+    """An operator's command waiting for its entry's commit (``done(ok)``, as a Barrier)."""
+
+    def __init__(self, streams: Any, peer: bytes, req_id: int, payload: Any,
+                 name: str) -> None:
+        self.streams, self.peer, self.req_id = streams, peer, req_id
+        self.payload, self.name = payload, name
+
+    def done(self, ok: bool) -> None:
+        if ok:
+            self.streams.send(self.peer, [TAG_REPLY, self.req_id, 0, "", self.payload])
+        else:
+            self.streams.send(self.peer, [TAG_REPLY, self.req_id, MOVED,
+                                          f"stream '{self.name}' lost its leader", None])
 
 
 class Barrier:

@@ -80,6 +80,10 @@ def entry_of(raw: bytes, index: int) -> Entry:
     return Entry(h.epoch, index, kind, data)
 
 
+def _is_wanted(data: Any) -> bool:
+    return isinstance(data, list) and len(data) == 2 and data[0] == "wanted"
+
+
 def control_chunk(e: Entry, chunk_id: int, timestamp: int) -> bytes:
     """The CONTROL chunk of entry ``e`` (not a publish) at ``chunk_id``."""
     return chunks.build([msgpack.packb([e.kind, e.data])], chunk_id, e.term, timestamp,
@@ -129,8 +133,10 @@ class StreamReplica:
         self.base = base
         self.header = base.get("header")
         self._fit_base()
-        #: membership changes held in the log after its start: [log index, op, member]
+        #: membership changes held in the log after its start: [log index, op, member]; the
+        #: operators' ["wanted", nodes] entries: [log index, nodes]
         self.confs: list[list] = []
+        self.wanted_ops: list[list] = []
         self._scan_confs()
         disk_last = self._disk_last()
         hs = self.hs_file.state
@@ -146,12 +152,19 @@ class StreamReplica:
                          peer_snapshot=self.peer_snapshot, max_append_bytes=APPEND_BYTES)
         #: readers may read offsets below this: the offset after the last applied entry
         self.committed_offset = self.offset_after(self.raft.log.applied)
+        #: the nodes an operator wants members on (add_member, delete_member), as of the
+        #: applied index; None: those of the members
+        self.wanted: list[str] | None = self.wanted_at(self.raft.log.applied)
         #: the timestamp of the last chunk written (a CONTROL chunk's), and the publish clock
         #: (a leader's chunks' timestamps never go back)
         self._tail_ts = self._tail_timestamp()
         self._pub_ts = self._tail_ts
         #: this leader's proposals waiting for commit: log index -> term proposed in
         self.proposed: dict[int, int] = {}
+        #: a membership change removing this member was applied
+        self.removed = False
+        #: as leader: members whose removal was applied (the host tells them to go)
+        self.dropped: list[str] = []
 
     # ---- the log's start and configuration --------------------------------------------------
     @staticmethod
@@ -173,13 +186,22 @@ class StreamReplica:
             _conf(voters, learners, op, member)
         return voters, learners
 
+    def wanted_at(self, index: int) -> list[str] | None:
+        wanted = self.base.get("wanted")
+        for i, nodes in self.wanted_ops:
+            if i > index:
+                break
+            wanted = nodes
+        return wanted
+
     def peer_snapshot(self) -> Snapshot | None:
         """What a follower behind this log's start (or new) gets: the start itself."""
         b = self.base
         if b["index"] == 0:
             return None
         return Snapshot(b["index"], b["term"], tuple(b["voters"]), tuple(b["learners"]),
-                        {"next": b["next"], "ts": b["ts"], "header": self.header})
+                        {"next": b["next"], "ts": b["ts"], "header": self.header,
+                         "wanted": b.get("wanted")})
 
     def _fit_base(self) -> None:
         """At open: segments wholly before the log's start go (a crash can bring back a
@@ -208,12 +230,15 @@ class StreamReplica:
 
     def _scan_confs(self) -> None:
         self.confs = []
+        self.wanted_ops = []
         for s in self.segments.segments:
             for i in range(s.chunks):
                 if s.record(i)[4] == chunks.CONTROL and s.log_index(i) > self.base["index"]:
                     e = entry_of(self.segments.read_at(s, i), s.log_index(i))
                     if e.kind == CONF:
                         self.confs.append([e.index, e.data[0], e.data[1]])
+                    elif _is_wanted(e.data):
+                        self.wanted_ops.append([e.index, list(e.data[1])])
 
     def _disk_last(self) -> int:
         for s in reversed(self.segments.segments):
@@ -276,6 +301,17 @@ class StreamReplica:
         self.proposed[index] = r.term
         return index, first
 
+    def propose_wanted(self, nodes: list[str]) -> int | None:
+        """As leader: log the nodes an operator wants members on; returns the log index
+        (in :meth:`finish`'s answer once committed), or None when not leader."""
+        r = self.raft
+        if not r.is_leader or r.transferee is not None:
+            return None
+        index = r.propose(["wanted", sorted(nodes)])
+        if index is not None:
+            self.proposed[index] = r.term
+        return index
+
     def has_ready(self) -> bool:
         return self.raft.has_ready()
 
@@ -291,9 +327,12 @@ class StreamReplica:
             self.header = data.get("header", self.header)
             self.base = self._base_of(s, int(data.get("next", 0)), int(data.get("ts", 0)),
                                       self.header)
+            self.base["wanted"] = data.get("wanted")
             write_base(self._base_path, self.base)
             seg.reset(self.base["next"])
             self.confs = []
+            self.wanted_ops = []
+            self.wanted = self.base["wanted"]
             self._tail_ts = self.base["ts"]
         if rd.entries:
             first = rd.entries[0].index
@@ -301,6 +340,7 @@ class StreamReplica:
             if at is not None:
                 seg.cut(*at)
                 self.confs = [c for c in self.confs if c[0] < first]
+                self.wanted_ops = [w for w in self.wanted_ops if w[0] < first]
                 self._tail_ts = self._tail_timestamp()
             leader = self.raft.is_leader
             for e in rd.entries:
@@ -310,6 +350,8 @@ class StreamReplica:
                     seg.append(control_chunk(e, seg.next_offset, self._tail_ts), e.index)
                     if e.kind == CONF:
                         self.confs.append([e.index, e.data[0], e.data[1]])
+                    elif _is_wanted(e.data):
+                        self.wanted_ops.append([e.index, list(e.data[1])])
         if rd.hard_state is not None:
             self.hs_file.write(rd.hard_state)
         return rd
@@ -327,6 +369,13 @@ class StreamReplica:
         for e in rd.committed:
             if self.proposed.pop(e.index, None) == e.term:
                 confirmed.append(e.index)
+            if _is_wanted(e.data):
+                self.wanted = list(e.data[1])
+            elif e.kind == CONF and e.data[0] == REMOVE:
+                if e.data[1] == self.id:
+                    self.removed = True     # the host drops this member
+                elif self.raft.is_leader:   # it may never learn its removal is committed:
+                    self.dropped.append(e.data[1])      # the host tells it
         self.raft.advance(rd)
         log = self.raft.log
         if rd.committed or rd.snapshot is not None:
@@ -363,9 +412,10 @@ class StreamReplica:
         nxt = seg.segments[n].chunk_id(0) if seg.segments[n].chunks else seg.next_offset
         self.base = {"index": index, "term": term, "voters": sorted(voters),
                      "learners": sorted(learners), "next": nxt, "ts": ts,
-                     "header": self.header}
+                     "header": self.header, "wanted": self.wanted_at(index)}
         write_base(self._base_path, self.base)
         self.confs = [c for c in self.confs if c[0] > index]
+        self.wanted_ops = [w for w in self.wanted_ops if w[0] > index]
         removed = seg.drop_front(n)
         self.raft.log.compact(index, term)
         return removed

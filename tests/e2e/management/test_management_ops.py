@@ -114,6 +114,42 @@ def test_ctl_errors_are_one_line_and_exit_non_zero(mgmt):
     assert ctl(mgmt, "list", "everything").returncode == 2             # argparse: bad usage
 
 
+def test_shoal_ctl_deletes_and_adds_a_streams_member(mgmt, uid):
+    """rabbitmq-streams' delete_replica and add_replica as ``shoal ctl delete_member`` and
+    ``add_member``: the members change one at a time, the stream keeps its messages, and
+    the last member cannot go (docs/streams.md)."""
+    import time
+    q = f"stream-members-{uid}"
+    conn = pika.BlockingConnection(pika.URLParameters(mgmt.url))
+    ch = conn.channel()
+    ch.queue_declare(q, durable=True, arguments={"x-queue-type": "stream"})
+    ch.confirm_delivery()
+    ch.basic_publish("", q, b"kept")
+    conn.close()
+
+    def members() -> list[str]:
+        return call(mgmt, "GET", f"/queues/%2F/{q}")[1]["members"]
+
+    def until(want: list[str]) -> None:
+        deadline = time.monotonic() + 30
+        while members() != want and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert members() == want
+    until(["node-0", "node-1"])
+    leader = call(mgmt, "GET", f"/queues/%2F/{q}")[1]["leader"]
+    other = next(n for n in ["node-0", "node-1"] if n != leader)
+    r = ctl(mgmt, "delete_member", q, other)
+    assert r.returncode == 0 and r.stdout.strip() == f"queue '{q}': members {leader}", r.stderr
+    until([leader])
+    r = ctl(mgmt, "delete_member", q, leader)
+    assert r.returncode != 0 and "last member" in r.stderr
+    r = ctl(mgmt, "add_member", q, other)
+    assert r.returncode == 0, r.stderr
+    until(["node-0", "node-1"])
+    row = call(mgmt, "GET", f"/queues/%2F/{q}")[1]
+    assert row["messages"] == 1 and row["committed_offset"] == 0
+
+
 def test_a_stream_in_the_api_and_shoal_ctl_stream_status(mgmt, uid):
     """A stream's row has RabbitMQ's stream keys (type, leader, members, committed_offset,
     segments) and its bytes; ``shoal ctl stream_status`` prints rabbitmq-streams' columns;

@@ -114,3 +114,116 @@ def test_a_delete_reaches_every_member(tmp_path):
     finally:
         for shard in c.shards.values():
             shard.streams.close()
+
+
+def test_add_and_delete_member_change_the_members_and_a_new_one_gets_the_log(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        two = {**STREAM, "x-initial-cluster-size": 2}
+        c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, two, None)
+        leader = stream_leader(c)
+        for k in range(3):
+            c.send(leader, T.PUBLISH, 30 + k, "/", ["s"], "", "s", HEADER, b"m%d" % k, None)
+            c.shards[leader].streams.commit(None)
+            c.pump()
+        s = c.shards[leader].streams.streams[("/", "s")]
+        outside = next(n for n in c.ids if n not in s.replica.members())
+        r = c.request(leader, T.QUORUM_OP, "add_member", "/", "s", outside)
+        assert r[2] == 0 and r[4] == c.ids
+        for _ in range(40):
+            if len(s.replica.members()) == 3:
+                break
+            c.tick()
+        assert s.replica.members() == c.ids
+        joined = c.shards[outside].streams.streams[("/", "s")]
+        assert joined.arguments == two          # learned from the leader's snapshot
+        c.tick(3)
+        assert joined.log.chunk_at(0) == s.log.chunk_at(0)
+        assert joined.committed == s.committed == 3
+        # delete a member that is not the leader: its node drops the stream
+        gone = next(n for n in c.ids if n not in (leader, outside))
+        r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", gone)
+        assert r[2] == 0 and gone not in r[4]
+        for _ in range(40):
+            if ("/", "s") not in c.shards[gone].streams.streams:
+                break
+            c.tick()
+        assert ("/", "s") not in c.shards[gone].streams.streams
+        assert gone not in s.replica.members()
+        # down to one member, and the last one cannot go (406, as RabbitMQ's
+        # last_stream_member)
+        r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", outside)
+        assert r[2] == 0 and r[4] == [leader]
+        for _ in range(40):
+            if s.replica.members() == [leader]:
+                break
+            c.tick()
+        assert s.replica.members() == [leader]
+        r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", leader)
+        assert r[2] == 406 and "last member" in r[3]
+        c.send(leader, T.PUBLISH, 40, "/", ["s"], "", "s", HEADER, b"alone", None)
+        c.shards[leader].streams.commit(None)
+        c.pump()
+        assert c.take(leader, T.PUBLISH_RESULT)[-1] == [T.PUBLISH_RESULT, 40, 0, 1]
+    finally:
+        for shard in c.shards.values():
+            shard.streams.close()
+
+
+def test_deleting_the_leaders_member_hands_the_lead_over_first(tmp_path):
+    c = Cluster(tmp_path)
+    try:
+        c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+        leader = stream_leader(c)
+        c.send(leader, T.PUBLISH, 50, "/", ["s"], "", "s", HEADER, b"kept", None)
+        c.shards[leader].streams.commit(None)
+        c.pump()
+        r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", leader)
+        assert r[2] == 0 and leader not in r[4]
+        for _ in range(60):
+            if ("/", "s") not in c.shards[leader].streams.streams:
+                break
+            c.tick()
+        assert ("/", "s") not in c.shards[leader].streams.streams
+        new = stream_leader(c)
+        assert new != leader
+        assert c.shards[new].streams.streams[("/", "s")].replica.members() == \
+            sorted(n for n in c.ids if n != leader)
+        assert [b for _, b in consume_all(c, new, 9)] == [b"kept"]
+    finally:
+        for shard in c.shards.values():
+            shard.streams.close()
+
+
+def test_a_member_whose_disk_was_wiped_comes_back_under_a_new_id_with_the_log(tmp_path):
+    import shutil
+    c = Cluster(tmp_path)
+    try:
+        c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+        leader = stream_leader(c)
+        for k in range(3):
+            c.send(leader, T.PUBLISH, 60 + k, "/", ["s"], "", "s", HEADER, b"w%d" % k, None)
+            c.shards[leader].streams.commit(None)
+            c.pump()
+        victim = next(n for n in c.ids if n != leader)
+        old_id = c.shards[victim].replication.member_id
+        c.crash(victim)
+        c.shards[victim].streams.close()
+        shutil.rmtree(tmp_path / victim)
+        c.start(victim)
+        new_id = c.shards[victim].replication.member_id
+        assert new_id != old_id
+        s = c.shards[leader].streams.streams[("/", "s")]
+        for _ in range(80):
+            voters = s.rep.raft.voters
+            if new_id in voters and old_id not in voters:
+                break
+            c.tick()
+        assert new_id in s.rep.raft.voters and old_id not in s.rep.raft.voters
+        back = c.shards[victim].streams.streams[("/", "s")]
+        c.tick(3)
+        assert back.committed == s.committed == 3
+        assert back.log.chunk_at(0) == s.log.chunk_at(0)
+    finally:
+        for shard in c.shards.values():
+            shard.streams.close()
