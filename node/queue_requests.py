@@ -103,10 +103,14 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
             args = {**args, "x-queue-type": "stream"}
         if args.get("x-queue-type") == "stream":       # node/streams/hosting.py
             rep, peer = shard.replication, state.identity
+
+            def answer() -> None:       # once a leader is known (or, after waiting for the
+                made = shard.streams.streams.get((vhost, name))     # other nodes, alone)
+                if made is not None and made.replica is None:
+                    shard.queue_added(made)
+                replication.reply(rep, peer, req_id, [name, 0, 0])
             s = shard.streams.declare(vhost, name, bool(durable), bool(exclusive),
-                                      bool(auto_delete), args,
-                                      lambda: replication.reply(rep, peer, req_id,
-                                                                [name, 0, 0]))
+                                      bool(auto_delete), args, answer)
             if s is None or s.replica is not None:  # several members: answered once one
                 return DEFERRED                     # leads
             shard.queue_added(s)
