@@ -1,6 +1,7 @@
-"""A replicated stream under kill -9 of its leader's node (docs/streams.md, "Replication"):
+"""A replicated stream under a fault of its leader's node (docs/streams.md, "Replication"):
 3 nodes, a stream of 3 members, a publisher with confirms and a consumer reading from
-``first`` while the leader's node is killed.
+``first`` while the leader's node is killed (kill -9, restarted by the launcher) or stopped
+(SIGSTOP for 4 s: its links stay open, the others elect a leader by their timeouts).
 
 What a user sees, as with RabbitMQ's streams: the consumer stays subscribed (no
 basic.cancel) and goes on at the next offset from the new leader; no offset is delivered
@@ -10,6 +11,8 @@ once): with pika's one publish in flight, at most one message can be stored twic
 """
 from __future__ import annotations
 
+import re
+import signal
 import threading
 import time
 
@@ -21,9 +24,23 @@ from tests.e2e.durability.test_durability import PERSISTENT, kill9, params, pids
 pytestmark = pytest.mark.e2e
 
 
+def stream_leader(cl, stream: str) -> tuple[str, int]:
+    """The node that leads ``stream`` last (its log line "... node-N leads (term T)")."""
+    pat = re.compile(rf"stream '{re.escape(stream)}' in vhost '/': (node-\d+) leads "
+                     rf"\(term (\d+)\)")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = [(n, int(t)) for n, t in pat.findall(cl.log_path.read_text(errors="replace"))]
+        if found:
+            return max(found, key=lambda f: f[1])
+        time.sleep(0.05)
+    raise AssertionError(f"no leader for {stream}\n{cl.log_tail()}")
+
+
 @pytest.mark.parametrize("own_cluster", [3], indirect=True)
-def test_a_replicated_stream_keeps_its_consumer_and_every_confirmed_message_through_kill_9(
-        own_cluster):
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_replicated_stream_keeps_its_consumer_and_every_confirmed_message_through_a_fault(
+        own_cluster, fault):
     cl = own_cluster
     stream = cl.queue_on("node-1", "stream")
     s = session(cl)
@@ -53,9 +70,17 @@ def test_a_replicated_stream_keeps_its_consumer_and_every_confirmed_message_thro
     for i in range(200):
         s.ch.basic_publish("", stream, b"m%d" % i, PERSISTENT)
         confirmed.append(b"m%d" % i)
-    victim = pids(cl)["node-1"]
-    killer = threading.Thread(target=kill9, args=(cl, "node-1"))
-    killer.start()
+    leader, term = stream_leader(cl, stream)
+    victim = pids(cl)[leader]
+    if fault == "kill":
+        faulter = threading.Thread(target=kill9, args=(cl, leader))
+    else:
+        def pause() -> None:
+            cl.kill_node(leader, signal.SIGSTOP)
+            time.sleep(4)
+            cl.kill_node(leader, signal.SIGCONT)
+        faulter = threading.Thread(target=pause)
+    faulter.start()
     deadline = time.monotonic() + 60
     i = 200
     while i < 2000 and time.monotonic() < deadline:
@@ -66,8 +91,11 @@ def test_a_replicated_stream_keeps_its_consumer_and_every_confirmed_message_thro
             s.close()
             s = session(cl)
         i += 1
-    killer.join()
-    assert pids(cl)["node-1"] != victim
+    faulter.join()
+    if fault == "kill":
+        assert pids(cl)[leader] != victim
+    else:                               # another member led while it was stopped
+        assert stream_leader(cl, stream)[1] > term
     s.close()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and \
