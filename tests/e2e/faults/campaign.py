@@ -141,9 +141,11 @@ def plan(seed: int, rounds: int) -> list[tuple[float, list[FaultSpec]]]:
 
 
 def queue_names(node_ids: list[str]) -> dict[str, tuple[str, dict]]:
-    """A classic and a quorum queue owned by (led first from) each node: name -> (type, args)."""
+    """A classic and a quorum queue and a stream owned by (led first from) each node: name ->
+    (type, args)."""
     out = {}
-    for kind, args in (("classic", {}), ("quorum", {"x-queue-type": "quorum"})):
+    for kind, args in (("classic", {}), ("quorum", {"x-queue-type": "quorum"}),
+                       ("stream", {"x-queue-type": "stream"})):
         for i, nid in enumerate(node_ids):
             k = 0
             while owner("/", f"camp-{kind[:1]}{i}-{k}", node_ids) != nid:
@@ -368,14 +370,18 @@ class Campaign:
 
     def _rejoined(self, member: str, deadline: float) -> list[str]:
         """After a wipe of ``member``: wait until its new member id is added as a voter to every
-        quorum queue (the leaders' log line ``quorum queue 'Q': add node-N@...``)."""
+        quorum queue and stream (the leaders' log lines ``quorum queue 'Q': add node-N@...``,
+        ``stream 'S' in vhost '/': add node-N@...``)."""
         nid = self.procs[member].name
-        qqs = [q for q, (kind, _) in self.queues.items() if kind == "quorum"]
+        qqs = [q for q, (kind, _) in self.queues.items() if kind in ("quorum", "stream")]
         while True:
             lines = netns.log_lines_since([self.procs[m] for m in NODES],
-                                          rf"quorum queue '[^']+': add {nid}@",
+                                          rf"(quorum queue|stream) '[^']+'"
+                                          rf"( in vhost '/')?: add {nid}@",
                                           self.wiped_at.get(member, {}))
-            missing = [q for q in qqs if not any(f"'{q}': add {nid}@" in ln for ln in lines)]
+            missing = [q for q in qqs if not any(
+                f"'{q}': add {nid}@" in ln or f"'{q}' in vhost '/': add {nid}@" in ln
+                for ln in lines)]
             if not missing or time.monotonic() > deadline:
                 return [f"{nid} not a voter again of {', '.join(missing)}"] if missing else []
             time.sleep(0.2)
@@ -402,8 +408,9 @@ class Campaign:
             t.stop.set()
         for t in self.consumers:
             t.join(30)
+        offsets = {c.queue: c.offset for c in self.consumers}
         for q, (_, args) in self.queues.items():
-            if not drain(self.hist, self.routers, q, args):
+            if not drain(self.hist, self.routers, q, args, offset=offsets.get(q) or None):
                 self.hist.note(f"{q} not empty after draining for 60 s")
         self.watchdog.stop.set()
         return check(self.hist)

@@ -7,7 +7,10 @@ any error.
   each is confirmed (ack), nacked, returned (unroutable) or unknown (the connection was lost
   first); a message that was not confirmed is never sent again under its id.
 - :class:`Consumer`: the one consumer of a queue (manual ack, modest prefetch); it declares the
-  queue at each (re)connection, so a classic queue whose node was wiped comes back.
+  queue at each (re)connection, so a classic queue whose node was wiped comes back. A
+  stream's consumer reads from ``first``, records each delivery's ``x-stream-offset`` and
+  subscribes again after a failure at the offset after its last one (as an application
+  that tracks its offset does).
 - :class:`Watchdog`: a confirm that does not come within :data:`CONFIRM_TIMEOUT` s has its
   connection cut by the client (recorded as a note: a liveness finding), so nothing waits
   forever.
@@ -158,6 +161,8 @@ class Consumer(Client):
         self.queue, self.arguments = queue, arguments
         self.resubscribe = threading.Event()    #: set: close and subscribe again
         self.router = ""                        #: the router it is connected to now
+        #: a stream's: where it reads from next (its last delivery's offset + 1)
+        self.offset: list = ["first"] if is_stream(arguments) else []
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -168,7 +173,7 @@ class Consumer(Client):
                 self.router = self.routers[(self._next - 1) % len(self.routers)]
                 consume(conn, self.hist, self.queue, self.arguments,
                         lambda cancelled: self.stop.is_set() or bool(cancelled)
-                        or self.resubscribe.is_set())
+                        or self.resubscribe.is_set(), offset=self.offset)
             except Exception as exc:  # noqa: BLE001 - any failure: reconnect
                 self.failed(exc)
             finally:
@@ -176,10 +181,16 @@ class Consumer(Client):
                 close(conn)
 
 
+def is_stream(arguments: dict) -> bool:
+    return arguments.get("x-queue-type") == "stream"
+
+
 def consume(conn, hist: History, queue: str, arguments: dict, done,
-            prefetch: int = PREFETCH) -> None:
+            prefetch: int = PREFETCH, offset: list | None = None) -> None:
     """Declare ``queue`` and consume from it on ``conn``, recording and acking each message,
-    until ``done(cancelled)`` is true (``cancelled``: the broker's basic.cancel frames)."""
+    until ``done(cancelled)`` is true (``cancelled``: the broker's basic.cancel frames). A
+    stream's consumer starts at ``offset[0]`` and keeps there the offset after its last
+    delivery."""
     ch = conn.channel()
     ch.basic_qos(prefetch_count=prefetch)
     ch.queue_declare(queue, durable=True, arguments=arguments)
@@ -191,9 +202,13 @@ def consume(conn, hist: History, queue: str, arguments: dict, done,
         pub, seq = headers.get("p"), headers.get("n")
         if not isinstance(pub, str) or not isinstance(seq, int):
             pub, seq = f"?{body[:40]!r}", -1
-        hist.deliver(queue, pub, seq, bool(method.redelivered))
+        at = headers.get("x-stream-offset") if offset else None
+        hist.deliver(queue, pub, seq, bool(method.redelivered), at)
+        if offset and isinstance(at, int):
+            offset[0] = at + 1
         ch.basic_ack(method.delivery_tag)
-    ch.basic_consume(queue, on_message)
+    ch.basic_consume(queue, on_message, arguments={"x-stream-offset": offset[0]}
+                     if offset else None)
     while not done(cancelled):
         conn.process_data_events(time_limit=0.2)
 
@@ -223,10 +238,11 @@ class Watchdog(threading.Thread):
 
 
 def drain(hist: History, routers: list[str], queue: str, arguments: dict,
-          timeout: float = 60.0, idle: float = 2.0) -> bool:
+          timeout: float = 60.0, idle: float = 2.0, offset: list | None = None) -> bool:
     """Consume ``queue`` with a fresh consumer until it is empty (nothing arrived for ``idle``
-    s and a passive declare counts 0 messages). Returns False if it was not within
-    ``timeout`` s."""
+    s and a passive declare counts 0 messages; a stream, read from ``offset[0]``: until its
+    consumer is past the last of the messages a passive declare counts, offsets being dense
+    from 0). Returns False if it was not within ``timeout`` s."""
     deadline = time.monotonic() + timeout
     i = 0
     while time.monotonic() < deadline:
@@ -246,6 +262,9 @@ def drain(hist: History, routers: list[str], queue: str, arguments: dict,
                     state["last"], state["since"] = n, time.monotonic()
                 elif time.monotonic() - state["since"] > idle:
                     count = check.queue_declare(queue, passive=True).method.message_count
+                    if offset:
+                        count = 0 if isinstance(offset[0], int) and offset[0] >= count \
+                            else count
                     if count == 0:
                         state["empty"] = True
                         return True
@@ -253,7 +272,7 @@ def drain(hist: History, routers: list[str], queue: str, arguments: dict,
                 if time.monotonic() > deadline:
                     return True
                 return False
-            consume(conn, hist, queue, arguments, done, prefetch=200)
+            consume(conn, hist, queue, arguments, done, prefetch=200, offset=offset)
             if state["empty"]:
                 return True
         except Exception:  # noqa: BLE001 - a router or node still coming back: try again

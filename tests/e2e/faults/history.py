@@ -6,13 +6,18 @@ was sent and when its outcome came: confirmed, nacked, returned or unknown) and 
 the fault loop, each round, fault and wipe. :func:`check` reads the whole history afterwards:
 
 1. every confirmed message is delivered at least once, except on a classic queue whose node's
-   data directory was wiped after it was sent (quorum queues are never exempt);
+   data directory was wiped after it was sent (quorum queues and streams are never exempt);
 2. nothing is delivered that was never published, or to another queue than it was sent to;
-3. every delivery of a message after its first carries ``redelivered``;
+3. every delivery of a message after its first carries ``redelivered`` (on a queue; on a
+   stream a message is read again only when it was stored twice, at another offset: a
+   publish the router sent again to a new leader, counted);
 4. order: for each queue and publisher, when A was confirmed before B was published, A's
    first delivery comes before B's in the queue's consumer stream (unless A's first delivery
    seen is flagged redelivered: the broker's first went to a consumer that lost it, and a
-   redelivery is not held to the order; these are counted).
+   redelivery is not held to the order; these are counted);
+5. a stream's offsets: its consumer (which subscribes again after a failure at the offset
+   after its last delivery) gets them in increasing order, never one twice, and no offset
+   ever holds two different messages.
 
 Each violation names the rule, the message ids, the rounds and the faults in force; the
 figures (:meth:`Verdict.lines`) are what the run reports.
@@ -57,6 +62,7 @@ class Delivery:
     t: float
     pos: int
     round: int
+    offset: int | None = None   #: a stream's x-stream-offset
 
     @property
     def id(self) -> str:
@@ -93,7 +99,7 @@ class History:
     """Everything the campaign saw; appended to by many threads (one lock)."""
 
     def __init__(self, queue_types: dict[str, str]) -> None:
-        self.queue_types = dict(queue_types)        #: queue -> "classic" | "quorum"
+        self.queue_types = dict(queue_types)  #: queue -> "classic" | "quorum" | "stream"
         self.lock = threading.Lock()
         self.publishes: list[Publish] = []
         self.deliveries: dict[str, list[Delivery]] = {q: [] for q in queue_types}
@@ -114,11 +120,12 @@ class History:
     def outcome(self, p: Publish, outcome: str) -> None:
         p.t1, p.outcome = time.monotonic(), outcome
 
-    def deliver(self, queue: str, pub: str, seq: int, redelivered: bool) -> None:
+    def deliver(self, queue: str, pub: str, seq: int, redelivered: bool,
+                offset: int | None = None) -> None:
         with self.lock:
             stream = self.deliveries[queue]
             stream.append(Delivery(queue, pub, seq, redelivered, time.monotonic(), len(stream),
-                                   self.round))
+                                   self.round, offset))
 
     def note(self, text: str) -> None:
         with self.lock:
@@ -190,8 +197,9 @@ class Verdict:
                f"published {f['published']}: confirmed {f['confirmed']}, nacked {f['nacked']}, "
                f"returned {f['returned']}, unknown {f['unknown']}",
                f"delivered {f['delivered']} ({f['distinct_delivered']} distinct), duplicates "
-               f"{f['duplicates']} (flagged redelivered: {f['duplicates_flagged']}), lost "
-               f"{f['lost']}, exempt (wiped classic queue) {f['exempt']}",
+               f"{f['duplicates']} (flagged redelivered: {f['duplicates_flagged']}; stored "
+               f"twice in a stream: {f['stream_stored_twice']}), lost {f['lost']}, exempt "
+               f"(wiped classic queue) {f['exempt']}",
                "longest time with no confirm: " + ", ".join(
                    f"{k} {v['seconds']:.1f} s ({v['queue']}, {v['where']})"
                    for k, v in f["longest_no_confirm"].items()),
@@ -209,7 +217,7 @@ def check(h: History, limit: int = 50) -> Verdict:
     firsts: dict[str, Delivery] = {}
     counts: collections.Counter[str] = collections.Counter()
     found: dict[int, list[Violation]] = collections.defaultdict(list)
-    dup_total = dup_flagged = 0
+    dup_total = dup_flagged = stream_twice = 0
 
     def add(rule: int, text: str) -> None:
         found[rule].append(Violation(rule, text))
@@ -230,7 +238,9 @@ def check(h: History, limit: int = 50) -> Verdict:
                 continue
             dup_total += 1
             dup_flagged += d.redelivered
-            if not d.redelivered:
+            if h.queue_types.get(q) == "stream" and d.offset != firsts[d.id].offset:
+                stream_twice += 1           # stored twice (rule 3's note): at two offsets
+            elif not d.redelivered:
                 first = firsts[d.id]
                 add(3, f"{d.id} on {q}: delivery {counts[d.id]} (position {d.pos}, "
                        f"{h.context(d.t)}) without redelivered; first at position {first.pos} "
@@ -251,6 +261,7 @@ def check(h: History, limit: int = 50) -> Verdict:
                f"delivered; published {h.context(p.t0)}, confirmed {h.context(p.t1)}")
 
     redelivered_late = _check_order(h, firsts, add)
+    _check_offsets(h, add)
     by_kind = collections.Counter(f"{f.kind} {_target_class(f.target)}"
                                   for r in h.rounds for f in r.faults)
     outcomes = collections.Counter(p.outcome for p in h.publishes)
@@ -261,7 +272,8 @@ def check(h: History, limit: int = 50) -> Verdict:
         "pending": outcomes.get("pending", 0),
         "delivered": sum(len(s) for s in h.deliveries.values()),
         "distinct_delivered": len(counts), "duplicates": dup_total,
-        "duplicates_flagged": dup_flagged, "lost": lost, "exempt": exempt,
+        "duplicates_flagged": dup_flagged, "stream_stored_twice": stream_twice,
+        "lost": lost, "exempt": exempt,
         "longest_no_confirm": _longest_no_confirm(h),
         "violations_by_rule": {r: len(v) for r, v in sorted(found.items())},
         "order_after_lost_delivery": redelivered_late,
@@ -310,6 +322,27 @@ def _check_order(h: History, firsts: dict[str, Delivery], add) -> int:
                    f"published after its confirm, e.g. {overtook[0].id} at position {fb.pos} "
                    f"({h.context(fb.t)}): {', '.join(b.id for b in overtook[:6])}; {how}")
     return allowed
+
+
+def _check_offsets(h: History, add) -> None:
+    """Rule 5, per stream: the offsets its consumer got increase, and an offset never holds
+    two messages."""
+    for q, stream in sorted(h.deliveries.items()):
+        if h.queue_types.get(q) != "stream":
+            continue
+        held: dict[int, str] = {}
+        last = None
+        for d in stream:
+            if d.offset is None:
+                add(5, f"{d.id} delivered from stream {q} without x-stream-offset")
+                continue
+            if held.setdefault(d.offset, d.id) != d.id:
+                add(5, f"{q}: offset {d.offset} delivered as {held[d.offset]} and as {d.id} "
+                       f"({h.context(d.t)})")
+            if last is not None and d.offset <= last.offset:
+                add(5, f"{q}: offset {d.offset} ({d.id}, {h.context(d.t)}) delivered after "
+                       f"offset {last.offset} ({last.id}, {h.context(last.t)})")
+            last = d
 
 
 def _longest_no_confirm(h: History) -> dict[str, dict]:

@@ -38,9 +38,9 @@ def _skip_reason() -> str | None:
 
 
 def _history(*events) -> History:
-    """A history from ``("pub", id, queue, outcome)`` and ``("got", id, queue, redelivered)``
-    events, in order (each a millisecond apart)."""
-    h = History({"q": "quorum", "c": "classic"})
+    """A history from ``("pub", id, queue, outcome)`` and ``("got", id, queue, redelivered(,
+    offset))`` events, in order (each a millisecond apart); queue ``s`` is a stream."""
+    h = History({"q": "quorum", "c": "classic", "s": "stream"})
     for ev in events:
         pub, seq = ev[1].split("-")
         if ev[0] == "pub":
@@ -48,7 +48,7 @@ def _history(*events) -> History:
         elif ev[0] == "wipe":
             h.wipes.append((ev[2], time.monotonic(), 0))
         else:
-            h.deliver(ev[2], pub, int(seq), ev[3])
+            h.deliver(ev[2], pub, int(seq), ev[3], *ev[4:])     # a stream's: its offset
         time.sleep(0.001)
     return h
 
@@ -75,6 +75,23 @@ def test_checker_finds_each_rule():
                            ("got", "p0-0", "q", False))) == [3]
     assert _rules(_history(("pub", "p0-0", "q", "confirmed"), ("pub", "p0-1", "q", "confirmed"),
                            ("got", "p0-1", "q", False), ("got", "p0-0", "q", False))) == [4]
+
+
+def test_checker_on_a_stream_counts_a_message_stored_twice_and_holds_its_offsets():
+    """A stream's consumer is never sent redelivered: a message read twice was stored twice
+    (a publish sent again to a new leader), at two offsets, which is counted. An offset
+    read twice, out of order, or holding two messages is rule 5."""
+    h = _history(("pub", "p0-0", "s", "confirmed"), ("pub", "p0-1", "s", "confirmed"),
+                 ("got", "p0-0", "s", False, 0), ("got", "p0-0", "s", False, 1),
+                 ("got", "p0-1", "s", False, 2))
+    verdict = check(h)
+    assert verdict.ok, verdict.violations
+    assert verdict.figures["stream_stored_twice"] == 1
+    assert _rules(_history(("pub", "p0-0", "s", "confirmed"), ("pub", "p0-1", "s", "confirmed"),
+                           ("got", "p0-0", "s", False, 0), ("got", "p0-1", "s", False, 0))) \
+        == [5, 5]
+    assert _rules(_history(("pub", "p0-0", "s", "confirmed"), ("got", "p0-0", "s", False, 3),
+                           ("got", "p0-0", "s", False, 3))) == [3, 5]
 
 
 def test_checker_lets_a_redelivery_come_after_later_messages():
