@@ -17,11 +17,20 @@ Public API: :func:`compile_selector` (text -> :class:`Selector`, cached; raises
 :class:`~shoal.shared.errors.AMQPError` 406 PRECONDITION_FAILED naming the position of the
 error) and :func:`selector_fields` (decoded ``basic`` properties -> the identifier dict a
 selector reads).
+
+:func:`compile_sql` is the same language as the AMQP Filter Expressions' SQL filter as
+RabbitMQ 4.2 reads it (OASIS filtex 1.0 section 6; rabbit_amqp_sql_lexer.xrl and
+rabbit_amqp_filter_sql.erl): besides the above, ``!=`` (as ``<>``), ``%`` (integers, the
+remainder with the dividend's sign), ``/`` always a true division, strings in double quotes
+too (``""`` escapes), binaries ``0x0A1B`` (hex pairs), ``[delimited identifiers]``
+(``]]`` and ``[[`` escapes) and ``UTC()`` (the time now, epoch ms); ``0x`` is never a hex
+number there.
 """
 from __future__ import annotations
 
 import functools
 import re
+import time
 from typing import Any, Callable
 
 from lark import Lark, Token, Transformer, v_args
@@ -73,6 +82,22 @@ MULOP: "*" | "/"
 """
 
 _parser = Lark(_GRAMMAR, parser="lalr", maybe_placeholders=False)
+
+#: The SQL filter's grammar: the selector's, with filtex's additions (module docstring).
+_SQL_GRAMMAR = _GRAMMAR \
+    .replace('?primary: literal | IDENT -> ident | "(" or_expr ")"',
+             '?primary: literal | IDENT -> ident | DELIMITED -> delimited '
+             '| UTC "(" ")" -> utc | "(" or_expr ")"') \
+    .replace("literal: STRING -> string | NUMBER -> number |",
+             "literal: STRING -> string | NUMBER -> number | BINARY -> binary |") \
+    .replace("STRING: /'(?:[^']|'')*'/", "STRING: /'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"/") \
+    .replace("NUMBER: /0[xX][0-9a-fA-F]+|", "NUMBER: /") \
+    .replace('COMPOP: "<>" |', 'COMPOP: "<>" | "!=" |') \
+    .replace('MULOP: "*" | "/"', 'MULOP: "*" | "/" | "%"') \
+    .replace(_KEYWORDS, _KEYWORDS + "|utc") \
+    + "\nBINARY.3: /0x(?:[0-9A-Fa-f]{2})+/\nDELIMITED: /\\[(?:[^\\[\\]]|\\[\\[|\\]\\])*\\]/\n" \
+    "UTC.2: /utc\\b/i\n"
+_sql_parser = Lark(_SQL_GRAMMAR, parser="lalr", maybe_placeholders=False)
 
 Fn = Callable[[dict], Any]
 
@@ -148,13 +173,34 @@ class _SelectorError(Exception):
     """Raised inside the transformer for a semantic error (a bad ESCAPE)."""
 
 
+def _unquote(tok: Token) -> str:
+    q = tok[0]
+    return tok[1:-1].replace(q + q, q)
+
+
 @v_args(inline=True)
 class _Compile(Transformer):
-    """Turns the parse tree into a closure ``fn(fields) -> True | False | None``."""
+    """Turns the parse tree into a closure ``fn(fields) -> True | False | None``; ``sql``:
+    the SQL filter's arithmetic (module docstring)."""
+
+    def __init__(self, sql: bool = False) -> None:
+        super().__init__()
+        self.sql = sql
 
     def string(self, tok: Token) -> Fn:
-        value = tok[1:-1].replace("''", "'")
+        value = _unquote(tok)
         return lambda f: value
+
+    def binary(self, tok: Token) -> Fn:
+        value = bytes.fromhex(str(tok)[2:])
+        return lambda f: value
+
+    def delimited(self, tok: Token) -> Fn:
+        name = str(tok)[1:-1].replace("]]", "]").replace("[[", "[")
+        return lambda f: f.get(name)
+
+    def utc(self, _tok: Token) -> Fn:
+        return lambda f: int(time.time() * 1000)
 
     def number(self, tok: Token) -> Fn:
         value = _number(str(tok))
@@ -183,11 +229,12 @@ class _Compile(Transformer):
         return fn
 
     def compare(self, a: Fn, op: Token, b: Fn) -> Fn:
-        o = str(op)
+        o = "<>" if str(op) == "!=" else str(op)
         return lambda f: _compare(o, a(f), b(f))
 
     def arith(self, a: Fn, op: Token, b: Fn) -> Fn:
         o = str(op)
+        sql = self.sql
 
         def fn(f: dict) -> Any:
             x, y = a(f), b(f)
@@ -201,6 +248,13 @@ class _Compile(Transformer):
                 return x * y
             if y == 0:
                 return None
+            if o == "%":        # SQL filter: integers, Erlang's rem (the dividend's sign)
+                if not (isinstance(x, int) and isinstance(y, int)):
+                    return None
+                r = abs(x) % abs(y)
+                return -r if x < 0 else r
+            if sql:
+                return x / y
             return x / y if isinstance(x, float) or isinstance(y, float) or x % y else x // y
         return fn
 
@@ -222,8 +276,8 @@ class _Compile(Transformer):
     def like(self, a: Fn, *rest: Any) -> Fn:
         toks = [t for t in rest if t.type == "STRING"]
         negate = any(t.type == "NOT" for t in rest)
-        pattern = toks[0][1:-1].replace("''", "'")
-        escape = toks[1][1:-1].replace("''", "'") if len(toks) > 1 else None
+        pattern = _unquote(toks[0])
+        escape = _unquote(toks[1]) if len(toks) > 1 else None
         if escape is not None and len(escape) != 1:
             raise _SelectorError(f"ESCAPE must be one character, not '{escape}'")
         rx = _like_regex(pattern, escape)
@@ -283,11 +337,22 @@ def _error(text: str, pos: int, why: str) -> AMQPError:
 def compile_selector(text: str) -> Selector:
     """Parse ``text`` (JMS 1.1 section 3.8.1.1). Raises AMQPError 406 PRECONDITION_FAILED
     "invalid x-filter-jms-selector '<text>': <reason> at position <n>" (n counted from 1)."""
+    return _compile(text, False)
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_sql(text: str) -> Selector:
+    """Parse an AMQP SQL filter expression (``amqp:sql-filter``, OASIS filtex 1.0 section 6,
+    as RabbitMQ 4.2; module docstring). Raises AMQPError 406 as :func:`compile_selector`."""
+    return _compile(text, True)
+
+
+def _compile(text: str, sql: bool) -> Selector:
     if not isinstance(text, str) or not text.strip():
         raise _error(str(text), 1, "empty selector")
     try:
-        tree = _parser.parse(text)
-        fn = _Compile().transform(tree)
+        tree = (_sql_parser if sql else _parser).parse(text)
+        fn = _Compile(sql).transform(tree)
     except UnexpectedCharacters as e:
         raise _error(text, e.column, f"unexpected character '{text[e.pos_in_stream]}'") \
             from None

@@ -16,14 +16,14 @@ At most 16 fields per filter, as RabbitMQ; a filter RabbitMQ would not parse is 
 (and so not named in the attach's answer).
 
 RabbitMQ 4.2's SQL filter expressions (``amqp:sql-filter``, code 0x120, under the filter
-name ``sql-filter``; ``rabbit_amqp_filter_sql.erl``) share the JMS selector's grammar where
-the two agree (shared/selector.py: comparisons, ``AND``/``OR``/``NOT``, arithmetic, ``LIKE``
-with ``ESCAPE``, ``IN``, ``IS [NOT] NULL``, single-quoted strings, three-valued logic), and
-read the message's fields by the filter expressions' names: ``header.priority`` (4 when
-absent), ``properties.subject`` and the other properties fields (``p.`` for short),
-``application_properties.key`` (``a.``) or the bare key. An expression the selector grammar
-does not parse (SQL's ``!=``, ``%``, ``UTC()``, double-quoted strings, ``0x`` binaries,
-``[delimited]`` identifiers) is not applied, and so not named in the attach's answer.
+name ``sql-filter``; ``rabbit_amqp_filter_sql.erl``) are the JMS selector's grammar with
+SQL's additions (shared/selector.py ``compile_sql``: comparisons with ``!=``, ``AND``/``OR``/
+``NOT``, arithmetic with ``%``, ``LIKE`` with ``ESCAPE``, ``IN``, ``IS [NOT] NULL``, strings
+in single or double quotes, ``0x`` binaries, ``[delimited]`` identifiers, ``UTC()``,
+three-valued logic), and read the message's fields by the filter expressions' names:
+``header.priority`` (4 when absent), ``properties.subject`` and the other properties fields
+(``p.`` for short), ``application_properties.key`` (``a.``) or the bare key. An expression
+that does not parse is not applied, and so not named in the attach's answer.
 
 Sans-IO: :func:`parse` reads a source filter's value, :func:`matches` a transfer's payload.
 """
@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.shared.errors import AMQPError
-from shoal.shared.selector import compile_selector
+from shoal.shared.selector import compile_sql
 
 from shoal.router.amqp10.codec import DecodeError, Described, Symbol, Timestamp, Typed, decode
 from shoal.router.amqp10.convert import sections
@@ -107,8 +107,8 @@ def parse(value: Any) -> tuple[str, list[tuple[Any, Any]]] | None:
         if not isinstance(text, str) or isinstance(text, Symbol) or len(text) > MAX_SQL:
             return None
         try:
-            return "sql", [compile_selector(text)]
-        except AMQPError:           # not the selector's grammar: not applied
+            return "sql", [compile_sql(text)]
+        except AMQPError:           # does not parse: not applied
             return None
     if not isinstance(value, Described) or not isinstance(value.value, dict):
         return None

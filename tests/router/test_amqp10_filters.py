@@ -104,7 +104,26 @@ def test_sql_filters_through_the_selector_grammar() -> None:
     assert filters.matches([sql("h.priority = 9")], prio)
 
 
-def test_sql_that_is_not_the_selector_grammar_is_not_applied() -> None:
-    for text in ("k != 'v'", "n % 2 = 1", "UTC() > 0", 'k = "v"', "[odd key] = 1", ""):
+def test_sql_only_syntax_as_rabbitmq_reads_it() -> None:
+    """What SQL filters have and JMS selectors do not (rabbit_amqp_sql_lexer.xrl): ``!=``,
+    ``%`` (integers, the dividend's sign), ``/`` always a true division, double-quoted
+    strings, ``0x`` binaries, ``[delimited identifiers]``, ``UTC()``."""
+    msg = message(["id-1", None, None, "s"], {"k": "v", "n": 5, "neg": -7, "odd key": 1,
+                                               "b": b"\x0a\x1b"})
+    for text, want in [
+        ("k != 'w'", True), ("k != 'v'", False),
+        ("n % 2 = 1", True), ("neg % 3 = -1", True), ("n % 0 = 1", False),
+        ("n / 2 = 2.5", True),
+        ('k = "v"', True), ('k = "say ""hi"""', False),
+        ("[odd key] = 1", True), ("b = 0x0A1B", True),
+        ("UTC() > 1700000000000", True),
+    ]:
+        f = sql(text)
+        assert f is not None and f[0] == "sql", text
+        assert filters.matches([f], msg) is want, text
+
+
+def test_sql_that_does_not_parse_is_not_applied() -> None:
+    for text in ("k ==", "0x1 = 1", "utc = 1", "[unclosed = 1", ""):
         assert sql(text) is None, text
     assert sql("x" * 5000) is None                           # over RabbitMQ's 4096
