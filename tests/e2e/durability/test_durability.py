@@ -295,6 +295,22 @@ def test_consumer_is_cancelled_and_finds_its_messages_after_node_restart(own_clu
     assert [b for b, _ in got] == [f"c{i}".encode() for i in range(5)]
 
 
+def read_stream(cl, stream: str) -> list[tuple[int, bytes]]:
+    """A new reader of ``stream`` from ``first`` until nothing comes for 2 s: (offset, body)
+    of each message."""
+    r = session(cl)
+    r.ch.basic_qos(prefetch_count=500)
+    got: list[tuple[int, bytes]] = []
+    for method, props, body in r.ch.consume(stream, inactivity_timeout=2.0,
+                                            arguments={"x-stream-offset": "first"}):
+        if method is None:
+            break
+        got.append((props.headers["x-stream-offset"], body))
+        r.ch.basic_ack(method.delivery_tag)
+    r.close()
+    return got
+
+
 def test_a_stream_keeps_every_confirmed_message_through_node_kill(own_cluster, uid):
     """kill -9 of a stream's node while a publisher with confirms runs: after the restart a
     reader from ``first`` gets every confirmed message once, at offsets 0, 1, 2, ... with no
@@ -322,16 +338,7 @@ def test_a_stream_keeps_every_confirmed_message_through_node_kill(own_cluster, u
     s.close()
     count = wait_serving(cl, stream)
     assert count >= len(confirmed)
-    r = session(cl)
-    r.ch.basic_qos(prefetch_count=500)
-    got: list[tuple[int, bytes]] = []
-    for method, props, body in r.ch.consume(stream, inactivity_timeout=2.0,
-                                            arguments={"x-stream-offset": "first"}):
-        if method is None:
-            break
-        got.append((props.headers["x-stream-offset"], body))
-        r.ch.basic_ack(method.delivery_tag)
-    r.close()
+    got = read_stream(cl, stream)
     assert [o for o, _ in got] == list(range(len(got)))
     bodies = [b for _, b in got]
     assert len(set(bodies)) == len(bodies)

@@ -19,7 +19,8 @@ import time
 import pika
 import pytest
 
-from tests.e2e.durability.test_durability import PERSISTENT, kill9, params, pids, session
+from tests.e2e.durability.test_durability import (PERSISTENT, kill9, params, pids,
+                                                   read_stream, session)
 
 pytestmark = pytest.mark.e2e
 
@@ -112,15 +113,6 @@ def test_a_replicated_stream_keeps_its_consumer_and_every_confirmed_message_thro
     first_seen = list(dict.fromkeys(bodies))
     assert [b for b in first_seen if b in set(confirmed)] == confirmed
     # a new reader from first: every offset once, 0, 1, 2, ... and the same messages
-    r = session(cl)
-    r.ch.basic_qos(prefetch_count=500)
-    again: list[tuple[int, bytes]] = []
-    for method, props, body in r.ch.consume(stream, inactivity_timeout=2.0,
-                                            arguments={"x-stream-offset": "first"}):
-        if method is None:
-            break
-        again.append((props.headers["x-stream-offset"], body))
-        r.ch.basic_ack(method.delivery_tag)
-    r.close()
+    again = read_stream(cl, stream)
     assert [o for o, _ in again] == list(range(len(again)))
     assert dict(again).items() >= dict(got).items()

@@ -29,6 +29,14 @@ def stream_leader(c: Cluster, name: str = "s") -> str:
     raise AssertionError("no leader")
 
 
+def publish(c: Cluster, node: str, seq: int, body: bytes) -> None:
+    """A confirmed PUBLISH to stream ``s`` at ``node``, its turn ended (the chunk proposed),
+    and the cluster run until quiet."""
+    c.send(node, T.PUBLISH, seq, "/", ["s"], "", "s", HEADER, body, None)
+    c.shards[node].streams.commit(None)
+    c.pump()
+
+
 def consume_all(c: Cluster, node: str, cid: int, offset="first") -> list[tuple[int, bytes]]:
     """A consumer at ``node`` from ``offset``, with credit for everything: (offset, body)."""
     r = c.request(node, T.CONSUME, cid, "/", "s", f"tag{cid}", 0, 0,
@@ -52,9 +60,7 @@ def test_a_stream_of_three_members_confirms_at_commit_and_moves_to_its_leader(tm
         leader = stream_leader(c)
         rows = {n: c.shards[n].streams.streams[("/", "s")] for n in c.ids}
         assert all(sorted(s.replica.members()) == c.ids for s in rows.values())
-        c.send(leader, T.PUBLISH, 5, "/", ["s"], "", "s", HEADER, b"a", None)
-        c.shards[leader].streams.commit(None)
-        c.pump()
+        publish(c, leader, 5, b"a")
         assert c.take(leader, T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, 5, 0, 1]]
         follower = next(n for n in c.ids if n != leader)
         c.inbox[follower].clear()
@@ -79,17 +85,13 @@ def test_after_the_leaders_node_is_lost_a_new_leader_serves_every_confirmed_mess
         c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
         leader = stream_leader(c)
         for k in range(5):
-            c.send(leader, T.PUBLISH, 10 + k, "/", ["s"], "", "s", HEADER, b"m%d" % k, None)
-            c.shards[leader].streams.commit(None)
-            c.pump()
+            publish(c, leader, 10 + k, b"m%d" % k)
         assert len(c.take(leader, T.PUBLISH_RESULT)) == 5
         c.crash(leader)
         c.shards[leader].streams.close()
         new = stream_leader(c)
         assert new != leader
-        c.send(new, T.PUBLISH, 20, "/", ["s"], "", "s", HEADER, b"after", None)
-        c.shards[new].streams.commit(None)
-        c.pump()
+        publish(c, new, 20, b"after")
         assert c.take(new, T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, 20, 0, 1]]
         assert [b for _, b in consume_all(c, new, 3)] == \
             [b"m0", b"m1", b"m2", b"m3", b"m4", b"after"]
@@ -123,9 +125,7 @@ def test_add_and_delete_member_change_the_members_and_a_new_one_gets_the_log(tmp
         c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, two, None)
         leader = stream_leader(c)
         for k in range(3):
-            c.send(leader, T.PUBLISH, 30 + k, "/", ["s"], "", "s", HEADER, b"m%d" % k, None)
-            c.shards[leader].streams.commit(None)
-            c.pump()
+            publish(c, leader, 30 + k, b"m%d" % k)
         s = c.shards[leader].streams.streams[("/", "s")]
         outside = next(n for n in c.ids if n not in s.replica.members())
         r = c.request(leader, T.QUORUM_OP, "add_member", "/", "s", outside)
@@ -161,9 +161,7 @@ def test_add_and_delete_member_change_the_members_and_a_new_one_gets_the_log(tmp
         assert s.replica.members() == [leader]
         r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", leader)
         assert r[2] == 406 and "last member" in r[3]
-        c.send(leader, T.PUBLISH, 40, "/", ["s"], "", "s", HEADER, b"alone", None)
-        c.shards[leader].streams.commit(None)
-        c.pump()
+        publish(c, leader, 40, b"alone")
         assert c.take(leader, T.PUBLISH_RESULT)[-1] == [T.PUBLISH_RESULT, 40, 0, 1]
     finally:
         for shard in c.shards.values():
@@ -175,9 +173,7 @@ def test_deleting_the_leaders_member_hands_the_lead_over_first(tmp_path):
     try:
         c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
         leader = stream_leader(c)
-        c.send(leader, T.PUBLISH, 50, "/", ["s"], "", "s", HEADER, b"kept", None)
-        c.shards[leader].streams.commit(None)
-        c.pump()
+        publish(c, leader, 50, b"kept")
         r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", leader)
         assert r[2] == 0 and leader not in r[4]
         for _ in range(60):
@@ -202,9 +198,7 @@ def test_a_member_whose_disk_was_wiped_comes_back_under_a_new_id_with_the_log(tm
         c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
         leader = stream_leader(c)
         for k in range(3):
-            c.send(leader, T.PUBLISH, 60 + k, "/", ["s"], "", "s", HEADER, b"w%d" % k, None)
-            c.shards[leader].streams.commit(None)
-            c.pump()
+            publish(c, leader, 60 + k, b"w%d" % k)
         victim = next(n for n in c.ids if n != leader)
         old_id = c.shards[victim].replication.member_id
         c.crash(victim)
