@@ -54,11 +54,24 @@ def reconcile(rep: Any, now: float) -> None:
         if g.leaderless_since is None:
             g.leaderless_since = now
         elif now - g.leaderless_since >= GRACE_MS:
-            ask = [_ASK, g.key[0], g.key[1], g.uid, g.raft.id]
-            for m in g.raft.voters:
-                node = membership.node_of(m)
-                if m != g.raft.id and rep.online(node):
-                    rep.to_peer(node, ask)
+            ask(rep, g.key, g.uid, g.raft)
+
+
+def gone_here(answers: dict[str, str], voters: set[str]) -> bool:
+    """Whether a majority of ``voters`` answered that the group is gone or goes on without
+    the asker, and none that it is a member."""
+    if MEMBER in answers.values():
+        return False
+    return sum(1 for m in voters if answers.get(m) in (NONE, REMOVED)) > len(voters) // 2
+
+
+def ask(rep: Any, key: tuple[str, str], uid: str, raft: Any) -> None:
+    """GROUP_ASK to the nodes of ``raft``'s other voters."""
+    msg = [_ASK, key[0], key[1], uid, raft.id]
+    for m in raft.voters:
+        node = membership.node_of(m)
+        if m != raft.id and rep.online(node):
+            rep.to_peer(node, msg)
 
 
 def _departed(rep: Any, g: QuorumGroup, known: set[str], now: float) -> None:
@@ -78,12 +91,17 @@ def _departed(rep: Any, g: QuorumGroup, known: set[str], now: float) -> None:
 
 
 def on_ask(rep: Any, msg: list) -> None:
-    """GROUP_ASK from another node: is its member still in this node's group?"""
+    """GROUP_ASK from another node: is its member still in this node's group (a quorum
+    queue's, or a replicated stream's: node/streams/members.py asks the same)?"""
     _, vhost, name, uid, asker = msg
     g = rep.groups.get((vhost, name))
+    if g is None:
+        mem = rep.shard.streams.members
+        g = mem.members.get((vhost, name)) if mem is not None else None
+    raft = g.raft if isinstance(g, QuorumGroup) else g.rep.raft if g is not None else None
     if g is None or g.uid != uid:
         status = NONE
-    elif asker in g.raft.voters or asker in g.raft.learners:
+    elif asker in raft.voters or asker in raft.learners:
         status = MEMBER
     else:
         status = REMOVED
@@ -98,14 +116,15 @@ def on_answer(rep: Any, msg: list) -> None:
     has forgotten the group, which says nothing of whether it still exists)."""
     _, vhost, name, uid, member, status = msg
     g = rep.groups.get((vhost, name))
-    if g is None or g.uid != uid or g.leading or g.raft.leader is not None:
+    if g is None:
+        mem = rep.shard.streams.members
+        if mem is not None:
+            mem.answered(vhost, name, uid, member, status)
+        return
+    if g.uid != uid or g.leading or g.raft.leader is not None:
         return
     g.answers[member] = status
-    voters = g.raft.voters
-    if MEMBER in g.answers.values():
-        return
-    gone = sum(1 for m in voters if g.answers.get(m) in (NONE, REMOVED))
-    if gone > len(voters) // 2:
+    if gone_here(g.answers, g.raft.voters):
         log.warning("quorum queue '%s' in vhost '%s': the other members no longer have "
                     "this node's member (the queue was deleted, or the member removed, while "
                     "it was down): removed here", name, vhost)

@@ -31,7 +31,7 @@ from shoal.shared.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError, soft_
 from shoal.shared.wire import EV_QUEUE_LEADER, MOVED, TAG_REPLY, TAG_TOPOLOGY_EVENT, T
 
 from shoal.node.peers import DEFERRED
-from shoal.node.replication import membership
+from shoal.node.replication import membership, reconcile
 from shoal.node.replication.group import ELECTION_TICKS, HEARTBEAT_TICKS
 from shoal.node.replication.membership import node_of
 from shoal.node.replication.raft import APP, SNAP, Message
@@ -62,6 +62,10 @@ class Member:
         self.pending_declares: list = []
         #: log index -> the turn barrier (hosting.py) waiting for it
         self.waiting: dict[int, Any] = {}
+        #: reconciliation (node/replication/reconcile.py): since when (ms) this member has
+        #: known no leader, and the other members' answers
+        self.leaderless_since: float | None = None
+        self.answers: dict[str, str] = {}
 
     def lists_here(self) -> bool:
         """Whether this member reports the stream (QUEUE_LIST, management): the leader, or
@@ -270,9 +274,39 @@ class StreamMembers:
                          *change)
                 r.propose_conf(*change)
 
+    def reconcile(self) -> None:
+        """Every second, as a quorum queue's member (reconcile.py): a member that has known
+        no leader for GRACE_MS asks the other voters' nodes whether the stream still has
+        it (it was down while the stream was deleted, or its member removed)."""
+        now = self.rep.now()
+        for m in self.members.values():
+            r = m.rep.raft
+            if m.leading or r.leader is not None or not r.voters:
+                m.leaderless_since = None
+                m.answers.clear()
+            elif m.leaderless_since is None:
+                m.leaderless_since = now
+            elif now - m.leaderless_since >= reconcile.GRACE_MS:
+                reconcile.ask(self.rep, (m.stream.vhost, m.stream.name), m.uid, r)
+
+    def answered(self, vhost: str, name: str, uid: str, member: str, status: str) -> None:
+        """GROUP_ANSWER about a stream: once a majority of its voters say it is gone or
+        goes on without this member, the member and its files go here, quietly (the name
+        may be another stream's now)."""
+        m = self.members.get((vhost, name))
+        if m is None or m.uid != uid or m.leading or m.rep.raft.leader is not None:
+            return
+        m.answers[member] = status
+        if reconcile.gone_here(m.answers, m.rep.raft.voters):
+            log.warning("stream '%s' in vhost '%s': the other members no longer have this "
+                        "node's member (the stream was deleted, or the member removed, while "
+                        "it was down): removed here", name, vhost)
+            self.streams.delete(m.stream, tell=False)
+
     def tick(self) -> None:
         if self.rep.ticks % 10 == 0:
             self.repair()
+            self.reconcile()
         if self.waiting:
             waiting, self.waiting = self.waiting, []
             for d in waiting:

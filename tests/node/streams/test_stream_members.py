@@ -221,3 +221,27 @@ def test_a_member_whose_disk_was_wiped_comes_back_under_a_new_id_with_the_log(tm
     finally:
         for shard in c.shards.values():
             shard.streams.close()
+
+
+def test_a_member_down_while_its_stream_was_deleted_drops_it_when_it_is_back(tmp_path):
+    """As a quorum queue's (node/replication/reconcile.py): without a leader for 10 s it asks
+    the other members' nodes, and a majority says the stream is gone."""
+    c = Cluster(tmp_path)
+    try:
+        c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+        leader = stream_leader(c)
+        down = next(n for n in c.ids if n != leader)
+        c.crash(down)
+        c.shards[down].streams.close()
+        assert c.request(leader, T.QUEUE_DELETE, "/", "s", 0, 0, None)[2] == 0
+        c.start(down)
+        assert ("/", "s") in c.shards[down].streams.streams     # its member, from its disk
+        for _ in range(150):
+            if ("/", "s") not in c.shards[down].streams.streams:
+                break
+            c.tick()
+        assert ("/", "s") not in c.shards[down].streams.streams
+        assert not list((tmp_path / down / "streams").iterdir())   # its files went too
+    finally:
+        for shard in c.shards.values():
+            shard.streams.close()
