@@ -351,10 +351,10 @@ class StreamMembers:
                         b = m.waiting.pop(index, None)
                         if b is not None:
                             b.done(True)
-                    s = m.stream
-                    cfg = s.cfg
-                    if cfg.max_bytes is not None or cfg.max_age is not None:
-                        rep.retain(cfg.max_bytes, cfg.max_age, self.streams.now_ms())
+                cfg = m.stream.cfg
+                if rep.committed_offset != before and \
+                        (cfg.max_bytes is not None or cfg.max_age is not None):
+                    rep.retain(cfg.max_bytes, cfg.max_age, self.streams.now_ms())
             except Exception:  # noqa: BLE001 - a failing disk (or a bug) must not stop the node
                 log.exception("stream '%s' in vhost '%s': cannot write its log",
                               m.stream.name, m.stream.vhost)
