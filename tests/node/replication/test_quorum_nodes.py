@@ -81,6 +81,7 @@ class Cluster:
     def crash(self, node: str) -> None:
         self.down.add(node)
         self.shards[node].replication.close()
+        self.shards[node].streams.close()
         self.net = [m for m in self.net if node not in (m[0], m[1])]
         for other in self.ids:
             if other != node and other not in self.down:

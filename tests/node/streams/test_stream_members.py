@@ -9,6 +9,8 @@ every confirmed message; a restarted member keeps its log; a delete reaches ever
 """
 from __future__ import annotations
 
+import pytest
+
 from shoal.shared.wire import EV_QUEUE_LEADER, MOVED, T
 
 from tests.node.replication.test_quorum_nodes import Cluster
@@ -16,6 +18,16 @@ from tests.node.replication.test_quorum_nodes import Cluster
 STREAM = {"x-queue-type": "stream", "x-initial-cluster-size": 3}
 #: basic's content header: body size 1, delivery-mode 2
 HEADER = bytes([0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0x10, 0, 2])
+
+
+@pytest.fixture
+def c(tmp_path):
+    """Three nodes in one process (tests/node/replication/test_quorum_nodes.py), their
+    streams closed at the end."""
+    cluster = Cluster(tmp_path)
+    yield cluster
+    for shard in cluster.shards.values():
+        shard.streams.close()
 
 
 def stream_leader(c: Cluster, name: str = "s") -> str:
@@ -52,196 +64,158 @@ def consume_all(c: Cluster, node: str, cid: int, offset="first") -> list[tuple[i
     return got
 
 
-def test_a_stream_of_three_members_confirms_at_commit_and_moves_to_its_leader(tmp_path):
-    c = Cluster(tmp_path)
-    try:
-        r = c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
-        assert r[2] == 0 and r[4] == ["s", 0, 0]
-        leader = stream_leader(c)
-        rows = {n: c.shards[n].streams.streams[("/", "s")] for n in c.ids}
-        assert all(sorted(s.replica.members()) == c.ids for s in rows.values())
-        publish(c, leader, 5, b"a")
-        assert c.take(leader, T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, 5, 0, 1]]
-        follower = next(n for n in c.ids if n != leader)
-        c.inbox[follower].clear()
-        c.send(follower, T.PUBLISH, 6, "/", ["s"], "", "s", HEADER, b"b", None)
-        assert c.take(follower, T.PUBLISH_MOVED) == [[T.PUBLISH_MOVED, 6, 0, 0, ["s"]]]
-        events = [m for m in c.inbox[follower] if m[0] == T.TOPOLOGY_EVENT]
-        assert events and events[0][1] == EV_QUEUE_LEADER and events[0][2][2] == leader
-        r = c.request(follower, T.CONSUME, 1, "/", "s", "t", 0, 0, {}, None, [10, 0])
-        assert r[2] == MOVED
-        c.tick(3)                       # heartbeats carry the commit to the followers
-        chunk = rows[leader].log.chunk_at(0)
-        assert all(s.log.chunk_at(0) == chunk for s in rows.values())
-        assert consume_all(c, leader, 2) == [(0, b"a")]
-    finally:
-        for shard in c.shards.values():
-            shard.streams.close()
+def test_a_stream_of_three_members_confirms_at_commit_and_moves_to_its_leader(c):
+    r = c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    assert r[2] == 0 and r[4] == ["s", 0, 0]
+    leader = stream_leader(c)
+    rows = {n: c.shards[n].streams.streams[("/", "s")] for n in c.ids}
+    assert all(sorted(s.replica.members()) == c.ids for s in rows.values())
+    publish(c, leader, 5, b"a")
+    assert c.take(leader, T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, 5, 0, 1]]
+    follower = next(n for n in c.ids if n != leader)
+    c.inbox[follower].clear()
+    c.send(follower, T.PUBLISH, 6, "/", ["s"], "", "s", HEADER, b"b", None)
+    assert c.take(follower, T.PUBLISH_MOVED) == [[T.PUBLISH_MOVED, 6, 0, 0, ["s"]]]
+    events = [m for m in c.inbox[follower] if m[0] == T.TOPOLOGY_EVENT]
+    assert events and events[0][1] == EV_QUEUE_LEADER and events[0][2][2] == leader
+    r = c.request(follower, T.CONSUME, 1, "/", "s", "t", 0, 0, {}, None, [10, 0])
+    assert r[2] == MOVED
+    c.tick(3)                       # heartbeats carry the commit to the followers
+    chunk = rows[leader].log.chunk_at(0)
+    assert all(s.log.chunk_at(0) == chunk for s in rows.values())
+    assert consume_all(c, leader, 2) == [(0, b"a")]
 
 
-def test_after_the_leaders_node_is_lost_a_new_leader_serves_every_confirmed_message(tmp_path):
-    c = Cluster(tmp_path)
-    try:
-        c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
-        leader = stream_leader(c)
-        for k in range(5):
-            publish(c, leader, 10 + k, b"m%d" % k)
-        assert len(c.take(leader, T.PUBLISH_RESULT)) == 5
-        c.crash(leader)
-        c.shards[leader].streams.close()
-        new = stream_leader(c)
-        assert new != leader
-        publish(c, new, 20, b"after")
-        assert c.take(new, T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, 20, 0, 1]]
-        assert [b for _, b in consume_all(c, new, 3)] == \
-            [b"m0", b"m1", b"m2", b"m3", b"m4", b"after"]
-        # the old leader's node comes back from its disk and catches up
-        c.start(leader)
-        c.tick(5)
-        back = c.shards[leader].streams.streams[("/", "s")]
-        assert back.committed == c.shards[new].streams.streams[("/", "s")].committed
-    finally:
-        for shard in c.shards.values():
-            shard.streams.close()
+def test_after_the_leaders_node_is_lost_a_new_leader_serves_every_confirmed_message(c):
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    leader = stream_leader(c)
+    for k in range(5):
+        publish(c, leader, 10 + k, b"m%d" % k)
+    assert len(c.take(leader, T.PUBLISH_RESULT)) == 5
+    c.crash(leader)
+    new = stream_leader(c)
+    assert new != leader
+    publish(c, new, 20, b"after")
+    assert c.take(new, T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, 20, 0, 1]]
+    assert [b for _, b in consume_all(c, new, 3)] == \
+        [b"m0", b"m1", b"m2", b"m3", b"m4", b"after"]
+    # the old leader's node comes back from its disk and catches up
+    c.start(leader)
+    c.tick(5)
+    back = c.shards[leader].streams.streams[("/", "s")]
+    assert back.committed == c.shards[new].streams.streams[("/", "s")].committed
 
 
-def test_a_delete_reaches_every_member(tmp_path):
-    c = Cluster(tmp_path)
-    try:
-        c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
-        leader = stream_leader(c)
-        assert c.request(leader, T.QUEUE_DELETE, "/", "s", 0, 0, None)[2] == 0
-        c.pump()
-        assert all(("/", "s") not in s.streams.streams for s in c.shards.values())
-    finally:
-        for shard in c.shards.values():
-            shard.streams.close()
+def test_a_delete_reaches_every_member(c):
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    leader = stream_leader(c)
+    assert c.request(leader, T.QUEUE_DELETE, "/", "s", 0, 0, None)[2] == 0
+    c.pump()
+    assert all(("/", "s") not in s.streams.streams for s in c.shards.values())
 
 
-def test_add_and_delete_member_change_the_members_and_a_new_one_gets_the_log(tmp_path):
-    c = Cluster(tmp_path)
-    try:
-        two = {**STREAM, "x-initial-cluster-size": 2}
-        c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, two, None)
-        leader = stream_leader(c)
-        for k in range(3):
-            publish(c, leader, 30 + k, b"m%d" % k)
-        s = c.shards[leader].streams.streams[("/", "s")]
-        outside = next(n for n in c.ids if n not in s.replica.members())
-        r = c.request(leader, T.QUORUM_OP, "add_member", "/", "s", outside)
-        assert r[2] == 0 and r[4] == c.ids
-        for _ in range(40):
-            if len(s.replica.members()) == 3:
-                break
-            c.tick()
-        assert s.replica.members() == c.ids
-        joined = c.shards[outside].streams.streams[("/", "s")]
-        assert joined.arguments == two          # learned from the leader's snapshot
-        c.tick(3)
-        assert joined.log.chunk_at(0) == s.log.chunk_at(0)
-        assert joined.committed == s.committed == 3
-        # delete a member that is not the leader: its node drops the stream
-        gone = next(n for n in c.ids if n not in (leader, outside))
-        r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", gone)
-        assert r[2] == 0 and gone not in r[4]
-        for _ in range(40):
-            if ("/", "s") not in c.shards[gone].streams.streams:
-                break
-            c.tick()
-        assert ("/", "s") not in c.shards[gone].streams.streams
-        assert gone not in s.replica.members()
-        # down to one member, and the last one cannot go (406, as RabbitMQ's
-        # last_stream_member)
-        r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", outside)
-        assert r[2] == 0 and r[4] == [leader]
-        for _ in range(40):
-            if s.replica.members() == [leader]:
-                break
-            c.tick()
-        assert s.replica.members() == [leader]
-        r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", leader)
-        assert r[2] == 406 and "last member" in r[3]
-        publish(c, leader, 40, b"alone")
-        assert c.take(leader, T.PUBLISH_RESULT)[-1] == [T.PUBLISH_RESULT, 40, 0, 1]
-    finally:
-        for shard in c.shards.values():
-            shard.streams.close()
+def test_add_and_delete_member_change_the_members_and_a_new_one_gets_the_log(c):
+    two = {**STREAM, "x-initial-cluster-size": 2}
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, two, None)
+    leader = stream_leader(c)
+    for k in range(3):
+        publish(c, leader, 30 + k, b"m%d" % k)
+    s = c.shards[leader].streams.streams[("/", "s")]
+    outside = next(n for n in c.ids if n not in s.replica.members())
+    r = c.request(leader, T.QUORUM_OP, "add_member", "/", "s", outside)
+    assert r[2] == 0 and r[4] == c.ids
+    for _ in range(40):
+        if len(s.replica.members()) == 3:
+            break
+        c.tick()
+    assert s.replica.members() == c.ids
+    joined = c.shards[outside].streams.streams[("/", "s")]
+    assert joined.arguments == two          # learned from the leader's snapshot
+    c.tick(3)
+    assert joined.log.chunk_at(0) == s.log.chunk_at(0)
+    assert joined.committed == s.committed == 3
+    # delete a member that is not the leader: its node drops the stream
+    gone = next(n for n in c.ids if n not in (leader, outside))
+    r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", gone)
+    assert r[2] == 0 and gone not in r[4]
+    for _ in range(40):
+        if ("/", "s") not in c.shards[gone].streams.streams:
+            break
+        c.tick()
+    assert ("/", "s") not in c.shards[gone].streams.streams
+    assert gone not in s.replica.members()
+    # down to one member, and the last one cannot go (406, as RabbitMQ's
+    # last_stream_member)
+    r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", outside)
+    assert r[2] == 0 and r[4] == [leader]
+    for _ in range(40):
+        if s.replica.members() == [leader]:
+            break
+        c.tick()
+    assert s.replica.members() == [leader]
+    r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", leader)
+    assert r[2] == 406 and "last member" in r[3]
+    publish(c, leader, 40, b"alone")
+    assert c.take(leader, T.PUBLISH_RESULT)[-1] == [T.PUBLISH_RESULT, 40, 0, 1]
 
 
-def test_deleting_the_leaders_member_hands_the_lead_over_first(tmp_path):
-    c = Cluster(tmp_path)
-    try:
-        c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
-        leader = stream_leader(c)
-        publish(c, leader, 50, b"kept")
-        r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", leader)
-        assert r[2] == 0 and leader not in r[4]
-        for _ in range(60):
-            if ("/", "s") not in c.shards[leader].streams.streams:
-                break
-            c.tick()
-        assert ("/", "s") not in c.shards[leader].streams.streams
-        new = stream_leader(c)
-        assert new != leader
-        assert c.shards[new].streams.streams[("/", "s")].replica.members() == \
-            sorted(n for n in c.ids if n != leader)
-        assert [b for _, b in consume_all(c, new, 9)] == [b"kept"]
-    finally:
-        for shard in c.shards.values():
-            shard.streams.close()
+def test_deleting_the_leaders_member_hands_the_lead_over_first(c):
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    leader = stream_leader(c)
+    publish(c, leader, 50, b"kept")
+    r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", leader)
+    assert r[2] == 0 and leader not in r[4]
+    for _ in range(60):
+        if ("/", "s") not in c.shards[leader].streams.streams:
+            break
+        c.tick()
+    assert ("/", "s") not in c.shards[leader].streams.streams
+    new = stream_leader(c)
+    assert new != leader
+    assert c.shards[new].streams.streams[("/", "s")].replica.members() == \
+        sorted(n for n in c.ids if n != leader)
+    assert [b for _, b in consume_all(c, new, 9)] == [b"kept"]
 
 
-def test_a_member_whose_disk_was_wiped_comes_back_under_a_new_id_with_the_log(tmp_path):
+def test_a_member_whose_disk_was_wiped_comes_back_under_a_new_id_with_the_log(c):
     import shutil
-    c = Cluster(tmp_path)
-    try:
-        c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
-        leader = stream_leader(c)
-        for k in range(3):
-            publish(c, leader, 60 + k, b"w%d" % k)
-        victim = next(n for n in c.ids if n != leader)
-        old_id = c.shards[victim].replication.member_id
-        c.crash(victim)
-        c.shards[victim].streams.close()
-        shutil.rmtree(tmp_path / victim)
-        c.start(victim)
-        new_id = c.shards[victim].replication.member_id
-        assert new_id != old_id
-        s = c.shards[leader].streams.streams[("/", "s")]
-        for _ in range(80):
-            voters = s.rep.raft.voters
-            if new_id in voters and old_id not in voters:
-                break
-            c.tick()
-        assert new_id in s.rep.raft.voters and old_id not in s.rep.raft.voters
-        back = c.shards[victim].streams.streams[("/", "s")]
-        c.tick(3)
-        assert back.committed == s.committed == 3
-        assert back.log.chunk_at(0) == s.log.chunk_at(0)
-    finally:
-        for shard in c.shards.values():
-            shard.streams.close()
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    leader = stream_leader(c)
+    for k in range(3):
+        publish(c, leader, 60 + k, b"w%d" % k)
+    victim = next(n for n in c.ids if n != leader)
+    old_id = c.shards[victim].replication.member_id
+    c.crash(victim)
+    shutil.rmtree(c.tmp / victim)
+    c.start(victim)
+    new_id = c.shards[victim].replication.member_id
+    assert new_id != old_id
+    s = c.shards[leader].streams.streams[("/", "s")]
+    for _ in range(80):
+        voters = s.rep.raft.voters
+        if new_id in voters and old_id not in voters:
+            break
+        c.tick()
+    assert new_id in s.rep.raft.voters and old_id not in s.rep.raft.voters
+    back = c.shards[victim].streams.streams[("/", "s")]
+    c.tick(3)
+    assert back.committed == s.committed == 3
+    assert back.log.chunk_at(0) == s.log.chunk_at(0)
 
 
-def test_a_member_down_while_its_stream_was_deleted_drops_it_when_it_is_back(tmp_path):
+def test_a_member_down_while_its_stream_was_deleted_drops_it_when_it_is_back(c):
     """As a quorum queue's (node/replication/reconcile.py): without a leader for 10 s it asks
     the other members' nodes, and a majority says the stream is gone."""
-    c = Cluster(tmp_path)
-    try:
-        c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
-        leader = stream_leader(c)
-        down = next(n for n in c.ids if n != leader)
-        c.crash(down)
-        c.shards[down].streams.close()
-        assert c.request(leader, T.QUEUE_DELETE, "/", "s", 0, 0, None)[2] == 0
-        c.start(down)
-        assert ("/", "s") in c.shards[down].streams.streams     # its member, from its disk
-        for _ in range(150):
-            if ("/", "s") not in c.shards[down].streams.streams:
-                break
-            c.tick()
-        assert ("/", "s") not in c.shards[down].streams.streams
-        assert not list((tmp_path / down / "streams").iterdir())   # its files went too
-    finally:
-        for shard in c.shards.values():
-            shard.streams.close()
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    leader = stream_leader(c)
+    down = next(n for n in c.ids if n != leader)
+    c.crash(down)
+    assert c.request(leader, T.QUEUE_DELETE, "/", "s", 0, 0, None)[2] == 0
+    c.start(down)
+    assert ("/", "s") in c.shards[down].streams.streams     # its member, from its disk
+    for _ in range(150):
+        if ("/", "s") not in c.shards[down].streams.streams:
+            break
+        c.tick()
+    assert ("/", "s") not in c.shards[down].streams.streams
+    assert not list((c.tmp / down / "streams").iterdir())   # its files went too
