@@ -93,6 +93,7 @@ def node_down(broker: Any, link: Any) -> None:
         if c.node_id == node_id and not quorum.is_quorum(broker, ch.vhost, c.queue):
             broker.server_cancel(ch, c.target)  # a quorum queue's wait for its new leader
     quorum.node_down(broker, node_id)
+    quorum.readers_lost(broker, node_id)
     for pid, p in list(broker.publishes.items()):
         if node_id in p.waiting:
             p.failed = True

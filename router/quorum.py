@@ -18,6 +18,12 @@ changes:
 
 While a queue has no leader (a majority of its members is unreachable), its publishes wait, to
 be confirmed when a leader is elected; they are never confirmed before.
+
+A replicated stream is announced the same way (flagged "stream"), but its consumers read from
+any member, as RabbitMQ's do (node/streams/readers.py): :func:`read_node` chooses one, a
+member that does not lead first, and a consumer stays there across leader changes. It moves,
+from the offset after its last delivery, only when its member leaves the stream or its node
+is lost.
 """
 from __future__ import annotations
 
@@ -44,6 +50,8 @@ class QuorumLeaders:
 
     def __init__(self) -> None:
         self.leaders: dict[tuple[str, str], list] = {}
+        #: the queues of ``leaders`` that are replicated streams
+        self.streams: set[tuple[str, str]] = set()
         #: publishes waiting for a leader: (vhost, name) -> [(pending, names), ...]
         self.parked: dict[tuple[str, str], list[PendingPublish]] = {}
         self._changed: dict[tuple[str, str], asyncio.Event] = {}
@@ -55,6 +63,7 @@ class QuorumLeaders:
 
     def forget(self, vhost: str, name: str) -> None:
         self.leaders.pop((vhost, name), None)
+        self.streams.discard((vhost, name))
 
     async def changed(self, vhost: str, name: str, timeout: float) -> None:
         """Until the leader of the queue changes (or ``timeout`` s)."""
@@ -71,15 +80,20 @@ class QuorumLeaders:
 
 
 def on_leader(broker: Any, data: list) -> None:
-    """EV_QUEUE_LEADER ``[vhost, name, leader, term, members, online]``: route the queue to
-    its leader; move what waited on another node (publishes, consumers)."""
+    """EV_QUEUE_LEADER ``[vhost, name, leader, term, members, online(, "stream")]``: route
+    the queue to its leader; move what waited on another node (publishes, consumers), and a
+    stream's readers whose member left."""
     vhost, name, node, term = data[0], data[1], data[2], data[3]
     ql: QuorumLeaders = broker.quorum
     key = (vhost, name)
+    if data[6:7] == ["stream"]:
+        ql.streams.add(key)
     old = ql.leaders.get(key)
     if old is not None and (term < old[1] or (term == old[1] and node == old[0])):
         if len(data) > 5:
             old[2], old[3] = data[4], data[5]
+            if key in ql.streams and node in broker.links and broker.links[node].up:
+                _move_consumers(broker, vhost, name, node)
         return
     ql.leaders[key] = [node, term, data[4], data[5]]
     broker.set_queue_node(vhost, name, node)
@@ -235,23 +249,65 @@ async def consume(broker: Any, vhost: str, c: Any) -> tuple[str, Any]:
     One CONSUME for ``c`` is on its way at a time (``c.registering``; issue 48: a leader
     announced while the first was on its way registered it a second time, and the node closed
     the connection with 503). A leader announced meanwhile (``c.again``) registers it again
-    once answered, where the queue is led then."""
+    once answered, where the queue is led then (a stream's consumer: unless its member is
+    still one, :func:`_stays`)."""
     c.registering = True
     try:
         while True:
             c.again = False
-            node, payload = await queue_request(broker, vhost, c.queue, c.request)
+            node, payload = await _ask_reader(broker, vhost, c)
             c.node_id = node
             if c.target.cancelled:
                 _forget_at(broker, node, c)
                 return node, payload
-            if not c.again:
+            if not c.again or _stays(broker, vhost, c.queue, node):
                 return node, payload
             leader = broker.quorum.leader(vhost, c.queue)
             if leader is not None and leader != node:
                 _forget_at(broker, node, c)
     finally:
         c.registering = False
+
+
+def read_node(broker: Any, vhost: str, name: str, cid: int, avoid: str | None = None
+              ) -> str | None:
+    """The member a consumer (router consumer id ``cid``) of replicated stream ``name``
+    reads from (node/streams/readers.py): one whose node this router reaches, other than
+    ``avoid``, a member that does not lead first (RabbitMQ's stream clients prefer
+    replicas, which leaves the leader its publishes), spread by ``cid``; the leader when no
+    other is reachable; None when no member is, or ``name`` is not a known stream."""
+    ql: QuorumLeaders = broker.quorum
+    entry = ql.leaders.get((vhost, name))
+    if entry is None or (vhost, name) not in ql.streams:
+        return None
+    leader, members = entry[0], entry[2]
+    up = [n for n in members if n != avoid and n in broker.links and broker.links[n].up]
+    pool = [n for n in up if n != leader] or up
+    return pool[cid % len(pool)] if pool else None
+
+
+def _stays(broker: Any, vhost: str, name: str, node: str | None) -> bool:
+    """A consumer of replicated stream ``name`` registered at ``node`` stays there: ``node``
+    is still a member, and this router reaches it."""
+    entry = broker.quorum.leaders.get((vhost, name))
+    return entry is not None and (vhost, name) in broker.quorum.streams and \
+        node in entry[2] and node in broker.links and broker.links[node].up
+
+
+async def _ask_reader(broker: Any, vhost: str, c: Any) -> tuple[str, Any]:
+    """Consumer ``c``'s CONSUME: at the member :func:`read_node` chooses for a replicated
+    stream (at the leader, :func:`queue_request`, when that member has no such stream yet
+    (404) or is down); else at the node that serves the queue."""
+    node = read_node(broker, vhost, c.queue, c.consumer_id)
+    if node is not None and node != broker.quorum.leader(vhost, c.queue):
+        try:
+            return node, await broker.links[node].request(c.request)
+        except AMQPError as err:    # NodeDown too
+            if not isinstance(err, NodeDown) and err.reply_code not in (NOT_FOUND, wire.MOVED):
+                raise
+            log.info("consumer %s of stream '%s' reads from its leader: member %s: %s",
+                     c.target.tag, c.queue, node, err)
+    return await queue_request(broker, vhost, c.queue, c.request)
 
 
 def _forget_at(broker: Any, node: str, c: Any) -> None:
@@ -262,17 +318,22 @@ def _forget_at(broker: Any, node: str, c: Any) -> None:
 
 
 def _move_consumers(broker: Any, vhost: str, name: str, node: str) -> None:
-    """Register the queue's consumers with its new leader ``node``, under the same ids. One
+    """Register the queue's consumers with its new leader ``node``, under the same ids (a
+    replicated stream's: those whose member left, at another, :func:`read_node`). One
     whose CONSUME is on its way is not sent another: it is registered again once answered
     (``again``), where the queue is led then."""
+    stream = (vhost, name) in broker.quorum.streams
     for ch, c in list(broker.consumers.values()):
         if c.queue != name or c.target.vhost != vhost or c.target.cancelled or \
                 c.request is None:
             continue
+        if stream and not c.registering and _stays(broker, vhost, name, c.node_id):
+            continue
         if c.registering:
             c.again = True
             continue
-        _retarget_consumer(broker, ch, c, node)
+        _retarget_consumer(broker, ch, c, read_node(broker, vhost, name, c.consumer_id)
+                           or node if stream else node)
         c.registering = True
         asyncio.ensure_future(_register(broker, ch, c))
 
@@ -313,9 +374,28 @@ def stream_offset(header: bytes) -> int | None:
 
 
 def _follow_leader(broker: Any, ch: Any, c: Any) -> None:
-    leader = broker.quorum.leader(c.target.vhost, c.queue)
-    if leader is not None:
-        _retarget_consumer(broker, ch, c, leader)
+    """After a failed registration: at the leader, or a stream's next member to read."""
+    vhost = c.target.vhost
+    target = read_node(broker, vhost, c.queue, c.consumer_id, avoid=c.node_id) or \
+        broker.quorum.leader(vhost, c.queue)
+    if target is not None:
+        _retarget_consumer(broker, ch, c, target)
+
+
+def readers_lost(broker: Any, node: str) -> None:
+    """``node`` was lost: replicated streams' consumers that read there move to another
+    member (or wait for one, :func:`_register`)."""
+    ql: QuorumLeaders = broker.quorum
+    for ch, c in list(broker.consumers.values()):
+        if c.node_id != node or (c.target.vhost, c.queue) not in ql.streams or \
+                c.target.cancelled or c.request is None:
+            continue
+        if c.registering:
+            c.again = True
+            continue
+        _follow_leader(broker, ch, c)
+        c.registering = True
+        asyncio.ensure_future(_register(broker, ch, c))
 
 
 async def _register(broker: Any, ch: Any, c: Any) -> None:
@@ -348,7 +428,7 @@ async def _register(broker: Any, ch: Any, c: Any) -> None:
             if c.target.cancelled or ch.closed:
                 _forget_at(broker, node, c)
                 return
-            if not c.again:
+            if not c.again or _stays(broker, vhost, c.queue, node):
                 break
             _follow_leader(broker, ch, c)
     finally:

@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 #: Bumped whenever a message's fields change. Checked at connect time (HELLO).
-WIRE_VERSION = 9
+WIRE_VERSION = 10
 
 
 class T(IntEnum):
@@ -230,6 +230,9 @@ class T(IntEnum):
                           #   a new replicated stream (voters: member ids)
     STREAM_DELETE = 80    # N->N [T, vhost, name, uid(, member_id)]: the stream was deleted, or
                           #   (with member_id) that member was removed: drop it
+    STREAM_READERS = 81   # N->N [T, vhost, name, uid, node_id, readers]: a member that does
+                          #   not lead tells the leader who reads from it ([tag, offset] each:
+                          #   node/streams/readers.py), for management and metrics
 
 
 #: The tags that code handling every message compares or sends, as plain ints, once for the
@@ -271,7 +274,7 @@ def leasable(header: bytes) -> bool:
 MOVED = 1
 
 #: N->N tags: the shard hands them to node/replication, not to a router's state.
-PEER_TAGS = frozenset({70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80})
+PEER_TAGS = frozenset({70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81})
 
 # Topology events.
 EV_EXCHANGE_ADDED = 1
@@ -281,9 +284,11 @@ EV_BINDING_REMOVED = 4
 EV_QUEUE_REMOVED = 5
 EV_ACCESS = 6           # data = [version, definitions]: users, vhosts and permissions changed
 EV_QUEUE_LEADER = 7     # data = [vhost, name, leader node id, term, members (node ids),
-                        #   online (node ids)]: a quorum queue's leader (sent by the leader
-                        #   when elected and to a router that says HELLO; by a member that
-                        #   is asked for it and is not its leader)
+                        #   online (node ids)(, "stream")]: a quorum queue's or replicated
+                        #   stream's leader (sent by the leader when elected, when a stream's
+                        #   members change, and to a router that says HELLO; by a member that
+                        #   is asked for it and is not its leader). A stream's consumers may
+                        #   read from any member (router/quorum.py ``read_node``)
 EV_QUEUE_ADDED = 8      # data = [vhost, name, durable]: a classic queue was made
 
 # Settlement outcomes (SETTLE).

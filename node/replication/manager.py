@@ -35,7 +35,8 @@ _RAFT, _PEER_HELLO, _GROUP_CREATE = int(T.RAFT), int(T.PEER_HELLO), int(T.GROUP_
 _CATALOGUE_TAGS = frozenset({int(T.PEER_CATALOGUE), int(T.PEER_EVENT), int(T.PEER_WANT)})
 _GROUP_ASK, _GROUP_ANSWER = int(T.GROUP_ASK), int(T.GROUP_ANSWER)
 #: replicated streams' messages: the shard's streams handle them (node/streams/members.py)
-_STREAM_TAGS = frozenset({int(T.STREAM_RAFT), int(T.STREAM_CREATE), int(T.STREAM_DELETE)})
+_STREAM_TAGS = frozenset({int(T.STREAM_RAFT), int(T.STREAM_CREATE), int(T.STREAM_DELETE),
+                          int(T.STREAM_READERS)})
 #: Marks a peer whose link closed as long silent (its last heard time).
 OFFLINE_MS = 5000
 #: Ticks a deleted group's leader keeps telling its followers the delete is committed.

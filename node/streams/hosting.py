@@ -45,7 +45,8 @@ from shoal.shared.wire import TAG_DELIVER, T
 
 from shoal.node.queues.header_table import Long, add_header
 from shoal.node.streams import chunk as chunks
-from shoal.node.streams.members import Barrier, StreamMembers, new_replica
+from shoal.node.streams.answers import Barrier
+from shoal.node.streams.members import StreamMembers, new_replica
 from shoal.node.streams.offsets import parse_offset_spec, start_offset
 from shoal.node.streams.stream import StreamError, StreamReader, parse_stream_arguments
 from shoal.node.streams.stream_queue import StreamConsumer, StreamQueue, filter_value, rs as _rs
@@ -305,12 +306,6 @@ class Streams:
         if self.members is not None:
             self.members.peer_lost(node)
 
-    def stopped_leading(self, s: StreamQueue) -> None:
-        """``s``'s member here no longer leads: its consumers go (the routers register
-        them with the new leader, from where they were: router/quorum.py)."""
-        for c in list(s.consumers):
-            self.cancel(c)
-
     # -- consuming ------------------------------------------------------------------------
 
     def consume(self, peer: Any, cid: int, s: StreamQueue, tag: str, no_ack: bool,
@@ -318,8 +313,6 @@ class Streams:
         """A consumer of ``s`` from its ``x-stream-offset``; returns ``[the messages it may
         read now, "stream"]`` (CONSUME's answer: the router learns the queue is a stream). ``qos``: ``[consumer prefetch, global prefetch]`` of a 0-9-1 channel, None
         for an AMQP 1.0 link (credit). Raises 406, 540 as RabbitMQ (module docstring)."""
-        if s.replica is not None and not s.replica.leading:
-            raise self.members.moved(s.replica, peer.identity)
         known = self.consumers.get((peer.identity, cid))
         if known is not None and known.stream is s:     # registered again: credit back to 0
             known.credit = 0

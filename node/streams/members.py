@@ -8,17 +8,21 @@ queue's). Each member is a :class:`~shoal.node.streams.replica.StreamReplica` in
 directory. The creator tells the others (STREAM_CREATE) and campaigns; the declare is
 answered once a leader is known.
 
-The leader serves the stream: a turn's publishes become one chunk, proposed to the log, and
-their answers wait until it is committed (on a majority's disks: hosting.py's turn barrier).
-Consumers read the leader's committed chunks. The leader announces itself to every router as
-a quorum queue's does (EV_QUEUE_LEADER), so routers send it the publishes and the
-consumers; a member that does not lead answers MOVED. When it stops leading its consumers
-go, and the routers register them with the new leader from the offset after the last one
-they delivered (router/quorum.py); its proposals not committed are nacked.
+The leader takes the stream's publishes: a turn's publishes become one chunk, proposed to
+the log, and their answers wait until it is committed (on a majority's disks: hosting.py's
+turn barrier). The leader announces itself to every router as a quorum queue's does
+(EV_QUEUE_LEADER, flagged "stream", again when the members change), so routers send it the
+publishes; a member that does not lead answers PUBLISH_MOVED or MOVED. When it stops leading
+its proposals not committed are nacked.
+
+Consumers read from any member, each up to that member's commit (readers.py): a member keeps
+its consumers when the leader changes. A router moves a consumer only when its member leaves
+the stream or its node is lost, to another member, from the offset after the last one it
+delivered (router/quorum.py).
 
 Node to node (shared/wire.py): STREAM_CREATE ``[T, vhost, name, uid, arguments, voters]``,
-STREAM_RAFT ``[T, vhost, name, uid, message]`` and STREAM_DELETE ``[T, vhost, name, uid(,
-member id)]``.
+STREAM_RAFT ``[T, vhost, name, uid, message]``, STREAM_DELETE ``[T, vhost, name, uid(,
+member id)]`` and STREAM_READERS (readers.py).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import random
 from typing import Any
 
 from shoal.shared.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError, soft_error
-from shoal.shared.wire import EV_QUEUE_LEADER, MOVED, TAG_REPLY, TAG_TOPOLOGY_EVENT, T
+from shoal.shared.wire import EV_QUEUE_LEADER, MOVED, TAG_TOPOLOGY_EVENT, T
 
 from shoal.node.peers import DEFERRED
 from shoal.node.replication import membership, reconcile
@@ -36,6 +40,8 @@ from shoal.node.replication.group import ELECTION_TICKS, HEARTBEAT_TICKS
 from shoal.node.replication.membership import node_of
 from shoal.node.replication.raft import APP, SNAP, Message
 from shoal.node.replication.requests import STARTUP_TICKS
+from shoal.node.streams.answers import Reply
+from shoal.node.streams.readers import STREAM_READERS, Readers, send_reports
 from shoal.node.streams.replica import StreamReplica
 
 log = logging.getLogger("shoal.node")
@@ -66,6 +72,9 @@ class Member:
         #: known no leader, and the other members' answers
         self.leaderless_since: float | None = None
         self.answers: dict[str, str] = {}
+        #: who reads from which member (readers.py); the members last announced
+        self.readers = Readers()
+        self.announced: list[str] = []
 
     def lists_here(self) -> bool:
         """Whether this member reports the stream (QUEUE_LIST, management): the leader, or
@@ -95,10 +104,17 @@ class Member:
         return out
 
     def describe(self) -> list:
-        """EV_QUEUE_LEADER's data: [vhost, name, leader, term, members, online]."""
+        """EV_QUEUE_LEADER's data: [vhost, name, leader, term, members, online, "stream"]."""
         members = self.members()
         return [self.stream.vhost, self.stream.name, self.known_leader, self.leader_term,
-                members, [n for n in members if self.host.rep.online(n)]]
+                members, [n for n in members if self.host.rep.online(n)], "stream"]
+
+    def reader_rows(self, committed: int) -> list[list]:
+        """Every consumer of the stream as ``[tag, offset, offset_lag, node]`` (readers.py
+        ``Readers.rows``): the other members' as last reported while this one leads."""
+        host = self.host
+        return self.readers.rows(self.stream, host.node_id, self.members(), committed,
+                                 host.rep.ticks)
 
 
 class StreamMembers:
@@ -188,6 +204,9 @@ class StreamMembers:
                 self.streams.create_member(vhost, name, msg[4], uid, list(msg[5]))
             except Exception:  # noqa: BLE001 - a bad create must not stop the node
                 log.exception("cannot make a member of stream '%s' in vhost '%s'", name, vhost)
+        elif tag == STREAM_READERS:
+            if m is not None and m.uid == uid and m.leading:
+                m.readers.on_report(msg[4], msg[5], self.rep.ticks)
         elif tag == STREAM_DELETE:
             member = msg[4] if len(msg) > 4 else None       # one member removed, or all
             if m is not None and m.uid == uid and member in (None, m.rep.raft.id):
@@ -248,7 +267,7 @@ class StreamMembers:
         index = m.rep.propose_wanted(wanted)
         if index is None:
             raise AMQPError(MOVED, f"stream '{name}' lost its leader")
-        m.waiting[index] = _Reply(self.streams, peer, req_id, sorted(wanted), name)
+        m.waiting[index] = Reply(self.streams, peer, req_id, sorted(wanted), name)
         return DEFERRED
 
     def repair(self) -> None:
@@ -307,6 +326,7 @@ class StreamMembers:
         if self.rep.ticks % 10 == 0:
             self.repair()
             self.reconcile()
+        send_reports(self)
         if self.waiting:
             waiting, self.waiting = self.waiting, []
             for d in waiting:
@@ -392,8 +412,7 @@ class StreamMembers:
             log.info("stream '%s' in vhost '%s': %s leads (term %d)", m.stream.name,
                      m.stream.vhost, self.node_id, r.term)
         elif m.leading and not r.is_leader:
-            m.leading = False
-            self.streams.stopped_leading(m.stream)
+            m.leading = False           # its consumers stay: they read here as from any member
             lost = m.rep.lost_proposals()
             for index in lost:
                 b = m.waiting.pop(index, None)
@@ -407,10 +426,17 @@ class StreamMembers:
                 for fn in waiting:
                     fn()
             if m.leading:
-                for identity in list(self.streams.routers()):
-                    self.announce(m, identity)
+                m.announced = self.members_announced(m)
         elif leader is None:
             m.known_leader = None
+        elif m.leading and m.announced != m.members():
+            m.announced = self.members_announced(m)     # the routers move its readers
+
+    def members_announced(self, m: Member) -> list[str]:
+        """EV_QUEUE_LEADER for ``m`` to every router; returns the members announced."""
+        for identity in list(self.streams.routers()):
+            self.announce(m, identity)
+        return m.members()
 
     def announce(self, m: Member, identity: bytes) -> None:
         """EV_QUEUE_LEADER to one router, when the stream has a leader."""
@@ -434,42 +460,6 @@ class StreamMembers:
             if m.leading:
                 for identity in new:
                     self.announce(m, identity)
-
-
-class _Reply:
-    """An operator's command waiting for its entry's commit (``done(ok)``, as a Barrier)."""
-
-    def __init__(self, streams: Any, peer: bytes, req_id: int, payload: Any,
-                 name: str) -> None:
-        self.streams, self.peer, self.req_id = streams, peer, req_id
-        self.payload, self.name = payload, name
-
-    def done(self, ok: bool) -> None:
-        if ok:
-            self.streams.send(self.peer, [TAG_REPLY, self.req_id, 0, "", self.payload])
-        else:
-            self.streams.send(self.peer, [TAG_REPLY, self.req_id, MOVED,
-                                          f"stream '{self.name}' lost its leader", None])
-
-
-class Barrier:
-    """A turn's publish answers (hosting.py ``commit``): sent once every chunk the turn
-    proposed is committed, as nacks (RESOURCE_ERROR) if one is not. ``send(answers,
-    ok)``."""
-
-    __slots__ = ("left", "ok", "answers", "send")
-
-    def __init__(self, answers: list, send: Any) -> None:
-        self.left = 0
-        self.ok = True
-        self.answers = answers
-        self.send = send
-
-    def done(self, ok: bool) -> None:
-        self.ok = self.ok and ok
-        self.left -= 1
-        if self.left == 0:
-            self.send(self.answers, self.ok)
 
 
 def new_replica(member_id: str, directory: Any, voters: list | None, header: Any,

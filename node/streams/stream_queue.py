@@ -97,14 +97,15 @@ class StreamQueue:
         ``bytes``): offsets as RabbitMQ counts them (``committed_offset``: the last
         committed message's, -1 when none; ``first_offset``: the first held), the
         segments, bytes on disk, and ``stream_consumers``: each consumer as ``[tag, offset,
-        offset_lag]`` (``offset``: the next it reads; ``offset_lag``: committed messages it
-        has not read)."""
+        offset_lag, node]`` (``offset``: the next it reads; ``offset_lag``: committed
+        messages it has not read; ``node``: the member's it reads from, None with one
+        member; members.py ``reader_rows``)."""
         lg = self.log
         committed = self.committed
         rec = lg.record_of(committed - 1) if committed else None
         more = {}
         if self.replica is not None:        # several members: who leads, who holds it
-            _, _, leader, _, members, online = self.replica.describe()
+            _, _, leader, _, members, online, _ = self.replica.describe()
             more = {"leader": leader, "members": members, "online": online,
                     "member_offsets": self.replica.offsets()}
         return {**more, "type": "stream",
@@ -113,6 +114,7 @@ class StreamQueue:
                 "committed_chunk_id": rec[0] if rec else -1,
                 "first_timestamp": lg.first_timestamp, "segments": len(lg.segments),
                 "bytes": lg.bytes,
-                "stream_consumers": [[c.tag, c.reader.offset,
-                                      max(0, committed - c.reader.offset)]
-                                     for c in self.consumers]}
+                "stream_consumers": self.replica.reader_rows(committed)
+                if self.replica is not None else
+                [[c.tag, c.reader.offset, max(0, committed - c.reader.offset), None]
+                 for c in self.consumers]}

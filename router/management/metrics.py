@@ -190,7 +190,7 @@ def stream_families(rows: list[dict], per_object: bool) -> list:
                                  "stream consumer has not read",
                                  labels=["vhost", "queue", "consumer_tag"])
         for r in streams:
-            for tag, _, lag in r["stream_consumers"]:
+            for tag, _, lag, *_ in r["stream_consumers"]:
                 each.add_metric([r["vhost"], r["name"], tag], lag)
         return [top, each]
     top.add_metric([], max((v for vs in lags.values() for v in vs), default=0))

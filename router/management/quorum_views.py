@@ -38,23 +38,29 @@ async def quorum_status(request: web.Request):
 
 async def stream_status(request: web.Request):
     """rabbitmq-streams' stream_status: role, node, epoch, offset (the last written),
-    committed_offset, first_offset, readers, segments, per member."""
+    committed_offset, first_offset, readers (the consumers reading from that member:
+    node/streams/readers.py), segments, per member."""
     row = await queue_row(request)
     if row.get("type") != "stream":
         raise ApiError(404, "not_found", f"queue '{row['name']}' in vhost '{row['vhost']}' is "
                                          f"not a stream")
+    readers: dict[str, int] = {}            # consumers by the member they read from
+    for c in row["stream_consumers"]:
+        node = c[3] if len(c) > 3 and c[3] is not None else row["node"]
+        readers[node] = readers.get(node, 0) + 1
     rows = [{"role": "writer", "node": row["node"], "epoch": row["epoch"],
              "offset": row.get("member_offsets", {}).get(row["node"],
                                                          row["committed_offset"]),
              "committed_offset": row["committed_offset"],
-             "first_offset": row["first_offset"], "readers": len(row["stream_consumers"]),
+             "first_offset": row["first_offset"], "readers": readers.get(row["node"], 0),
              "segments": row["segments"]}]
     for node in row.get("members", []):     # the other members, as the leader sees them
         if node != row["node"]:
             rows.append({"role": "replica", "node": node, "epoch": row["epoch"],
                          "offset": row.get("member_offsets", {}).get(node, -1),
                          "committed_offset": row["committed_offset"],
-                         "first_offset": None, "readers": 0, "segments": None})
+                         "first_offset": None, "readers": readers.get(node, 0),
+                         "segments": None})
     return rows
 
 

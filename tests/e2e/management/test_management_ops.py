@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pika
 import pytest
@@ -194,3 +195,42 @@ def test_a_stream_in_the_api_and_shoal_ctl_stream_status(mgmt, uid):
     assert r.returncode != 0 and "not a stream" in r.stderr
     r = ctl(mgmt, "stream_status", f"missing-{uid}")
     assert r.returncode != 0 and r.stderr
+
+
+@pytest.mark.skipif(EMBED, reason="--embed-node: node-0 has no links to the other node, so a "
+                                  "stream has one member")
+def test_stream_consumers_read_from_a_member_that_does_not_lead(mgmt, uid):
+    """Consumers of a replicated stream read from a member that does not lead, as RabbitMQ's
+    stream clients prefer (node/streams/readers.py): each gets every message, and
+    ``stream_status`` counts them as that member's readers, not the leader's."""
+    q = f"readers-{uid}"
+    conn = pika.BlockingConnection(pika.URLParameters(mgmt.url))
+    ch = conn.channel()
+    ch.queue_declare(q, durable=True, arguments={"x-queue-type": "stream"})
+    ch.confirm_delivery()
+    for i in range(3):
+        ch.basic_publish("", q, b"m%d" % i)
+    reader = conn.channel()
+    reader.basic_qos(prefetch_count=10)
+    got: dict[str, list[bytes]] = {"r1": [], "r2": []}
+
+    def on_message(c, method, props, body):
+        got[method.consumer_tag].append(body)
+        c.basic_ack(method.delivery_tag)
+    for tag in got:
+        reader.basic_consume(q, on_message, consumer_tag=tag,
+                             arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 30
+    status: list = []
+    while time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.2)
+        r = ctl(mgmt, "stream_status", q, "--json")
+        assert r.returncode == 0, r.stderr
+        status = json.loads(r.stdout)
+        if all(len(v) == 3 for v in got.values()) and \
+                sum(row["readers"] for row in status) == 2:
+            break
+    assert got == {"r1": [b"m0", b"m1", b"m2"], "r2": [b"m0", b"m1", b"m2"]}
+    readers = {row["role"]: row["readers"] for row in status}
+    assert readers == {"writer": 0, "replica": 2}, status
+    conn.close()

@@ -78,12 +78,80 @@ def test_a_stream_of_three_members_confirms_at_commit_and_moves_to_its_leader(c)
     assert c.take(follower, T.PUBLISH_MOVED) == [[T.PUBLISH_MOVED, 6, 0, 0, ["s"]]]
     events = [m for m in c.inbox[follower] if m[0] == T.TOPOLOGY_EVENT]
     assert events and events[0][1] == EV_QUEUE_LEADER and events[0][2][2] == leader
-    r = c.request(follower, T.CONSUME, 1, "/", "s", "t", 0, 0, {}, None, [10, 0])
-    assert r[2] == MOVED
     c.tick(3)                       # heartbeats carry the commit to the followers
     chunk = rows[leader].log.chunk_at(0)
     assert all(s.log.chunk_at(0) == chunk for s in rows.values())
     assert consume_all(c, leader, 2) == [(0, b"a")]
+    assert consume_all(c, follower, 1) == [(0, b"a")]      # a member that does not lead
+
+
+def test_a_member_that_does_not_lead_serves_its_consumers_up_to_its_commit(c):
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    leader = stream_leader(c)
+    follower = next(n for n in c.ids if n != leader)
+    assert consume_all(c, follower, 1) == []
+    # the follower delivers a chunk only once it learns that it is committed (a new leader
+    # could cut what is not)
+    c.send(leader, T.PUBLISH, 5, "/", ["s"], "", "s", HEADER, b"a", None)
+    c.shards[leader].streams.commit(None)
+    c.pump()
+    assert c.take(leader, T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, 5, 0, 1]]
+    c.tick(3)
+    got = c.take(follower, T.DELIVER)
+    assert [m[7] for m in got] == [b"a"]
+    assert c.shards[follower].streams.streams[("/", "s")].committed == 1
+
+
+def test_consumers_stay_with_their_member_across_a_leader_change(c):
+    """A consumer at the leader and one at another member both go on reading, without a gap
+    or a repeat, when the lead moves (RabbitMQ's readers stay with their member)."""
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    leader = stream_leader(c)
+    follower = next(n for n in c.ids if n != leader)
+    publish(c, leader, 1, b"m0")
+    c.tick(3)
+    assert consume_all(c, leader, 1) == [(0, b"m0")]
+    assert consume_all(c, follower, 2) == [(0, b"m0")]
+    r = c.request(leader, T.QUORUM_OP, "transfer", "/", "s", follower)
+    assert r[2] == 0, r
+    for _ in range(40):             # the old leader learns it no longer leads
+        if not c.shards[leader].streams.streams[("/", "s")].replica.leading and \
+                c.shards[follower].streams.streams[("/", "s")].replica.leading:
+            break
+        c.tick()
+    assert stream_leader(c) == follower
+    c.take(leader, T.DELIVER)
+    c.take(follower, T.DELIVER)
+    publish(c, follower, 2, b"m1")
+    c.tick(3)
+    for node, cid in ((leader, 1), (follower, 2)):
+        got = [m for m in c.take(node, T.DELIVER) if m[1] == cid]
+        assert [m[7] for m in got] == [b"m1"], node
+    assert all(s.streams.consumer(b"router", cid) is not None
+               for s, cid in ((c.shards[leader], 1), (c.shards[follower], 2)))
+
+
+def test_the_leader_lists_the_consumers_of_every_member(c):
+    """Management asks the leader: the other members report their readers to it
+    (STREAM_READERS), each listed at the member it reads from."""
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    leader = stream_leader(c)
+    publish(c, leader, 1, b"m0")
+    publish(c, leader, 2, b"m1")
+    c.tick(3)
+    others = [n for n in c.ids if n != leader]
+    consume_all(c, others[0], 7)
+    r = c.request(others[1], T.CONSUME, 8, "/", "s", "lagging", 0, 0,
+                  {"x-stream-offset": "first"}, None, [100, 0])
+    assert r[2] == 0
+    c.tick(10)                      # one report each (readers.py REPORT_TICKS)
+    rows = c.shards[leader].streams.streams[("/", "s")].describe()["stream_consumers"]
+    assert sorted(rows) == sorted([["tag7", 2, 0, others[0]], ["lagging", 0, 2, others[1]]])
+    # a reader that goes is dropped from the next report
+    c.send(others[0], T.CANCEL, 0, 7)
+    c.tick(10)
+    rows = c.shards[leader].streams.streams[("/", "s")].describe()["stream_consumers"]
+    assert rows == [["lagging", 0, 2, others[1]]]
 
 
 def test_after_the_leaders_node_is_lost_a_new_leader_serves_every_confirmed_message(c):
