@@ -338,11 +338,18 @@ def stop_cluster(cluster: Cluster, require_clean_exit: bool = True,
 SHARED_RESOURCE_GROUPS = {"tests/e2e/side_by_side/": "rabbitmq", "tests/spark/": "spark"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """With pytest-xdist (``-n N --dist loadgroup``, the default in pyproject.toml) each test
     module runs whole on one worker, so a module's cluster (``cluster3``, ``routers2``) is
     started once; the folders of SHARED_RESOURCE_GROUPS run on one worker each. A module may
-    name its own group with ``pytest.mark.xdist_group``."""
+    name its own group with ``pytest.mark.xdist_group``.
+
+    ``tryfirst``: xdist's worker reads the markers in its own hook of this name (it appends
+    the group to each test's node id, which its scheduler groups by). Run after it, as this
+    hook did until issue 47's session, the markers were added too late, and each module's
+    tests, Spark's and RabbitMQ's side-by-side ones too, went to every worker
+    (tests/house/test_grouping.py)."""
     root = Path(str(config.rootpath))
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
