@@ -421,6 +421,13 @@ async def _register(broker: Any, ch: Any, c: Any) -> None:
                          c.target.tag, c.queue, exc)
                 if c.target.cancelled or ch.closed:
                     return
+                leader = broker.quorum.leader(vhost, c.queue)
+                if (vhost, c.queue) in broker.quorum.streams and leader not in (None, node) \
+                        and isinstance(exc, AMQPError) and exc.reply_code == wire.MOVED:
+                    # a stream's member behind its leader, for an offset past its end
+                    # (node/streams/hosting.py consume): the leader holds it
+                    _retarget_consumer(broker, ch, c, leader)
+                    continue
                 if not c.again:
                     await broker.quorum.changed(vhost, c.queue, 1.0)
                 _follow_leader(broker, ch, c)

@@ -53,6 +53,10 @@ def quorum_op(rep: Any, peer: bytes, req_id: int, op: str, vhost: str | None,
     if g is None and mem is not None and (vhost, name) in mem.members:
         return mem.operate(peer, req_id, op, vhost, name, node)     # a replicated stream
     if g is None:
+        if (vhost, name) in rep.shard.streams.streams:
+            raise soft_error(NOT_FOUND, f"stream '{name}' in vhost '{vhost}' has one member "
+                                        f"without replication (made on a node alone): it "
+                                        f"cannot get members")
         raise soft_error(NOT_FOUND, f"no quorum queue '{name}' in vhost '{vhost}'")
     if not g.leading:
         rep.announce(g, peer)

@@ -47,7 +47,7 @@ from shoal.node.queues.header_table import Long, add_header
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.answers import Barrier
 from shoal.node.streams.members import StreamMembers, new_replica
-from shoal.node.streams.offsets import parse_offset_spec, start_offset
+from shoal.node.streams.offsets import OFFSET, parse_offset_spec, start_offset
 from shoal.node.streams.stream import StreamError, StreamReader, parse_stream_arguments
 from shoal.node.streams.stream_queue import StreamConsumer, StreamQueue, filter_value, rs as _rs
 
@@ -123,11 +123,13 @@ class Streams:
     def declare(self, vhost: str, name: str, durable: bool, exclusive: bool,
                 auto_delete: bool, arguments: dict,
                 answer: Callable[[], None] | None = None) -> StreamQueue | None:
-        """A new stream. With more than one member (members.py) ``answer()`` runs once it
-        has a leader (``s.replica`` is then set: the declare's answer waits), and None is
+        """A new stream. On a node with other nodes (members.py) it is replicated, even
+        with one member (``x-initial-cluster-size: 1``, or the others offline), so that
+        ``add_member`` can grow it later, as RabbitMQ's add_replica: ``answer()`` runs once
+        it has a leader (``s.replica`` is then set: the declare's answer waits), and None is
         returned while the node, just started, waits to hear from the nodes it would
-        choose; else the stream is served at once. Raises 406 with RabbitMQ's text
-        (stream.py)."""
+        choose. A node alone serves it at once with one writer. Raises 406 with RabbitMQ's
+        text (stream.py)."""
         try:
             cfg = parse_stream_arguments(vhost, name, arguments, durable, exclusive,
                                          auto_delete)
@@ -140,8 +142,8 @@ class Streams:
             mem.waiting.append((vhost, name, durable, exclusive, auto_delete, arguments,
                                 answer))
             return None
-        if len(nodes) > 1:
-            voters = mem.member_ids(nodes)
+        if mem is not None and len(mem.rep.node_ids) > 1:
+            voters = mem.member_ids(nodes or [mem.node_id])
             s = self.create_member(vhost, name, arguments, uuid.uuid4().hex[:12], voters)
             mem.created(s.replica, voters, answer)
             return s
@@ -312,7 +314,8 @@ class Streams:
                 args: dict, qos: list | None) -> list:
         """A consumer of ``s`` from its ``x-stream-offset``; returns ``[the messages it may
         read now, "stream"]`` (CONSUME's answer: the router learns the queue is a stream). ``qos``: ``[consumer prefetch, global prefetch]`` of a 0-9-1 channel, None
-        for an AMQP 1.0 link (credit). Raises 406, 540 as RabbitMQ (module docstring)."""
+        for an AMQP 1.0 link (credit). Raises 406, 540 as RabbitMQ (module docstring);
+        MOVED from a member that does not lead for a numeric offset past its log's end."""
         known = self.consumers.get((peer.identity, cid))
         if known is not None and known.stream is s:     # registered again: credit back to 0
             known.credit = 0
@@ -337,6 +340,12 @@ class Streams:
                              f"failed consuming from stream {rs}: {err}") from None
         values, unfiltered = _filter_args(args)
         lg = s.log
+        if s.replica is not None and not s.replica.leading and spec[0] == OFFSET and \
+                spec[1] > lg.next_offset:
+            # a member behind its leader (readers.py) would start such a consumer at its own
+            # end, before offsets the consumer may have read already (one that comes back
+            # after its last delivery): the leader holds every committed offset (MOVED)
+            raise self.members.moved(s.replica, peer.identity)
         # the log's end, not its commit: a new leader learns the commit of what it holds
         # only once it commits an entry of its term (a consumer coming back at the next
         # offset after its last delivery must not be sent that one again)

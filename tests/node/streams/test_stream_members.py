@@ -102,6 +102,30 @@ def test_a_member_that_does_not_lead_serves_its_consumers_up_to_its_commit(c):
     assert c.shards[follower].streams.streams[("/", "s")].committed == 1
 
 
+def test_a_numeric_offset_past_a_members_end_is_for_the_leader(c):
+    """A member that does not lead may be behind: a consumer coming back at the offset after
+    its last delivery must not start at that member's end, before what it read. It answers
+    MOVED (the router goes to the leader); the leader starts it at the log's end."""
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    leader = stream_leader(c)
+    follower = next(n for n in c.ids if n != leader)
+    publish(c, leader, 1, b"m0")
+    c.tick(3)
+    ahead = {"x-stream-offset": 5}
+    r = c.request(follower, T.CONSUME, 1, "/", "s", "t", 0, 0, ahead, None, [10, 0])
+    assert r[2] == MOVED
+    r = c.request(follower, T.CONSUME, 2, "/", "s", "t", 0, 0, {"x-stream-offset": 1}, None,
+                  [10, 0])
+    assert r[2] == 0                    # its end: served there
+    r = c.request(leader, T.CONSUME, 3, "/", "s", "t", 0, 0, ahead, None, [10, 0])
+    assert r[2] == 0
+    c.send(leader, T.CREDIT, 3, 10, 0)
+    publish(c, leader, 2, b"m1")
+    c.tick(3)
+    got = [m for m in c.take(leader, T.DELIVER) if m[1] == 3]
+    assert [m[7] for m in got] == [b"m1"]
+
+
 def test_consumers_stay_with_their_member_across_a_leader_change(c):
     """A consumer at the leader and one at another member both go on reading, without a gap
     or a repeat, when the lead moves (RabbitMQ's readers stay with their member)."""
@@ -225,6 +249,28 @@ def test_add_and_delete_member_change_the_members_and_a_new_one_gets_the_log(c):
     assert r[2] == 406 and "last member" in r[3]
     publish(c, leader, 40, b"alone")
     assert c.take(leader, T.PUBLISH_RESULT)[-1] == [T.PUBLISH_RESULT, 40, 0, 1]
+
+
+def test_a_stream_of_one_member_on_a_cluster_is_replicated_and_gets_members(c):
+    """``x-initial-cluster-size: 1`` on a node with others: one member, through Raft, so
+    that add_member grows it (RabbitMQ's add_replica works on a stream of one replica)."""
+    one = {**STREAM, "x-initial-cluster-size": 1}
+    r = c.request("node-1", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, one, None)
+    assert r[2] == 0
+    s = c.shards["node-1"].streams.streams[("/", "s")]
+    assert s.replica is not None and s.replica.members() == ["node-1"]
+    assert all(("/", "s") not in c.shards[n].streams.streams for n in ("node-0", "node-2"))
+    publish(c, "node-1", 1, b"m0")
+    assert c.take("node-1", T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, 1, 0, 1]]
+    r = c.request("node-1", T.QUORUM_OP, "add_member", "/", "s", "node-2")
+    assert r[2] == 0 and r[4] == ["node-1", "node-2"]
+    for _ in range(40):
+        if s.replica.members() == ["node-1", "node-2"]:
+            break
+        c.tick()
+    assert s.replica.members() == ["node-1", "node-2"]
+    c.tick(3)
+    assert consume_all(c, "node-2", 4) == [(0, b"m0")]
 
 
 def test_deleting_the_leaders_member_hands_the_lead_over_first(c):
