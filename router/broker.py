@@ -199,6 +199,10 @@ class Broker:
         raises AMQPError, NodeDown."""
         return (await quorum.queue_request(self, vhost, name, msg))[1]
 
+    async def await_unseen(self, node: str) -> None:
+        """Until ``node``, not heard from yet, says HELLO_OK (router/node_events.py)."""
+        await node_events.await_unseen(self, node)
+
     async def get_request(self, vhost: str, name: str, msg: list) -> tuple[str, Any]:
         """As :meth:`queue_request`, and the node that answered (basic.get settles there)."""
         return await quorum.queue_request(self, vhost, name, msg)

@@ -455,15 +455,25 @@ async def queue_request(broker: Any, vhost: str, name: str, msg: list
     be performed twice, e.g. a get whose answer was lost with the node). Returns (node id,
     REPLY payload). Raises AMQPError: the node's; when no leader came, 404 (no leader) or
     NodeDown (its last leader's node is down); 404 with RabbitMQ's "home node ... is down or
-    inaccessible" for a classic queue's node down."""
+    inaccessible" for a classic queue's node down (after waiting once, up to
+    ``link_heartbeat_timeout``, for a node this router has not reached since it started)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + LEADER_WAIT_S
+    waited = False
     while True:
         link = broker.queue_link(vhost, name)
         try:
             return link.node_id, await link.request(msg)
         except NodeDown as down:
             if not is_quorum(broker, vhost, name):
+                if link.incarnation is None and not waited:
+                    # a node this router has not reached yet (it just started, or the
+                    # cluster is forming): not down; wait for it once, as a declare does
+                    # (router/node_events.py await_unseen). A quorum queue's leader is
+                    # often announced meanwhile, and the queue then goes there.
+                    waited = True
+                    await broker.await_unseen(link.node_id)
+                    continue
                 raise home_down(link.node_id, vhost, name) from None
             last: AMQPError = down
         except AMQPError as err:

@@ -19,6 +19,7 @@ VHOST, QUEUE = "/", "qq-1"
 class Link:
     def __init__(self, node_id: str, up: bool) -> None:
         self.node_id, self.up = node_id, up
+        self.incarnation = "the node's" if up else "before it went down"
         self.asked: list[list] = []
 
     def request(self, msg: list) -> asyncio.Future:
@@ -72,3 +73,35 @@ def test_no_leader_within_the_wait_gives_the_node_down_error(monkeypatch):
     with pytest.raises(NodeDown) as err:
         asyncio.run(run())
     assert err.value.reply_code == 404
+
+
+class StartingBroker(Broker):
+    """A router just started: it has not reached node-0 yet (``incarnation`` None), and
+    knows nothing of the queue's type (no leader announced)."""
+
+    def __init__(self, reached: bool) -> None:
+        super().__init__()
+        self.quorum.leaders.clear()
+        self.links["node-0"].incarnation = "earlier" if reached else None
+        self.waited: list[str] = []
+
+    async def await_unseen(self, node: str) -> None:
+        self.waited.append(node)
+        self.links[node].up = True          # it says HELLO_OK
+
+
+def test_a_node_not_reached_yet_since_the_router_started_is_waited_for_once():
+    """A request right after the router started, to a queue on a node it has not reached
+    yet, waits for that node (as a declare does) instead of RabbitMQ's "home node is down"
+    404; after a whole cluster's restart that 404 hit quorum queues too (test_quorum)."""
+    b = StartingBroker(reached=False)
+    got = asyncio.run(quorum.queue_request(b, VHOST, QUEUE, [T.GET, VHOST, QUEUE]))
+    assert got == ("node-0", ["answered by", "node-0"]) and b.waited == ["node-0"]
+
+
+def test_a_node_that_was_reached_and_is_down_is_a_404_at_once():
+    b = StartingBroker(reached=True)
+    with pytest.raises(Exception) as err:
+        asyncio.run(quorum.queue_request(b, VHOST, QUEUE, [T.GET, VHOST, QUEUE]))
+    assert err.value.reply_code == 404 and "home node 'node-0'" in err.value.reply_text
+    assert b.waited == []

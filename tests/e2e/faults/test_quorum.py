@@ -273,9 +273,9 @@ def test_a_quorum_queue_survives_a_restart_of_the_whole_cluster(tmp_path, uid):
         stop_cluster(cluster)
     cluster = start_cluster(tmp_path / "cluster", 3)
     try:
-        # the members elect a leader from their logs first: a router that has not heard of
-        # it yet takes the queue for a classic one on its placement node (CI saw a 404
-        # "home node 'node-0' ... is down" once, node-0 not up yet: a known gap)
+        # the members elect a leader from their logs first (a router that had not reached
+        # the queue's placement node yet answered 404 "home node 'node-0' ... is down" once
+        # in CI; it now waits for that node: tests/router/test_quorum_requests.py)
         leader_of(cluster, queue, term)
         conn = pika.BlockingConnection(params(cluster))
         ch = conn.channel()
