@@ -47,7 +47,8 @@ from shoal.node.queues.header_table import Long, add_header
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.answers import Barrier
 from shoal.node.streams.members import StreamMembers, new_replica
-from shoal.node.streams.offsets import OFFSET, parse_offset_spec, start_offset
+from shoal.node.streams.offsets import parse_offset_spec
+from shoal.node.streams.readers import BehindLeader, reader_start
 from shoal.node.streams.stream import StreamError, StreamReader, parse_stream_arguments
 from shoal.node.streams.stream_queue import StreamConsumer, StreamQueue, filter_value, rs as _rs
 
@@ -340,17 +341,13 @@ class Streams:
                              f"failed consuming from stream {rs}: {err}") from None
         values, unfiltered = _filter_args(args)
         lg = s.log
-        if s.replica is not None and not s.replica.leading and spec[0] == OFFSET and \
-                spec[1] > lg.next_offset:
-            # a member behind its leader (readers.py) would start such a consumer at its own
-            # end, before offsets the consumer may have read already (one that comes back
-            # after its last delivery): the leader holds every committed offset (MOVED)
-            raise self.members.moved(s.replica, peer.identity)
         # the log's end, not its commit: a new leader learns the commit of what it holds
         # only once it commits an entry of its term (a consumer coming back at the next
         # offset after its last delivery must not be sent that one again)
-        start = start_offset(spec, lg.first_offset, lg.next_offset, lg.last_chunk_id,
-                             lg.seek_time)
+        try:
+            start = reader_start(spec, lg, s.replica is None or s.replica.leading)
+        except BehindLeader:            # the leader holds every committed offset
+            raise self.members.moved(s.replica, peer.identity) from None
         c = StreamConsumer(cid, peer, tag, s, StreamReader(lg, start, values, unfiltered),
                            args)
         s.consumers.append(c)

@@ -19,6 +19,8 @@ from typing import Any
 
 from shoal.shared.wire import T
 
+from shoal.node.streams.offsets import OFFSET, start_offset
+
 STREAM_READERS = int(T.STREAM_READERS)
 
 #: A member that does not lead reports its readers every this many ticks (100 ms each:
@@ -26,6 +28,23 @@ STREAM_READERS = int(T.STREAM_READERS)
 REPORT_TICKS = 10
 #: The leader forgets a member's report this many ticks after it came.
 STALE_TICKS = 35
+
+
+class BehindLeader(Exception):
+    """A numeric offset past the end of a member that does not lead (:func:`reader_start`)."""
+
+
+def reader_start(spec: tuple[str, int], log: Any, leading: bool) -> int:
+    """Where a consumer with ``x-stream-offset`` ``spec`` (offsets.py ``parse_offset_spec``)
+    starts on a member whose log is ``log`` (segments.py's SegmentLog): offsets.py
+    ``start_offset``. Raises BehindLeader for a numeric offset past the log's end on a member
+    that does not lead (``leading`` False): that member may be behind, and started at its
+    own end the consumer would read again offsets it had (one that comes back at the offset
+    after its last delivery); the leader holds every committed offset."""
+    if not leading and spec[0] == OFFSET and spec[1] > log.next_offset:
+        raise BehindLeader(f"offset {spec[1]} is past this member's end {log.next_offset}")
+    return start_offset(spec, log.first_offset, log.next_offset, log.last_chunk_id,
+                        log.seek_time)
 
 
 class Readers:

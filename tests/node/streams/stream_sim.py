@@ -23,6 +23,10 @@ The checker, after every step:
 * **no offset with two messages**: every message a member's reader delivers (a
   :class:`~shoal.node.streams.stream.StreamReader` that reads only what is committed) is the
   message every other reader got at that offset, and the one confirmed there;
+* **a consumer never reads an offset twice**: a roaming consumer subscribes again now and
+  then at a random live member, from the offset after its last delivery, as a router moves
+  one or a client comes back (node/streams/readers.py ``reader_start``: a member behind its
+  leader sends it to the newest leader); its offsets only increase;
 * **no confirmed message lost**: at the end every member's log holds every confirmed message
   at its offset (unless retention removed it there);
 * **liveness**: once the faults stop and every member is back, a leader confirms a final
@@ -47,6 +51,8 @@ import msgpack
 
 from shoal.node.replication.raft import LEADER, Message
 from shoal.node.streams import chunk as chunks
+from shoal.node.streams.offsets import OFFSET
+from shoal.node.streams.readers import BehindLeader, reader_start
 from shoal.node.streams.replica import StreamReplica
 from shoal.node.streams.stream import StreamReader
 
@@ -177,7 +183,10 @@ class Member:
         self.pending = None
 
     def crash(self) -> None:
-        """Lose what was not made durable (DiskModel.crash)."""
+        """Lose what was not made durable (DiskModel.crash); the roaming consumer reading
+        here subscribes again elsewhere later."""
+        if self.sim.roamer is not None and self.sim.roamer[0] == self.id:
+            self.sim.roamer = None
         self.rep.close()
         self.rep = None
         self.pending = None
@@ -190,7 +199,8 @@ class Sim:
         self.variant = variant
         #: what the schedule exercised: crashes, snapshots installed (a member reset to a
         #: leader's start), logs cut (a divergent tail), segments removed by retention
-        self.stats = {"crashes": 0, "resets": 0, "cuts": 0, "retained": 0}
+        self.stats = {"crashes": 0, "resets": 0, "cuts": 0, "retained": 0, "roams": 0,
+                      "roams_to_leader": 0}
         self.rng = rng = random.Random(seed)
         self.trace_on = trace
         self.trace: list[str] = []
@@ -225,6 +235,11 @@ class Sim:
         self.published = 0
         self.final_offset: int | None = None
         self.final_by: tuple[str, int] = ("", 0)
+        #: a consumer that subscribes again at another member now and then, at the offset
+        #: after its last delivery, as a router moves one or a client comes back
+        #: (node/streams/readers.py): (member id, its reader), or None between two
+        self.roamer: tuple[str, StreamReader] | None = None
+        self.roamer_last = -1
 
     # ---- faults and plumbing ---------------------------------------------------------------
     def fail(self, invariant: str, details: str) -> None:
@@ -313,6 +328,47 @@ class Sim:
                           f"{m.id} read {body!r} at {msg.offset}, {self.seen[msg.offset]!r} "
                           f"there before")
         m.read_offset = m.reader.offset
+        if self.roamer is not None and self.roamer[0] == m.id:
+            self.read_roamer(m)
+
+    def roam(self) -> None:
+        """The roaming consumer subscribes at a live member, from the offset after its last
+        delivery (readers.py ``reader_start``); a member that does not lead and is behind
+        sends it to the newest leader, as the router does after MOVED (none live: it tries
+        again later)."""
+        live = self.alive()
+        if not live:
+            return
+        m = self.rng.choice(live)
+        spec = (OFFSET, self.roamer_last + 1)
+        try:
+            start = reader_start(spec, m.rep.segments, m.rep.is_leader)
+        except BehindLeader:
+            self.stats["roams_to_leader"] += 1
+            newest = max(self.leaders, default=None)
+            m = self.members[self.leaders[newest]] if newest is not None else None
+            if m is None or m.rep is None or not m.rep.is_leader or \
+                    m.rep.raft.term != newest:
+                self.roamer = None
+                return
+            start = reader_start(spec, m.rep.segments, True)
+        self.stats["roams"] += 1
+        self.roamer = (m.id, StreamReader(m.rep.segments, start))
+        self.log(f"roamer at {m.id} from {start}")
+        self.read_roamer(m)
+
+    def read_roamer(self, m: Member) -> None:
+        for msg in self.roamer[1].read(50, m.rep.committed_offset):
+            body = bytes(msg.body)
+            if msg.offset <= self.roamer_last:
+                self.fail("a consumer never reads an offset twice",
+                          f"the roaming consumer read {msg.offset} at {m.id} after "
+                          f"{self.roamer_last}")
+            if self.seen.setdefault(msg.offset, body) != body:
+                self.fail("no offset with two messages",
+                          f"{m.id} read {body!r} at {msg.offset}, {self.seen[msg.offset]!r} "
+                          f"there before")
+            self.roamer_last = msg.offset
 
     def check_leader(self, m: Member) -> None:
         r = m.rep.raft if m.rep is not None else None
@@ -413,6 +469,8 @@ class Sim:
         elif x < 0.33:
             if not quiet or self.final_lost():
                 self.publish(final=quiet)
+        elif x < 0.345:
+            self.roam()
         elif x < 0.35 and self.retain_bytes is not None:
             m = rng.choice(ms)
             if m.rep is not None and m.pending is None:
