@@ -228,14 +228,19 @@ async def run(ops: list[tuple[str, int]], start_at: int) -> World:
         w.task = asyncio.ensure_future(w.start_consume())
     if not any(n.leading for n in w.nodes.values()):
         w.elect(0)
-    for _ in range(2000):       # settle: everything sent is taken and answered
+    await settle(w)
+    return w
+
+
+async def settle(w: World) -> None:
+    """Until everything sent is taken and answered, and the consumer is registered."""
+    for _ in range(2000):
         moved = False
         for i in range(len(NODES)):
             moved |= w.take(i) | w.deliver(i)
         await asyncio.sleep(0 if moved else 0.002)
         if not moved and w.task.done() and not w.c.registering:
             break
-    return w
 
 
 def check(w: World) -> None:

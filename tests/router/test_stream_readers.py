@@ -127,13 +127,7 @@ async def run(ops: list[tuple[str, int]], start_at: int) -> World:
         w.task = asyncio.ensure_future(w.start_consume())
     for i in range(len(NODES)):
         w.restore(i)
-    for _ in range(2000):           # settle: everything sent is taken and answered
-        moved = False
-        for i in range(len(NODES)):
-            moved |= w.take(i) | w.deliver(i)
-        await asyncio.sleep(0 if moved else 0.002)
-        if not moved and w.task.done() and not w.c.registering:
-            break
+    await model.settle(w)
     return w
 
 
