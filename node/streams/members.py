@@ -72,9 +72,9 @@ class Member:
         #: known no leader, and the other members' answers
         self.leaderless_since: float | None = None
         self.answers: dict[str, str] = {}
-        #: who reads from which member (readers.py); the members last announced
+        #: who reads from which member (readers.py); the voters last announced
         self.readers = Readers()
-        self.announced: list[str] = []
+        self.announced: frozenset = frozenset()
 
     def lists_here(self) -> bool:
         """Whether this member reports the stream (QUEUE_LIST, management): the leader, or
@@ -426,17 +426,17 @@ class StreamMembers:
                 for fn in waiting:
                     fn()
             if m.leading:
-                m.announced = self.members_announced(m)
+                self.announce_all(m)
         elif leader is None:
             m.known_leader = None
-        elif m.leading and m.announced != m.members():
-            m.announced = self.members_announced(m)     # the routers move its readers
+        elif m.leading and m.announced != r.voters:
+            self.announce_all(m)        # the members changed: the routers move its readers
 
-    def members_announced(self, m: Member) -> list[str]:
-        """EV_QUEUE_LEADER for ``m`` to every router; returns the members announced."""
+    def announce_all(self, m: Member) -> None:
+        """EV_QUEUE_LEADER for ``m`` to every router."""
+        m.announced = frozenset(m.rep.raft.voters)
         for identity in list(self.streams.routers()):
             self.announce(m, identity)
-        return m.members()
 
     def announce(self, m: Member, identity: bytes) -> None:
         """EV_QUEUE_LEADER to one router, when the stream has a leader."""
