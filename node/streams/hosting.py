@@ -124,13 +124,11 @@ class Streams:
     def declare(self, vhost: str, name: str, durable: bool, exclusive: bool,
                 auto_delete: bool, arguments: dict,
                 answer: Callable[[], None] | None = None) -> StreamQueue | None:
-        """A new stream. On a node with other nodes (members.py) it is replicated, even
-        with one member (``x-initial-cluster-size: 1``, or the others offline), so that
-        ``add_member`` can grow it later, as RabbitMQ's add_replica: ``answer()`` runs once
-        it has a leader (``s.replica`` is then set: the declare's answer waits), and None is
+        """A new stream. With more than one member (members.py) ``answer()`` runs once it
+        has a leader (``s.replica`` is then set: the declare's answer waits), and None is
         returned while the node, just started, waits to hear from the nodes it would
-        choose. A node alone serves it at once with one writer. Raises 406 with RabbitMQ's
-        text (stream.py)."""
+        choose; else the stream is served at once. Raises 406 with RabbitMQ's text
+        (stream.py)."""
         try:
             cfg = parse_stream_arguments(vhost, name, arguments, durable, exclusive,
                                          auto_delete)
@@ -143,8 +141,8 @@ class Streams:
             mem.waiting.append((vhost, name, durable, exclusive, auto_delete, arguments,
                                 answer))
             return None
-        if mem is not None and len(mem.rep.node_ids) > 1:
-            voters = mem.member_ids(nodes or [mem.node_id])
+        if len(nodes) > 1:
+            voters = mem.member_ids(nodes)
             s = self.create_member(vhost, name, arguments, uuid.uuid4().hex[:12], voters)
             mem.created(s.replica, voters, answer)
             return s

@@ -251,28 +251,6 @@ def test_add_and_delete_member_change_the_members_and_a_new_one_gets_the_log(c):
     assert c.take(leader, T.PUBLISH_RESULT)[-1] == [T.PUBLISH_RESULT, 40, 0, 1]
 
 
-def test_a_stream_of_one_member_on_a_cluster_is_replicated_and_gets_members(c):
-    """``x-initial-cluster-size: 1`` on a node with others: one member, through Raft, so
-    that add_member grows it (RabbitMQ's add_replica works on a stream of one replica)."""
-    one = {**STREAM, "x-initial-cluster-size": 1}
-    r = c.request("node-1", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, one, None)
-    assert r[2] == 0
-    s = c.shards["node-1"].streams.streams[("/", "s")]
-    assert s.replica is not None and s.replica.members() == ["node-1"]
-    assert all(("/", "s") not in c.shards[n].streams.streams for n in ("node-0", "node-2"))
-    publish(c, "node-1", 1, b"m0")
-    assert c.take("node-1", T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, 1, 0, 1]]
-    r = c.request("node-1", T.QUORUM_OP, "add_member", "/", "s", "node-2")
-    assert r[2] == 0 and r[4] == ["node-1", "node-2"]
-    for _ in range(40):
-        if s.replica.members() == ["node-1", "node-2"]:
-            break
-        c.tick()
-    assert s.replica.members() == ["node-1", "node-2"]
-    c.tick(3)
-    assert consume_all(c, "node-2", 4) == [(0, b"m0")]
-
-
 def test_deleting_the_leaders_member_hands_the_lead_over_first(c):
     c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
     leader = stream_leader(c)
