@@ -52,7 +52,25 @@ async def sync_at_start(broker: Broker) -> None:
         await change(broker, edit)
     except (asyncio.TimeoutError, AMQPError, ConfigError) as exc:
         log.warning("users and permissions not read from %s (%s): using what this router "
-                    "loaded until they change", owner_link(broker).node_id, exc)
+                    "loaded until that node comes", owner_link(broker).node_id, exc)
+        broker.on_owner_up = lambda: _read_when_up(broker)
+
+
+def _read_when_up(broker: Broker) -> None:
+    """The first node came after the start's read failed (a whole cluster restarted, the
+    router first): read the stored document now, as at start but merging nothing, so that
+    users made before the restart log in (they were refused until a change before). Once
+    read, later reconnects of that node read nothing."""
+    async def read() -> None:
+        try:
+            await change(broker, lambda current: current)
+        except (asyncio.TimeoutError, AMQPError, ConfigError) as exc:
+            log.warning("users and permissions not read from %s (%s): asking again when it "
+                        "comes back", owner_link(broker).node_id, exc)
+            return
+        broker.on_owner_up = lambda: None
+        log.info("users and permissions read from %s", owner_link(broker).node_id)
+    asyncio.ensure_future(read())
 
 
 async def change(broker: Broker, edit: Callable[[Definitions], Definitions | None]) -> None:

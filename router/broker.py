@@ -66,6 +66,8 @@ class Broker:
         #: (router/access_sync.py, wired by router/server.py: this module does not import it)
         self.access_version = 0
         self.on_access: Callable[[int, dict], None] = lambda version, doc: None
+        #: run when the first node (which keeps them) says HELLO_OK (router/access_sync.py)
+        self.on_owner_up: Callable[[], None] = lambda: None
         self.links: dict[str, NodeLink] = {}
         self.consumers: dict[int, tuple[BrokerChannel, Consumer]] = {}  # by consumer_id
         #: Pull-model counters (seed 002 DG3): WORK notifications received, drain grants

@@ -65,6 +65,8 @@ def node_up(broker: Any, link: Any, restarted: bool) -> None:
     nodes: the exchanges, bindings and queues of a node not up here are taken from it
     (router/locations.py, node/replication/catalogue.py)."""
     node = link.node_id
+    if node == broker.node_ids[0]:
+        broker.on_owner_up()            # users and permissions (router/access_sync.py)
     fut = link.request([T.TOPOLOGY_SNAPSHOT])
 
     def loaded(f: asyncio.Future) -> None:

@@ -329,3 +329,27 @@ def test_a_quorum_consumer_survives_its_router_hanging(procs):
     before = [redelivered for body, redelivered in got if body == b"before"]
     assert before[0] is False and all(before[1:])    # its ack may have been lost: flagged
     conn.close()
+
+
+def test_users_stored_before_a_restart_log_in_once_the_first_node_comes(tmp_path):
+    """A whole cluster restarted, its router before node-0 (which keeps users and
+    permissions, router/access_sync.py): the router starts with what it loaded, and reads
+    the stored users when node-0 comes, so a user made before the restart logs in. It was
+    refused until the next change (CI saw it once after a whole cluster's restart)."""
+    before = Processes(tmp_path, nodes=2, env={**FAST, "SHOAL_USERS": "guest:guest,app:s3cret"})
+    try:
+        before.start_all()
+        conn = before.connect(credentials=pika.PlainCredentials("app", "s3cret"))
+        conn.close()
+    finally:
+        before.stop_all()
+    after = Processes(tmp_path, nodes=2, env=FAST)      # this router loads guest only
+    try:
+        after.nodes["node-1"].start()
+        after.start_router()                            # node-0 absent: nothing read
+        after.nodes["node-0"].start()
+        conn = wait_for("app logs in", lambda: after.connect(
+            credentials=pika.PlainCredentials("app", "s3cret")))
+        conn.close()
+    finally:
+        after.stop_all()
