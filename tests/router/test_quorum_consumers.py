@@ -184,6 +184,10 @@ class World:
                 n.step_down()
         node = self.nodes[NODES[i]]
         node.leading = True
+        self.announce(node)
+
+    def announce(self, node: Node) -> None:
+        """The leader's EV_QUEUE_LEADER, on its way to the router."""
         node.link.outbox.append(("leader", [VHOST, QUEUE, node.node_id, self.term, NODES,
                                             NODES]))
 

@@ -78,18 +78,10 @@ class World(model.World):
         self.nodes = {n: Member(n, b.links[n]) for n in NODES}
 
     def announce(self, node: Member) -> None:
-        node.link.outbox.append(("leader", [VHOST, QUEUE, node.node_id, self.term, NODES,
-                                            NODES, "stream"]))
-
-    def elect(self, i: int) -> None:
-        self.term += 1
-        for n in self.nodes.values():
-            if n.leading:
-                n.step_down()
-        node = self.nodes[NODES[i]]
-        node.leading = True
+        """A stream's announcement; none over a lost link (``restore`` sends it)."""
         if node.link.up:
-            self.announce(node)
+            node.link.outbox.append(("leader", [VHOST, QUEUE, node.node_id, self.term, NODES,
+                                                NODES, "stream"]))
 
     def lose(self, i: int) -> None:
         """The link to node ``i`` is lost (router/node_events.py ``node_down``)."""
