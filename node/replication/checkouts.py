@@ -48,6 +48,7 @@ class Checkouts:
         # member caught a copy kept here).
         self.group = group
         #: the enqueues this leader logged checked out (``can_mark``), not applied yet
+        #: (counted up by the group's ``logged``)
         self.pending_marked = 0
         #: deliveries (and basic.get answers) held until their checkout is applied:
         #: [identity, message, entry, its redelivered flag, message if lost or None]
@@ -91,11 +92,6 @@ class Checkouts:
             self.mark_ahead()
         self.log_checkouts()
 
-    def logged(self, out: bool) -> None:
-        """This leader logged an enqueue, checked out with it when ``out``."""
-        if out:
-            self.pending_marked += 1
-
     def applied_enq(self, index: int, out: bool, older: bool) -> None:
         """This leader applied an enqueue: its own (``out``: logged checked out), or an older
         leader's (``older``)."""
@@ -134,12 +130,13 @@ class Checkouts:
         new leader knows exactly what was delivered (RabbitMQ's checkouts, rabbit_fifo).
         ``settled``: no_ack (acknowledged as sent); ``lost``: sent instead if this member
         stops leading first (a basic.get's MOVED)."""
-        index = self.machine.index(entry)
+        m = self.group.machine
+        index = m.index_of.get(entry.entry_id)
         if index is None:                   # not from the log: nothing to record
-            self.host.send(identity, msg)
+            self.group.host.send(identity, msg)
             return
         self.taken += 1
-        fresh = self.machine.fresh
+        fresh = m.fresh
         if index in fresh:                  # logged checked out already (enq out, mark)
             fresh.discard(index)
             if settled:
@@ -147,7 +144,10 @@ class Checkouts:
             # behind the deliveries still waiting for their checkout: the consumer gets the
             # queue's order (the fault campaign's rule 4 found a marked message overtaking a
             # requeued one ahead of it)
-            self.send_ordered(identity, msg)
+            if self.held or self.in_flight:
+                self.send_ordered(identity, msg)
+            else:
+                self.group.host.send(identity, msg)
             return
         if settled:
             self.settled_out.append(index)
@@ -177,11 +177,12 @@ class Checkouts:
         consumer, everything ready is marked already (``fresh``, ``marking``), and fewer
         marks are out than :meth:`mark_ahead` keeps (``mark_want``), counting the enqueues
         already so logged (``pending_marked``)."""
-        q = self.queue
+        g = self.group
+        q = g.queue
         qcm = q.qcm
         if not qcm.all:
             return False
-        fresh, marking = len(self.machine.fresh), len(self.marking)
+        fresh, marking = len(g.machine.fresh), len(self.marking)
         if q.available <= fresh + marking and \
                 self.pending_marked + fresh + marking < self.mark_want:
             for c in qcm.all:
@@ -281,7 +282,7 @@ class Checkouts:
         elif self.in_flight:
             self.in_flight[-1].append([identity, msg, None, False, None])
         else:
-            self.host.send(identity, msg)
+            self.group.host.send(identity, msg)
 
     def _unsent(self, held: list[list]) -> None:
         """Deliveries never sent (this member stopped leading first): their entries (now

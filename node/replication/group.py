@@ -97,7 +97,8 @@ class QuorumGroup:
         self.term_start = 0
         #: in_lease's answer holds until this time (ms) for this (term, configuration)
         self._lease_until = float("-inf")
-        self._lease_key: tuple = ()
+        self._lease_term = -1
+        self._lease_conf = -1
         #: membership reconciliation (reconcile.py): since when (ms) this member has known
         #: no leader, and the other members' answers (member id -> member, removed, none)
         self.leaderless_since: float | None = None
@@ -164,10 +165,11 @@ class QuorumGroup:
 
     def enqueue_command(self, exchange: str, routing_key: str, header: bytes, body: bytes,
                         publisher: Any, again: bool, out: bool = False) -> list:
-        """The ``enq`` command of a publish (machine.py), stamped with the leader's time;
-        ``out``: logged checked out (checkouts.py ``can_mark``)."""
-        return ["enq", exchange, routing_key, header, body, publisher, again, self.wall_now(),
-                out]
+        """The ``enq`` command of a publish (machine.py), stamped with the leader's time
+        (``wall_now``); ``out``: logged checked out (checkouts.py ``can_mark``)."""
+        t = self.queue.timers
+        return ["enq", exchange, routing_key, header, body, publisher, again,
+                t.now + t.wall_offset_ms, out]
 
     def refuses(self, size: int) -> bool:
         """x-overflow reject-publish (``qpid.policy_type: reject``) as leader: whether a
@@ -190,9 +192,11 @@ class QuorumGroup:
     def logged(self, size: int, out: bool) -> None:
         """An enqueue of ``size`` bytes was logged by this leader (see ``pending``), checked
         out with it when ``out`` (``pending_marked``)."""
-        self.pending[0] += 1
-        self.pending[1] += size
-        self.out.logged(out)
+        pending = self.pending
+        pending[0] += 1
+        pending[1] += size
+        if out:
+            self.out.pending_marked += 1
 
     def used(self) -> None:
         """The queue was used (a basic.get, a consumer came or went): with x-expires, the
@@ -247,7 +251,7 @@ class QuorumGroup:
                 log.exception("quorum queue '%s': cannot apply entry %d", self.key[1],
                               entry.index)
             if op == "enq":
-                if leading:
+                if leading and (older or (len(data) > 8 and data[8])):
                     self.out.applied_enq(entry.index, len(data) > 8 and bool(data[8]), older)
             elif op == "mark":
                 if leading:
@@ -349,8 +353,8 @@ class QuorumGroup:
         it heard from its leader), so what this leader holds is current."""
         now = self.host.now()
         r = self.raft
-        key = (r.term, r.conf_seq)
-        if now <= self._lease_until and key == self._lease_key:
+        if now <= self._lease_until and r.term == self._lease_term and \
+                r.conf_seq == self._lease_conf:
             return True
         # until when: the newest answer of the majority's least recent member, + LEASE_MS
         # (answers only move forward, so it holds until then or a new term or membership)
@@ -359,7 +363,7 @@ class QuorumGroup:
         need = len(r.voters) // 2 + 1 - (r.id in r.voters)
         until = float("inf") if need <= 0 else \
             times[need - 1] + LEASE_MS if need <= len(times) else float("-inf")
-        self._lease_until, self._lease_key = until, key
+        self._lease_until, self._lease_term, self._lease_conf = until, r.term, r.conf_seq
         return now <= until
 
     def may_deliver(self) -> bool:

@@ -126,9 +126,11 @@ class QueueMachine:
                 e.redelivered = True
             self.by_index[index] = e
             self.index_of[e.entry_id] = index
-            if ts is not None and (e.expires_at or e.state is HELD):
+            state = e.state
+            if ts is not None and (e.expires_at or state is HELD):
                 self.ts_of[index] = ts
-            if n > 8 and cmd[8] and not e.is_dead:     # checked out as enqueued (group.py)
+            dead = state > HELD             # QueueEntry.is_dead
+            if n > 8 and cmd[8] and not dead:      # checked out as enqueued (group.py)
                 self.out.add(index)
                 self.marked[index] = bool(again)
                 if self.leading:
@@ -136,7 +138,7 @@ class QueueMachine:
                 else:
                     e.redelivered = True
                     e.delivery_count += 1
-            if e.is_dead and self.leading and q.replica is not None:
+            if dead and self.leading and q.replica is not None:
                 q.replica.settle("drop", [e])   # its own drop-head took it (x-max-length 0)
             q.stats[0] += 1
             if self.leading:
@@ -149,7 +151,7 @@ class QueueMachine:
                 if e is None:
                     continue
                 self._untrack(i, e)
-                if e.is_dead:           # the leader settled it already
+                if e.state > HELD:      # dead (is_dead): the leader settled it already
                     n += 1
                     continue
                 n += 1
@@ -263,14 +265,15 @@ class QueueMachine:
     def _untrack(self, index: int, e: QueueEntry) -> None:
         self.by_index.pop(index, None)
         self.index_of.pop(e.entry_id, None)
-        if self.ts_of:
-            self.ts_of.pop(index, None)
-        if self.out:
-            self.out.discard(index)
-        if self.marked:
-            self.marked.pop(index, None)
-        if self.fresh:
-            self.fresh.discard(index)
+        ts_of, out, marked, fresh = self.ts_of, self.out, self.marked, self.fresh
+        if ts_of:
+            ts_of.pop(index, None)
+        if out:
+            out.discard(index)
+        if marked:
+            marked.pop(index, None)
+        if fresh:
+            fresh.discard(index)
 
     def forget_dead(self) -> None:
         """Drop the entries the queue removed by itself (TTL expiry, delivery limit)."""
