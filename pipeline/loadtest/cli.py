@@ -47,6 +47,15 @@ def _parser() -> argparse.ArgumentParser:
       help="delivery_mode 2 (and durable queues)")
     a("--durable", action="store_true", help="declare the queues durable")
     a("--mandatory", action="store_true", help="publish with mandatory=true")
+    a("--exchange", "-e", default="",
+      help="publish through this exchange, declared by every worker, each queue bound to it "
+           "(default: the default exchange, to each queue by name)")
+    a("--exchange-type", "-t", default="direct", choices=("direct", "topic", "fanout"),
+      help="with --exchange: direct or topic route each message to one queue, fanout to every "
+           "queue (received and loss count each copy); default direct")
+    a("--bindings", type=int, default=0,
+      help="with --exchange direct or topic: binding keys spread over the queues, key J to "
+           "queue J %% QUEUES (default: one per queue)")
     a("--queue-args", default="",
       help='queue.declare arguments: JSON object or k=v,k=v (numbers parsed)')
     a("--sample-every", type=int, default=50,
@@ -131,6 +140,14 @@ def build(argv: list[str]):
         raise ValueError("--qos must be <= 65535 (prefetch_count is a short)")
     if args.sample_every < 1:
         raise ValueError("--sample-every must be >= 1")
+    if args.bindings < 0:
+        raise ValueError("--bindings must be >= 0")
+    if args.bindings and (not args.exchange or args.exchange_type == "fanout"):
+        raise ValueError("--bindings needs --exchange with --exchange-type direct or topic")
+    if args.bindings and args.bindings < args.queues:
+        raise ValueError("--bindings must be at least --queues (each queue needs one)")
+    if len(args.exchange.encode()) > 255:
+        raise ValueError("--exchange is limited to 255 bytes")
     url = AMQPUrl.parse(args.url)
     queue_args = parse_queue_args(args.queue_args)
     ids = node_ids(args.nodes)
@@ -150,11 +167,15 @@ def build(argv: list[str]):
                  multi_ack_every=args.multi_ack_every, persistent=args.persistent,
                  durable=args.durable, mandatory=args.mandatory, queue_args=queue_args,
                  sample_every=args.sample_every, run_token=int(run_id[:8], 16),
-                 producers=args.producers, consumers=args.consumers)
+                 producers=args.producers, consumers=args.consumers,
+                 exchange=args.exchange, exchange_type=args.exchange_type,
+                 bindings=args.bindings)
     from .runner import host_info
     params = {k: v for k, v in vars(args).items() if k != "url"}
     params["queue_args"] = queue_args
     params["nodes"] = ids
+    from .workers import copies
+    params["copies"] = copies(cfg)      # deliveries expected per message (fanout: queues)
     management = args.management_url.strip()
     if management.lower() == "off":
         management = ""

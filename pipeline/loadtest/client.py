@@ -221,3 +221,14 @@ async def declare_queue(client: AMQPClient, name: str, durable: bool, arguments:
     await client.rpc(commands.Queue.Declare(queue=name, durable=durable,
                                             arguments=arguments or None),
                      commands.Queue.DeclareOk)
+
+
+async def declare_exchange(client: AMQPClient, name: str, kind: str, durable: bool) -> None:
+    await client.rpc(commands.Exchange.Declare(exchange=name, exchange_type=kind,
+                                               durable=durable),
+                     commands.Exchange.DeclareOk)
+
+
+async def bind_queue(client: AMQPClient, queue: str, exchange: str, key: str) -> None:
+    await client.rpc(commands.Queue.Bind(queue=queue, exchange=exchange, routing_key=key),
+                     commands.Queue.BindOk)

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 from . import schema as S
 from .client import AMQPUrl
-from .workers import CLOSE_S, DONE, ERROR, READY, SECOND, Config, run_worker
+from .workers import CLOSE_S, DONE, ERROR, READY, SECOND, Config, copies, run_worker
 from .writer import RunWriter, loss_and_duplicates, merge_counts, received_runs, warm_up
 
 READY_TIMEOUT_S = 60.0
@@ -245,8 +245,8 @@ class Runner:
             if producers <= self.done and not stop.is_set():
                 if drain_started is None:
                     drain_started = now
-                expected = sum(t[0] - t[3] for rows in self.producer_totals.values()
-                               for _, t in rows)
+                expected = copies(self.cfg) * sum(t[0] - t[3] for rows in
+                                                  self.producer_totals.values() for _, t in rows)
                 if self.received_total != last_progress[0]:
                     last_progress = (self.received_total, now)
                 if (self.received_total >= expected or now - last_progress[1] >= DRAIN_IDLE_S
@@ -280,10 +280,11 @@ class Runner:
                 window_received += agg["received"]
         lat = sorted(self.window_lat)
         import pyarrow as pa
+        n = copies(c)
         lost, dup = loss_and_duplicates(pa.table({
             "seq_start": pa.array([r[1] for r in received_rows], pa.int64()),
             "seq_end": pa.array([r[2] for r in received_rows], pa.int64()),
-            "count": pa.array([r[3] for r in received_rows], pa.int32())}))
+            "count": pa.array([r[3] for r in received_rows], pa.int32())}), n)
         received = sum(r[3] * (r[2] - r[1]) for r in received_rows)
         summary = {
             **totals, "received": received, "lost": lost, "duplicates": dup,
@@ -291,7 +292,8 @@ class Runner:
             "time_s": c.time_s,
             "send_rate": round(totals["sent"] / c.time_s, 1),
             "receive_rate": round(window_received / c.time_s, 1),
-            "consumed_ratio": round(window_received / totals["sent"], 4)
+            "copies": n,
+            "consumed_ratio": round(window_received / (n * totals["sent"]), 4)
             if totals["sent"] else None,
             "latency_ms": {k: (round(_pct(lat, q) / 1000, 3) if lat else None)
                            for k, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99),
@@ -301,7 +303,9 @@ class Runner:
         ms = summary["latency_ms"]
         self.log(f"summary: sent {summary['sent']} ({summary['send_rate']:.0f} msg/s), "
                  f"received {summary['received_in_window']} in the sending window "
-                 f"({summary['receive_rate']:.0f} msg/s), {received} in all, lost {lost}, "
+                 f"({summary['receive_rate']:.0f} msg/s), {received} in all"
+                 + (f" ({n} copies of each message: fanout)" if n > 1 else "") +
+                 f", lost {lost}, "
                  f"duplicates {dup}, confirmed {totals['confirmed']}, nacked "
                  f"{totals['nacked']}, returned {totals['returned']}; consumer latency "
                  f"p50/p95/p99/max {ms['p50']}/{ms['p95']}/{ms['p99']}/{ms['max']} ms")

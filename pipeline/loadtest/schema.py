@@ -103,9 +103,12 @@ run.json (object)
     ============  =======  =====  ====================================================
 
     For each producer the rows cover ``[0, sent)`` without gaps or overlap, where ``sent`` is
-    the producer's total in ``PRODUCERS`` (rows with ``count = 0`` are the lost seqs). Hence
-    ``lost = Σ (seq_end - seq_start) where count = 0`` and
-    ``duplicates = Σ (count - 1) * (seq_end - seq_start) where count > 1``.
+    the producer's total in ``PRODUCERS`` (rows with ``count = 0`` are the lost seqs). Each
+    seq should be received ``c = params.copies`` times (run.json; 1, or the number of queues
+    of a fanout exchange: ``--exchange-type fanout``), hence, in deliveries,
+    ``lost = Σ (c - count) * (seq_end - seq_start) where count < c`` and
+    ``duplicates = Σ (count - c) * (seq_end - seq_start) where count > c``. A run without
+    ``params.copies`` (written before it existed) has ``c = 1``.
 """
 from __future__ import annotations
 

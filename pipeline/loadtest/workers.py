@@ -10,6 +10,12 @@ with a one-line reason, never raised into the parent.
 Queue assignment (both roles): with Q queues and W workers, worker ``w`` uses the queues
 ``q`` with ``q % W == w`` when Q >= W, else the single queue ``w % Q``. A producer publishes
 round-robin over its queues through the default exchange; ``seq`` counts over all of them.
+
+With ``--exchange`` (``Config.exchange``) every worker declares the exchange and binds its
+queues (:func:`binding_keys`), and a producer publishes to the exchange round-robin over the
+routing keys that reach its queues (:func:`routes`): ``direct`` and ``topic`` route each
+message to one queue (binding ``j`` of ``--bindings`` goes to queue ``j % Q``), ``fanout`` to
+every queue of the run, so each message is expected ``copies(cfg)`` times.
 """
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ from array import array
 from dataclasses import dataclass, field
 
 from . import frames as F
-from .client import CHANNEL, AMQPUrl, BrokerClosed, connect, declare_queue
+from .client import (CHANNEL, AMQPUrl, BrokerClosed, bind_queue, connect, declare_exchange,
+                     declare_queue)
 from .schema import BODY_HEADER, ROLE_CONSUMER, ROLE_PRODUCER
 
 READY, SECOND, DONE, ERROR = "ready", "second", "done", "error"
@@ -52,6 +59,44 @@ class Config:
     run_token: int = 0
     producers: int = 1
     consumers: int = 1
+    exchange: str = ""          #: publish through this exchange ("" = the default exchange)
+    exchange_type: str = "direct"   #: direct, topic or fanout (with ``exchange``)
+    bindings: int = 0           #: direct/topic: binding keys over the queues (0 = one each)
+
+
+def copies(cfg: Config) -> int:
+    """How many deliveries each published message should make: the number of queues through
+    a fanout exchange, else 1."""
+    return len(cfg.queues) if cfg.exchange and cfg.exchange_type == "fanout" else 1
+
+
+def _keys(cfg: Config) -> int:
+    return cfg.bindings or len(cfg.queues)
+
+
+def binding_keys(cfg: Config, q: int) -> list[str]:
+    """The binding keys of queue ``q`` to ``cfg.exchange``: ``""`` for fanout; else binding
+    ``j`` (0 <= j < ``bindings``) for each ``j % Q == q``, ``kJ`` for direct and ``kJ.*``
+    for topic (a pattern: the topic exchange matches it word by word)."""
+    if cfg.exchange_type == "fanout":
+        return [""]
+    suffix = ".*" if cfg.exchange_type == "topic" else ""
+    return [f"k{j}{suffix}" for j in range(q, _keys(cfg), len(cfg.queues))]
+
+
+def routes(cfg: Config, qidx: list[int]) -> list[tuple[str, int]]:
+    """A producer's publishes, round-robin: ``(routing key, index in qidx of the queue it
+    reaches)``. The default exchange: each queue's name. Fanout: one key reaching all (the
+    message counts under the first of its queues). Direct and topic: every binding key of
+    its queues (topic: ``kJ.x``, matched by the pattern ``kJ.*``)."""
+    if not cfg.exchange:
+        return [(cfg.queues[q], i) for i, q in enumerate(qidx)]
+    if cfg.exchange_type == "fanout":
+        return [("", 0)]
+    suffix = ".x" if cfg.exchange_type == "topic" else ""
+    nq = len(cfg.queues)
+    local = {q: i for i, q in enumerate(qidx)}
+    return [(f"k{j}{suffix}", local[j % nq]) for j in range(_keys(cfg)) if j % nq in local]
 
 
 def assigned(queues: int, workers: int, w: int) -> list[int]:
@@ -100,9 +145,15 @@ class _Worker:
 
     async def setup(self) -> None:
         self.client = await connect(self.url)
-        for name in self.names:
-            await declare_queue(self.client, name, self.cfg.durable or self.cfg.persistent,
-                                self.cfg.queue_args)
+        c = self.cfg
+        durable = c.durable or c.persistent
+        if c.exchange:
+            await declare_exchange(self.client, c.exchange, c.exchange_type, durable)
+        for q, name in zip(self.qidx, self.names):
+            await declare_queue(self.client, name, durable, c.queue_args)
+            if c.exchange:
+                for key in binding_keys(c, q):
+                    await bind_queue(self.client, name, c.exchange, key)
 
     async def main(self, go, start_ns, stop) -> None:
         await self.setup()
@@ -147,13 +198,14 @@ class Producer(_Worker):
             from pamqp import commands
             await self.client.rpc(commands.Confirm.Select(), commands.Confirm.SelectOk)
         fm = self.client.frame_max
-        self.templates = [F.PublishTemplate(CHANNEL, "", n, c.size, c.persistent, c.mandatory,
-                                            fm) for n in self.names]
+        self.routes = routes(c, self.qidx)
+        self.templates = [F.PublishTemplate(CHANNEL, c.exchange, key, c.size, c.persistent,
+                                            c.mandatory, fm) for key, _ in self.routes]
         n = len(self.names)
         # per local queue: sent, confirmed, nacked, returned (since the last report)
         self.window = [[0, 0, 0, 0] for _ in range(n)]
         self.total = [[0, 0, 0, 0] for _ in range(n)]
-        self.by_name = {name.encode(): i for i, name in enumerate(self.names)}
+        self.by_name = {key.encode(): qi for key, qi in self.routes}   # basic.return's key
         self.unconfirmed: dict[int, int] = {}   # delivery tag -> local queue index
         self.low_tag = 1
         self.tag = 0
@@ -194,7 +246,8 @@ class Producer(_Worker):
         end_ns = self.start_ns + int(c.time_s * 1e9)
         pres = [t.pre for t in self.templates]
         posts = [t.post for t in self.templates]
-        nq = len(pres)
+        route_q = [qi for _, qi in self.routes]
+        nr = len(pres)
         pack = BODY_HEADER.pack
         token, me = c.run_token, self.index
         now_ns = time.time_ns
@@ -238,10 +291,11 @@ class Producer(_Worker):
             parts = []
             append = parts.append
             for _ in range(n):
-                qi = seq % nq
-                append(pres[qi])
+                r = seq % nr
+                qi = route_q[r]
+                append(pres[r])
                 append(pack(token, me, now_ns(), seq))
-                append(posts[qi])
+                append(posts[r])
                 w = window[qi]
                 w[0] += 1
                 total[qi][0] += 1

@@ -63,16 +63,18 @@ def merge_counts(parts: list[bytes]) -> bytes:
     return total.buffers()[1].to_pybytes()[:n]
 
 
-def loss_and_duplicates(received: pa.Table) -> tuple[int, int]:
-    """``(lost, duplicates)`` from a RECEIVED table (see the schema docstring)."""
+def loss_and_duplicates(received: pa.Table, copies: int = 1) -> tuple[int, int]:
+    """``(lost, duplicates)`` from a RECEIVED table (see the schema docstring), in deliveries:
+    each seq should have been received ``copies`` times (``params.copies``: a fanout's
+    queues)."""
     lost = dup = 0
     for start, end, count in zip(received["seq_start"].to_pylist(),
                                  received["seq_end"].to_pylist(),
                                  received["count"].to_pylist()):
-        if count == 0:
-            lost += end - start
-        elif count > 1:
-            dup += (count - 1) * (end - start)
+        if count < copies:
+            lost += (copies - count) * (end - start)
+        elif count > copies:
+            dup += (count - copies) * (end - start)
     return lost, dup
 
 

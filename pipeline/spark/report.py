@@ -10,8 +10,9 @@ computes, per run and per queue and per node:
   interpolation, or ``percentile_approx`` with ``approx=True``) over the LATENCY samples
   received during the sending window;
 - ``redelivered`` (deliveries with the flag), ``lost`` (sent, never received) and
-  ``duplicates`` from RECEIVED. RECEIVED has no queue column, so per queue/node ``lost`` is
-  known only when each producer of that queue published to that queue alone (else null);
+  ``duplicates`` from RECEIVED, in deliveries (``params.copies`` each: a fanout's queues).
+  RECEIVED has no queue column, so per queue/node ``lost`` is known only when each producer
+  of that queue published to that queue alone, and not through a fanout (else null);
 - a timeline per run and second (sent, received, latency percentiles by receive second) and a
   latency histogram per run (10 log-spaced buckets per decade of µs).
 
@@ -164,9 +165,10 @@ def aggregate(spark, runs: list[RunInput], approx: bool = False,
         [(r.run, r.path, str(r.meta.get("broker", "")), r.start_ns, r.time_s,
           int(r.meta.get("params", {}).get("producers") or 0),
           int(r.meta.get("params", {}).get("consumers") or 0),
-          int(r.meta.get("params", {}).get("size") or 0)) for r in runs],
+          int(r.meta.get("params", {}).get("size") or 0),
+          int(r.meta.get("params", {}).get("copies") or 1)) for r in runs],
         "run string, path string, broker string, start_ns long, time_s double, "
-        "producers int, consumers int, size int")
+        "producers int, consumers int, size int, copies int")
     meta = F.broadcast(meta)
     lat = (latency.join(meta.select("run", "start_ns", "time_s"), "run")
            .withColumn("rsecond", F.floor((F.col("received_ns") - F.col("start_ns")) / 1e9))
@@ -176,16 +178,18 @@ def aggregate(spark, runs: list[RunInput], approx: bool = False,
     lat_w = lat.where(in_window).join(queue_node, ["run", "queue"], "left")
 
     progress("loss and duplicates per producer")
-    loss = (received.groupBy("run", "producer").agg(
-        F.sum(F.when(F.col("count") == 0, F.col("seq_end") - F.col("seq_start"))
+    span, c = F.col("seq_end") - F.col("seq_start"), F.col("copies")
+    loss = (received.join(meta.select("run", "copies"), "run").groupBy("run", "producer").agg(
+        F.sum(F.when(F.col("count") < c, (c - F.col("count")) * span)
               .otherwise(0)).alias("lost"),
-        F.sum(F.when(F.col("count") > 1, (F.col("count") - 1)
-                     * (F.col("seq_end") - F.col("seq_start"))).otherwise(0)).alias("duplicates")))
+        F.sum(F.when(F.col("count") > c, (F.col("count") - c) * span)
+              .otherwise(0)).alias("duplicates")))
     nq = producers.groupBy("run", "producer").agg(F.countDistinct("queue").alias("_nq"))
     loss_q = (producers.select("run", "producer", "queue").distinct()
               .join(nq, ["run", "producer"]).join(loss, ["run", "producer"], "left")
+              .join(meta.select("run", "copies"), "run")
               .groupBy("run", "queue").agg(
-                  F.when(F.max("_nq") > 1, F.lit(None))
+                  F.when((F.max("_nq") > 1) | (F.max("copies") > 1), F.lit(None))
                   .otherwise(F.sum(F.coalesce("lost", F.lit(0)))).alias("lost")))
 
     def counts(keys: list[str]):

@@ -24,10 +24,12 @@ class Expected:
 
 
 def make_run(path, label: str, seed: int, time_s: int = 5, nodes=("node-0", "node-1"),
-             producers_queues=((0, ("qa",)), (1, ("qb",))), latency_scale_us: float = 800.0
-             ) -> Expected:
+             producers_queues=((0, ("qa",)), (1, ("qb",))), latency_scale_us: float = 800.0,
+             copies: int = 1) -> Expected:
     """Write a run folder at ``path``; return what the report must find. Each producer
-    publishes to the queues listed for it; queue ``i`` lives on ``nodes[i % len(nodes)]``."""
+    publishes to the queues listed for it; queue ``i`` lives on ``nodes[i % len(nodes)]``.
+    ``copies``: deliveries wanted per message (``params.copies``, a fanout's queues), so a
+    lost seq loses that many."""
     rng = np.random.default_rng(seed)
     queues = sorted({q for _, qs in producers_queues for q in qs})
     node_of = {q: nodes[i % len(nodes)] for i, q in enumerate(queues)}
@@ -37,7 +39,7 @@ def make_run(path, label: str, seed: int, time_s: int = 5, nodes=("node-0", "nod
                 "start_ns": START_NS, "start_iso": "2023-11-14T22:13:20Z",
                 "params": {"producers": len(producers_queues), "consumers": 2,
                            "queues": len(queues), "size": 64, "time": time_s,
-                           "sample_every": 1},
+                           "sample_every": 1, "copies": copies},
                 "queues": [{"queue": q, "node": node_of[q]} for q in queues]}
     w = RunWriter(path, run_json)
     per_second, samples, producer_rows, received_rows = [], [], [], []
@@ -57,9 +59,9 @@ def make_run(path, label: str, seed: int, time_s: int = 5, nodes=("node-0", "nod
         # RECEIVED: cover [0, seq): a lost run, a duplicated run, the rest once.
         lost = int(rng.integers(1, 10))
         dup = int(rng.integers(1, 10))
-        received_rows += [(p, 0, seq - lost - dup, 1), (p, seq - lost - dup, seq - lost, 2),
-                          (p, seq - lost, seq, 0)]
-        exp.lost_by_producer[p] = lost
+        received_rows += [(p, 0, seq - lost - dup, copies),
+                          (p, seq - lost - dup, seq - lost, copies + 1), (p, seq - lost, seq, 0)]
+        exp.lost_by_producer[p] = lost * copies
         exp.dup_by_producer[p] = dup
     for c, q in enumerate(queues):
         for s in range(seconds):

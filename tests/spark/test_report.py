@@ -25,11 +25,14 @@ def report_out(spark, tmp_path_factory):
     # one producer over both queues: per-queue loss is not attributable (null)
     exp_b = make_run(base / "rabbit", "rabbitmq", seed=2, producers_queues=((0, ("qa", "qb")),),
                      latency_scale_us=2500)
+    # a fanout to 3 queues: each seq wanted 3 times (params.copies)
+    exp_c = make_run(base / "fanout", "fanout", seed=3, copies=3)
     out = base / "out"
-    html = cli.run([str(base / "shoal-2n"), str(base / "rabbit")], "local[2]", str(out))
+    html = cli.run([str(base / "shoal-2n"), str(base / "rabbit"), str(base / "fanout")],
+                   "local[2]", str(out))
     tables = {n: pq.read_table(out / f"{n}.parquet").to_pylist()
               for n in ("runs", "queues", "nodes", "timeline", "latency_hist")}
-    return {"shoal 2 nodes": exp_a, "rabbitmq": exp_b}, tables, out, html
+    return {"shoal 2 nodes": exp_a, "rabbitmq": exp_b, "fanout": exp_c}, tables, out, html
 
 
 def test_per_run_totals_match_independent_computation(report_out):
@@ -68,7 +71,8 @@ def test_per_queue_and_per_node_match(report_out):
     lost = {(r["run"], r["queue"]): r["lost"] for r in tables["queues"]}
     a = expected["shoal 2 nodes"].lost_by_producer
     assert lost == {("shoal 2 nodes", "qa"): a[0], ("shoal 2 nodes", "qb"): a[1],
-                    ("rabbitmq", "qa"): None, ("rabbitmq", "qb"): None}
+                    ("rabbitmq", "qa"): None, ("rabbitmq", "qb"): None,
+                    ("fanout", "qa"): None, ("fanout", "qb"): None}    # a copy of any queue
     nodes = {(r["run"], r["node"]): r for r in tables["nodes"]}
     assert nodes[("shoal 2 nodes", "node-1")]["received"] == \
         expected["shoal 2 nodes"].received["qb"]
