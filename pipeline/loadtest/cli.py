@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     a("--bindings", type=int, default=0,
       help="with --exchange direct or topic: binding keys spread over the queues, key J to "
            "queue J %% QUEUES (default: one per queue)")
+    a("--connections", type=int, default=1,
+      help="connections per consumer process, its queues spread over them (default 1)")
     a("--queue-args", default="",
       help='queue.declare arguments: JSON object or k=v,k=v (numbers parsed)')
     a("--sample-every", type=int, default=50,
@@ -115,7 +117,7 @@ def build(argv: list[str]):
     """Parse and validate ``argv``: ``(Config, out_dir, run_json, nodes)``. Raises
     ``ValueError`` with a one-line reason."""
     from .schema import FORMAT_VERSION, MIN_SIZE
-    from .workers import Config
+    from .plan import Config
     args = _parser().parse_args(argv)
     for name in ("producers", "consumers"):
         if getattr(args, name) < 0:
@@ -146,6 +148,11 @@ def build(argv: list[str]):
         raise ValueError("--bindings needs --exchange with --exchange-type direct or topic")
     if args.bindings and args.bindings < args.queues:
         raise ValueError("--bindings must be at least --queues (each queue needs one)")
+    if args.connections < 1:
+        raise ValueError("--connections must be >= 1")
+    if args.connections > 1 and args.queues < args.consumers * args.connections:
+        raise ValueError("--connections: each connection needs a queue (--queues must be at "
+                         "least --consumers x --connections)")
     if len(args.exchange.encode()) > 255:
         raise ValueError("--exchange is limited to 255 bytes")
     url = AMQPUrl.parse(args.url)
@@ -169,12 +176,12 @@ def build(argv: list[str]):
                  sample_every=args.sample_every, run_token=int(run_id[:8], 16),
                  producers=args.producers, consumers=args.consumers,
                  exchange=args.exchange, exchange_type=args.exchange_type,
-                 bindings=args.bindings)
+                 bindings=args.bindings, connections=args.connections)
     from .runner import host_info
     params = {k: v for k, v in vars(args).items() if k != "url"}
     params["queue_args"] = queue_args
     params["nodes"] = ids
-    from .workers import copies
+    from .plan import copies
     params["copies"] = copies(cfg)      # deliveries expected per message (fanout: queues)
     management = args.management_url.strip()
     if management.lower() == "off":

@@ -20,7 +20,9 @@ from datetime import UTC, datetime
 
 from . import schema as S
 from .client import AMQPUrl
-from .workers import CLOSE_S, DONE, ERROR, READY, SECOND, Config, copies, run_worker
+from .entry import run_worker
+from .plan import Config, copies
+from .workers import CLOSE_S, DONE, ERROR, READY, SECOND
 from .writer import RunWriter, loss_and_duplicates, merge_counts, received_runs, warm_up
 
 READY_TIMEOUT_S = 60.0

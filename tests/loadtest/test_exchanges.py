@@ -8,7 +8,7 @@ import sys
 import pyarrow as pa
 import pytest
 from shoal.pipeline.loadtest.cli import build
-from shoal.pipeline.loadtest.workers import assigned, binding_keys, copies, routes
+from shoal.pipeline.loadtest.plan import assigned, binding_keys, copies, routes
 from shoal.pipeline.loadtest.writer import loss_and_duplicates, read_run
 
 CMD = [sys.executable, "-m", "shoal.cli", "loadtest"]
@@ -53,6 +53,8 @@ def test_a_fanout_reaches_every_queue_and_counts_each_copy():
      "--bindings needs --exchange"),
     (["--exchange", "d", "--queues", "5", "--bindings", "4"], "--bindings must be at least"),
     (["--exchange", "d", "--exchange-type", "headers"], "invalid choice"),
+    (["--connections", "0"], "--connections must be >= 1"),
+    (["--queues", "3", "--consumers", "2", "--connections", "2"], "each connection needs"),
 ])
 def test_bad_exchange_flags_exit_2_with_one_line(flags, why):
     r = subprocess.run(CMD + flags, capture_output=True, text=True, timeout=60, check=False)
@@ -92,3 +94,23 @@ def test_a_fanout_and_a_topic_run_against_a_cluster(cluster, tmp_path, uid):
     for q, n in zip(run["producers"]["queue"].to_pylist(), run["producers"]["sent"].to_pylist()):
         per_queue[q] = per_queue.get(q, 0) + n
     assert sorted(per_queue) == [f"ltt-{uid}-{i}" for i in range(1, 5)]     # all 4 reached
+
+
+@pytest.mark.e2e
+def test_a_consumer_spreads_its_queues_over_its_connections(cluster, tmp_path, uid):
+    """Shape G's tool: 2 consumer processes with 3 connections each over 12 queues (2 queues
+    per connection); every message arrives once."""
+    out = tmp_path / "conns"
+    r = subprocess.run(CMD + ["--url", cluster.url, "--rate", "300", "--time", "2", "--qos", "20",
+                              "--queues", "12", "--queue-pattern", f"ltc-{uid}-%d",
+                              "--consumers", "2", "--connections", "3", "--management-url",
+                              "off", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = read_run(out)
+    s = run["run"]["summary"]
+    assert s["received"] == s["sent"] > 0 and (s["lost"], s["duplicates"]) == (0, 0)
+    ps = run["per_second"]
+    got = {q for q, role, n in zip(ps["queue"].to_pylist(), ps["role"].to_pylist(),
+                                   ps["received"].to_pylist()) if role == "consumer" and n}
+    assert got == {f"ltc-{uid}-{i}" for i in range(1, 13)}     # every queue was consumed
