@@ -5,7 +5,8 @@ stores it and its bindings and feeds every router a change stream (``TOPOLOGY_EV
 module keeps the router's copy and answers "which queues does this publish reach?" locally, so
 routing never waits on a node.
 
-Exchange types: direct, fanout, topic (``*`` one word, ``#`` zero or more words) and headers
+Exchange types: direct, fanout, topic (``*`` one word, ``#`` zero or more words; the bindings
+in a trie of their words, topic.py) and headers
 (``x-match`` = all | any; ``all-with-x`` / ``any-with-x`` also compare ``x-`` headers).
 Exchange-to-exchange bindings are followed, each exchange visited once per publish.
 A binding with ``x-filter-jms-selector`` (Qpid, seed 003 "bindings with selectors") routes only
@@ -15,10 +16,10 @@ receives what the exchange could not route anywhere.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from shoal.router.topic import TopicTrie
 from shoal.shared import wire
 from shoal.shared.errors import PRECONDITION_FAILED, AMQPError, soft_error
 from shoal.shared.selector import Selector, check_arguments, selector_fields
@@ -33,7 +34,6 @@ class Binding:
     destination: str
     routing_key: str
     arguments: dict
-    matcher: Callable[[str], bool] | None = None  # topic exchanges: compiled key
     selector: Selector | None = None  # x-filter-jms-selector
 
     @property
@@ -54,30 +54,9 @@ class Exchange:
     bindings: dict[tuple, Binding] = field(default_factory=dict)
     # direct exchanges: routing key -> bindings, for O(1) routing
     by_key: dict[str, list[Binding]] = field(default_factory=dict)
+    # topic exchanges: the bindings by the words of their keys (topic.py)
+    topic: TopicTrie = field(default_factory=TopicTrie)
     selectors: int = 0      # bindings with a selector (properties are decoded when > 0)
-
-
-def compile_topic(pattern: str) -> Callable[[str], bool]:
-    """Compile a topic binding key (spec 3.1.3.3: ``*`` one word, ``#`` zero or more words)."""
-    words: list[str] = []
-    for word in pattern.split("."):
-        if not (word == "#" and words and words[-1] == "#"):  # "#.#" is "#"
-            words.append(word)
-    if "*" not in words and "#" not in words:
-        return pattern.__eq__
-    regex = ""
-    for i, word in enumerate(words):
-        if word == "#":
-            if i == 0:
-                regex += ".*" if len(words) == 1 else r"(?:.*\.)?"
-            else:
-                regex += r"(?:\..*)?"
-            continue
-        if i > 0 and not (i == 1 and words[0] == "#"):
-            regex += r"\."
-        regex += r"[^.]*" if word == "*" else re.escape(word)
-    compiled = re.compile(regex + r"\Z", re.DOTALL)
-    return lambda key: compiled.match(key) is not None
 
 
 def headers_match(arguments: dict, headers: dict | None) -> bool:
@@ -151,6 +130,7 @@ class Topology:
             ex = Exchange(vhost, name, type_, durable, auto_delete, internal, arguments or {})
             if old is not None:
                 ex.bindings, ex.by_key, ex.selectors = old.bindings, old.by_key, old.selectors
+                ex.topic = old.topic
             self.exchanges[(vhost, name)] = ex
         elif event == wire.EV_EXCHANGE_REMOVED:
             vhost, name = data
@@ -180,6 +160,7 @@ class Topology:
                 if ex.name in BUILTIN_EXCHANGES:
                     ex.bindings.clear()
                     ex.by_key.clear()
+                    ex.topic = TopicTrie()
                     ex.selectors = 0
                 else:
                     del self.exchanges[key]
@@ -190,8 +171,6 @@ class Topology:
         if ex is None:
             return
         b = Binding(dest_kind, destination, routing_key, arguments or {})
-        if ex.type == "topic":
-            b.matcher = compile_topic(routing_key)
         if b.key in ex.bindings:
             return
         try:
@@ -202,6 +181,8 @@ class Topology:
             ex.selectors += 1
         ex.bindings[b.key] = b
         ex.by_key.setdefault(routing_key, []).append(b)
+        if ex.type == "topic":
+            ex.topic.add(routing_key, b)
 
     def remove_binding(self, vhost: str, exchange: str, dest_kind: str, destination: str,
                        routing_key: str, arguments: dict | None) -> None:
@@ -218,6 +199,8 @@ class Topology:
                 lst.remove(b)
             if not lst:
                 ex.by_key.pop(routing_key, None)
+            if ex.type == "topic":
+                ex.topic.remove(routing_key, b)
 
     def remove_destination(self, vhost: str, dest_kind: str, destination: str) -> None:
         for (v, _), ex in self.exchanges.items():
@@ -301,7 +284,7 @@ class Topology:
         if ex.type == "fanout":
             return ex.bindings.values()
         if ex.type == "topic":
-            return [b for b in ex.bindings.values() if b.matcher(routing_key)]
+            return ex.topic.match(routing_key)
         if ex.type == "headers":
             if not ex.bindings:
                 return ()

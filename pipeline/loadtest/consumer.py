@@ -18,6 +18,11 @@ from .client import CHANNEL, AMQPClient, BrokerClosed, connect
 from .schema import BODY_HEADER, ROLE_CONSUMER
 from .workers import ACK_FLUSH_S, CLOSE_S, Worker
 
+#: connections a consumer opens at once (--connections): a burst of hundreds of connects
+#: overflows a broker's listen backlog (RabbitMQ's is 128), and the SYNs dropped wait for the
+#: kernel's retries (1, 3, 7 s ...) past the connect timeout
+CONNECT_AT_ONCE = 8
+
 
 class ConsumerLink:
     """One connection of a consumer: its consumers (one per queue, on channel ``CHANNEL``),
@@ -121,8 +126,12 @@ class Consumer(Worker):
         self.counts: dict[int, bytearray] = {}
         self.by_tag: dict[bytes, int] = {}
         conns = max(1, min(c.connections, n))
-        clients = [self.client] + list(await asyncio.gather(
-            *(connect(self.url) for _ in range(conns - 1))))
+        gate = asyncio.Semaphore(CONNECT_AT_ONCE)
+
+        async def one() -> AMQPClient:
+            async with gate:
+                return await connect(self.url)
+        clients = [self.client] + list(await asyncio.gather(*(one() for _ in range(conns - 1))))
         self.links = [ConsumerLink(self, client) for client in clients]
         await asyncio.gather(*(link.start(list(range(k, n, conns)), c.qos)
                                for k, link in enumerate(self.links)))

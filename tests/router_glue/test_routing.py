@@ -1,7 +1,8 @@
 """Exchange routing on the router's topology cache (spec 3.1.3)."""
 import pytest
 
-from shoal.router.routing import Topology, compile_topic, headers_match
+from shoal.router.routing import Topology, headers_match
+from shoal.router.topic import compile_topic
 from shoal.shared import wire
 
 
