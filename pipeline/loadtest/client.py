@@ -28,6 +28,10 @@ from . import frames as F
 FAST_METHODS = {F.BASIC_DELIVER, F.BASIC_ACK, F.BASIC_NACK, F.BASIC_RETURN}
 CHANNEL = 1
 MAX_FRAME = 131072
+#: how long a TCP connect, and then the broker's connection.start, may take (s): a broker busy
+#: declaring 10,000 queues answers slowly (RabbitMQ 3.10 here took more than 30 s for some of
+#: 1,000 connections: issue 46 shape G)
+CONNECT_TIMEOUT_S = 120.0
 
 
 class BrokerClosed(ShoalError):
@@ -176,7 +180,11 @@ class AMQPClient(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self.waiter = loop.create_future()
         self.transport.write(pframe.marshal(ProtocolHeader(), 0))
-        start = await asyncio.wait_for(self.waiter, 30)
+        try:
+            start = await asyncio.wait_for(self.waiter, CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            raise TimeoutError(f"no connection.start within {CONNECT_TIMEOUT_S:.0f} s of the "
+                               f"protocol header") from None
         if not isinstance(start, commands.Connection.Start):
             raise BrokerClosed(f"expected connection.start, got {type(start).__name__}")
         props = start.server_properties or {}
@@ -209,10 +217,15 @@ class AMQPClient(asyncio.Protocol):
 
 
 async def connect(url: AMQPUrl) -> AMQPClient:
-    """Open a connection and channel 1. Raises ``BrokerClosed`` or ``OSError``."""
+    """Open a connection and channel 1. Raises ``BrokerClosed``, ``OSError`` or
+    ``TimeoutError`` (no TCP connection within CONNECT_TIMEOUT_S)."""
     loop = asyncio.get_running_loop()
-    _, client = await asyncio.wait_for(
-        loop.create_connection(AMQPClient, url.host, url.port), 30)
+    try:
+        _, client = await asyncio.wait_for(
+            loop.create_connection(AMQPClient, url.host, url.port), CONNECT_TIMEOUT_S)
+    except TimeoutError:
+        raise TimeoutError(f"no TCP connection to {url.host}:{url.port} within "
+                           f"{CONNECT_TIMEOUT_S:.0f} s") from None
     await client.open(url)
     return client
 

@@ -26,6 +26,9 @@ from .workers import CLOSE_S, DONE, ERROR, READY, SECOND
 from .writer import RunWriter, loss_and_duplicates, merge_counts, received_runs, warm_up
 
 READY_TIMEOUT_S = 60.0
+#: and this much longer per queue and per consumer connection to set up (a broker that declares
+#: a queue in 5 ms takes 50 s for 10,000: RabbitMQ 3.10 here, issue 46 shape G)
+READY_PER_OBJECT_S = 0.02
 DRAIN_IDLE_S = 3.0
 DRAIN_MAX_S = 30.0
 FLUSH_EVERY_S = 5
@@ -168,7 +171,10 @@ class Runner:
         writer = None
         try:
             ready, server = set(), ""
-            deadline = time.monotonic() + READY_TIMEOUT_S
+            c = self.cfg
+            # each queue (and binding) declared by its producer and its consumer
+            objects = 2 * (len(c.queues) + c.bindings) + c.consumers * c.connections
+            deadline = time.monotonic() + READY_TIMEOUT_S + READY_PER_OBJECT_S * objects
             while len(ready) < len(self.workers):
                 msg = self._get(reports, deadline, "workers to connect")
                 if msg[0] == READY:

@@ -84,6 +84,10 @@ def install_rabbitmq() -> None:
 
 
 # -- brokers ------------------------------------------------------------------------------
+#: open files RabbitMQ may use (its soft limit; the hard limit must allow it)
+NOFILE = 20000
+
+
 class RabbitMQ:
     label = "RabbitMQ"
     url = RABBIT_URL
@@ -94,7 +98,17 @@ class RabbitMQ:
             install_rabbitmq()
         if not port_open(5672):
             log("starting RabbitMQ")
-            subprocess.run(["rabbitmq-server", "-detached"], check=True)
+            # with the open-files limit raised: at the soft 1,024 RabbitMQ takes at most 832
+            # sockets and leaves more connections without connection.start (matrix.py shape
+            # G: 1,000), as an operator raises it for such a load. Debian's wrapper starts it
+            # through su, whose PAM limits reset what a parent sets; its environment file is
+            # sourced as shell by the server's own script, and su keeps the environment.
+            env_file = Path(tempfile.mkdtemp(prefix="rabbitmq-env-")) / "rabbitmq-env.conf"
+            env_file.write_text(f"ulimit -n {NOFILE} 2>/dev/null || true\n")
+            env_file.parent.chmod(0o755)
+            env_file.chmod(0o644)
+            subprocess.run(["rabbitmq-server", "-detached"], check=True,
+                           env={**os.environ, "RABBITMQ_CONF_ENV_FILE": str(env_file)})
         # right after -detached the node is not registered yet: await_startup then fails
         deadline = time.monotonic() + 180
         while subprocess.run(["rabbitmqctl", "await_startup", "--timeout", "120"], check=False,
