@@ -249,9 +249,16 @@ class Broker:
         """
         want_result = seq or ev.mandatory or future is not None
         if self.leases.held:
-            if not want_result and len(queues) == 1 and \
-                    self.leases.deliver(ch, ev, next(iter(queues))):
-                return
+            if not want_result:
+                if len(queues) == 1:
+                    if self.leases.deliver(ch, ev, next(iter(queues))):
+                        return
+                else:       # each leased queue as if published to alone; the rest below
+                    rest = self.leases.deliver_each(ch, ev, queues)
+                    if not rest:
+                        self.stats["routed"] += 1
+                        return
+                    queues = rest
             self.leases.end_for(ch.vhost, queues)
         by_node = self._by_node(ch.vhost, queues)
         if not want_result:     # routed as far as the router knows (no node answer)

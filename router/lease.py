@@ -71,10 +71,11 @@ class Leases:
         if entry is not None and self.holds(entry[1]):
             self._end(entry[1], now=True)
 
-    def deliver(self, ch: "BrokerChannel", ev: Any, queue: str) -> bool:
-        """Deliver publish ``ev`` (routed to ``queue`` only, no answer wanted) under the
-        lease, if one is held and allows it; else end the lease (if held) and return False:
-        the caller publishes through the node."""
+    def deliver(self, ch: "BrokerChannel", ev: Any, queue: str, count: bool = True) -> bool:
+        """Deliver publish ``ev`` (routed to ``queue``, no answer wanted) under the lease, if
+        one is held and allows it; else end the lease (if held) and return False: the caller
+        publishes through the node. ``count``: count it routed (once per publish: a
+        publish to several queues is counted by the caller)."""
         entry = self.held.get((ch.vhost, queue))
         if entry is None:
             return False
@@ -89,7 +90,8 @@ class Leases:
         link.send_record([TAG_LEASED, c.consumer_id, did, ev.exchange, ev.routing_key,
                           ev.header, ev.body, ch.client.owner])
         stats = broker.stats
-        stats["routed"] += 1
+        if count:
+            stats["routed"] += 1
         stats["delivered"] += 1
         stats["leased"] += 1
         try:
@@ -99,6 +101,15 @@ class Leases:
             broker.delivery_failed(link, cch, did)
         broker.mark_dirty(cch.client)
         return True
+
+    def deliver_each(self, ch: "BrokerChannel", ev: Any, queues: Any) -> list[str]:
+        """A publish routed to several queues (a fanout, a topic), no answer wanted: delivered
+        under the lease of each queue whose lease allows it, as a publish to that queue alone
+        would be; returns the other queues (a lease that did not allow it is ended), which
+        go through their nodes. Not counted routed: the caller counts the publish once."""
+        held, vhost = self.held, ch.vhost
+        return [q for q in queues
+                if (vhost, q) not in held or not self.deliver(ch, ev, q, count=False)]
 
     def end_for(self, vhost: str, queues: Any) -> None:
         """A PUBLISH to ``queues`` is about to go through the node: end their leases first."""

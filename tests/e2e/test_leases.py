@@ -151,3 +151,47 @@ def test_requeued_and_unacked_leased_deliveries_come_back(prom):
     pch.queue_delete(q)
     for c in (pub, again):
         c.close()
+
+
+def test_a_fanout_delivers_under_each_queues_lease_once_in_order(prom):
+    """A publish to several queues (a fanout to three) goes under the lease of each queue
+    that has one and through the node for the others: every queue's consumer gets every
+    message once, in publish order, as mandatory publishes end the leases and they come
+    back."""
+    ex = f"lease-fan-{uuid.uuid4().hex[:8]}"
+    qs = [f"{ex}-{i}" for i in range(3)]
+    pub, sub = connect(prom.url), connect(prom.url)
+    pch = pub.channel()
+    pch.exchange_declare(ex, "fanout")
+    got: dict[str, list] = {q: [] for q in qs}
+    for q in qs:
+        pch.queue_declare(q)
+        pch.queue_bind(q, ex)
+        consumer(sub, q, got[q], prefetch=20)
+    before = leased(prom)
+    sent: list = []
+
+    def all_got():
+        return all(len(g) == len(sent) for g in got.values())
+    deadline = time.monotonic() + 20
+    while leased(prom) < before + 3 and time.monotonic() < deadline:
+        sent.append(f"m{len(sent)}".encode())
+        pch.basic_publish(ex, "", sent[-1])
+        pump(pub, sub, until=all_got)
+    assert leased(prom) >= before + 3, "the fanout's queues were never lent"
+    for i in range(len(sent), len(sent) + 1500):
+        body = f"m{i}".encode()
+        pch.basic_publish(ex, "", body, mandatory=(i % 97 == 0))   # mandatory: the node's
+        sent.append(body)
+        if i % 10 == 9:
+            sub.process_data_events(0)
+    pump(pub, sub, until=all_got)
+    for q in qs:
+        assert [b for b, _ in got[q]] == sent, q
+        assert not any(r for _, r in got[q])
+    sub.close()
+    for q in qs:
+        assert pch.queue_declare(q, passive=True).method.message_count == 0
+        pch.queue_delete(q)
+    pch.exchange_delete(ex)
+    pub.close()
