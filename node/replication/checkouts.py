@@ -144,10 +144,7 @@ class Checkouts:
             # behind the deliveries still waiting for their checkout: the consumer gets the
             # queue's order (the fault campaign's rule 4 found a marked message overtaking a
             # requeued one ahead of it)
-            if self.held or self.in_flight:
-                self.send_ordered(identity, msg)
-            else:
-                self.group.host.send(identity, msg)
+            self.send_ordered(identity, msg)
             return
         if settled:
             self.settled_out.append(index)

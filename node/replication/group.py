@@ -165,11 +165,10 @@ class QuorumGroup:
 
     def enqueue_command(self, exchange: str, routing_key: str, header: bytes, body: bytes,
                         publisher: Any, again: bool, out: bool = False) -> list:
-        """The ``enq`` command of a publish (machine.py), stamped with the leader's time
-        (``wall_now``); ``out``: logged checked out (checkouts.py ``can_mark``)."""
-        t = self.queue.timers
-        return ["enq", exchange, routing_key, header, body, publisher, again,
-                t.now + t.wall_offset_ms, out]
+        """The ``enq`` command of a publish (machine.py), stamped with the leader's time;
+        ``out``: logged checked out (checkouts.py ``can_mark``)."""
+        return ["enq", exchange, routing_key, header, body, publisher, again, self.wall_now(),
+                out]
 
     def refuses(self, size: int) -> bool:
         """x-overflow reject-publish (``qpid.policy_type: reject``) as leader: whether a
