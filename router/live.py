@@ -10,10 +10,12 @@ A report is built and packed in slices of REPORT_SLICE connections, the event lo
 between them, and travels as those packed slices: a node keeps the bytes without decoding the
 rows, and only the API's :func:`cluster_report` unpacks them. Built and sent whole, the report
 of 1,000 connections with 10,000 consumers held the router's loop about 60 ms and each node's
-about 140 ms once a second, and 1-5% of deliveries waited that long (issue 46, shape G). RabbitMQ's
-own figures are as old as its ``collect_statistics_interval`` (5 s); these are at most about a
-second old. Closing a connection on another router goes through a node (FORCE_CLOSE, then
-:meth:`Broker.close_connection <shoal.router.broker.Broker.close_connection>` there).
+about 140 ms once a second, and 1-5% of deliveries waited that long (issue 46, shape G).
+
+RabbitMQ's own figures are as old as its ``collect_statistics_interval`` (5 s); these are at
+most about a second old. Closing a connection on another router goes through a node
+(FORCE_CLOSE, then :meth:`Broker.close_connection <shoal.router.broker.Broker.close_connection>`
+there).
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def report(broker: Broker) -> dict[str, Any]:
     """This router's connections, channels and consumers as the API's JSON rows, and its
     ``stats`` (:data:`STATS`)."""
     rows = _rows(broker, list(broker.connections))
-    rows["stats"] = {k: broker.stats[k] for k in STATS}
+    rows["stats"] = _stats(broker)
     return rows
 
 
@@ -75,7 +77,11 @@ async def packed_report(broker: Broker) -> dict[str, Any]:
         slices.append(msgpack.packb(_rows(broker, connections[i:i + REPORT_SLICE]),
                                     use_bin_type=True))
         await asyncio.sleep(0)
-    return {"slices": slices, "stats": {k: broker.stats[k] for k in STATS}}
+    return {"slices": slices, "stats": _stats(broker)}
+
+
+def _stats(broker: Broker) -> dict[str, int]:
+    return {k: broker.stats[k] for k in STATS}
 
 
 def unpacked(rep: dict) -> dict[str, Any]:

@@ -48,7 +48,6 @@ class Checkouts:
         # member caught a copy kept here).
         self.group = group
         #: the enqueues this leader logged checked out (``can_mark``), not applied yet
-        #: (counted up by the group's ``logged``)
         self.pending_marked = 0
         #: deliveries (and basic.get answers) held until their checkout is applied:
         #: [identity, message, entry, its redelivered flag, message if lost or None]
@@ -91,6 +90,11 @@ class Checkouts:
         if self.group.leading and first:
             self.mark_ahead()
         self.log_checkouts()
+
+    def logged(self, out: bool) -> None:
+        """This leader logged an enqueue, checked out with it when ``out``."""
+        if out:
+            self.pending_marked += 1
 
     def applied_enq(self, index: int, out: bool, older: bool) -> None:
         """This leader applied an enqueue: its own (``out``: logged checked out), or an older

@@ -191,11 +191,9 @@ class QuorumGroup:
     def logged(self, size: int, out: bool) -> None:
         """An enqueue of ``size`` bytes was logged by this leader (see ``pending``), checked
         out with it when ``out`` (``pending_marked``)."""
-        pending = self.pending
-        pending[0] += 1
-        pending[1] += size
-        if out:
-            self.out.pending_marked += 1
+        self.pending[0] += 1
+        self.pending[1] += size
+        self.out.logged(out)
 
     def used(self) -> None:
         """The queue was used (a basic.get, a consumer came or went): with x-expires, the
@@ -250,7 +248,7 @@ class QuorumGroup:
                 log.exception("quorum queue '%s': cannot apply entry %d", self.key[1],
                               entry.index)
             if op == "enq":
-                if leading and (older or (len(data) > 8 and data[8])):
+                if leading:
                     self.out.applied_enq(entry.index, len(data) > 8 and bool(data[8]), older)
             elif op == "mark":
                 if leading:

@@ -126,10 +126,9 @@ class QueueMachine:
                 e.redelivered = True
             self.by_index[index] = e
             self.index_of[e.entry_id] = index
-            state = e.state
-            if ts is not None and (e.expires_at or state is HELD):
+            if ts is not None and (e.expires_at or e.state is HELD):
                 self.ts_of[index] = ts
-            dead = state > HELD             # QueueEntry.is_dead
+            dead = e.is_dead
             if n > 8 and cmd[8] and not dead:      # checked out as enqueued (group.py)
                 self.out.add(index)
                 self.marked[index] = bool(again)
@@ -151,7 +150,7 @@ class QueueMachine:
                 if e is None:
                     continue
                 self._untrack(i, e)
-                if e.state > HELD:      # dead (is_dead): the leader settled it already
+                if e.is_dead:           # the leader settled it already
                     n += 1
                     continue
                 n += 1
@@ -265,15 +264,14 @@ class QueueMachine:
     def _untrack(self, index: int, e: QueueEntry) -> None:
         self.by_index.pop(index, None)
         self.index_of.pop(e.entry_id, None)
-        ts_of, out, marked, fresh = self.ts_of, self.out, self.marked, self.fresh
-        if ts_of:
-            ts_of.pop(index, None)
-        if out:
-            out.discard(index)
-        if marked:
-            marked.pop(index, None)
-        if fresh:
-            fresh.discard(index)
+        if self.ts_of:
+            self.ts_of.pop(index, None)
+        if self.out:
+            self.out.discard(index)
+        if self.marked:
+            self.marked.pop(index, None)
+        if self.fresh:
+            self.fresh.discard(index)
 
     def forget_dead(self) -> None:
         """Drop the entries the queue removed by itself (TTL expiry, delivery limit)."""

@@ -64,6 +64,7 @@ class Runner:
     def __init__(self, cfg: Config, out_dir: str, run_json: dict, nodes: dict[str, str],
                  out=sys.stdout) -> None:
         self.cfg = cfg
+        self.copies = copies(cfg)       #: deliveries wanted per message (a fanout's queues)
         self.out_dir = out_dir
         self.run_json = run_json
         self.nodes = nodes
@@ -253,8 +254,8 @@ class Runner:
             if producers <= self.done and not stop.is_set():
                 if drain_started is None:
                     drain_started = now
-                expected = copies(self.cfg) * sum(t[0] - t[3] for rows in
-                                                  self.producer_totals.values() for _, t in rows)
+                expected = self.copies * sum(t[0] - t[3] for rows in
+                                             self.producer_totals.values() for _, t in rows)
                 if self.received_total != last_progress[0]:
                     last_progress = (self.received_total, now)
                 if (self.received_total >= expected or now - last_progress[1] >= DRAIN_IDLE_S
@@ -288,7 +289,7 @@ class Runner:
                 window_received += agg["received"]
         lat = sorted(self.window_lat)
         import pyarrow as pa
-        n = copies(c)
+        n = self.copies
         lost, dup = loss_and_duplicates(pa.table({
             "seq_start": pa.array([r[1] for r in received_rows], pa.int64()),
             "seq_end": pa.array([r[2] for r in received_rows], pa.int64()),
