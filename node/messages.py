@@ -188,7 +188,7 @@ def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Q
             if g.refuses(len(body)):        # x-overflow reject-publish: basic.nack
                 tally[1] += 1
                 continue
-            out = g.may_deliver() and g.out.can_mark()
+            out = g.out.can_mark() and g.may_deliver()
             if cmd is None or cmd[8] != out:
                 cmd = g.enqueue_command(exchange, routing_key, header, body, publisher,
                                         seq < 0, out)
@@ -421,7 +421,8 @@ def on_get(shard: ShardCore, state: RouterPeer, msg: list) -> Any:
             return
         flag = e.redelivered
         reply = [TAG_REPLY, req_id, 0, "", taken(shard, state, q, e, bool(no_ack))]
-        g.out.check_out(e, state.identity, reply, flag, bool(no_ack), gone)
+        if g.out.check_out(e, state.identity, reply, flag, bool(no_ack), gone):
+            shard.send(state.identity, reply)
     last = g.raft.log.last_index
     if last > g.raft.log.applied:
         g.waiters.setdefault(last, []).append(then)

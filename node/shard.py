@@ -287,7 +287,8 @@ class Shard:
         if g is not None and consumer.acquires:     # a quorum queue: sent once logged
             if not consumer.no_ack:
                 peer.unsettled[entry.entry_id] = entry
-            g.out.check_out(entry, peer.identity, msg, entry.redelivered, consumer.no_ack)
+            if g.out.check_out(entry, peer.identity, msg, entry.redelivered, consumer.no_ack):
+                self.send(peer.identity, msg)
             return
         self.send(peer.identity, msg)
         if not consumer.no_ack and consumer.acquires:

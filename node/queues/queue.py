@@ -110,8 +110,11 @@ class Queue:
     # --- counts ---
     @property
     def message_count(self) -> int:
-        """AVAILABLE entries (acquired-but-unsettled and held ones are not counted)."""
-        return self.available
+        """AVAILABLE entries (acquired-but-unsettled and held ones are not counted); a quorum
+        queue's follower: what its member holds (node/replication/machine.py: a lazy one
+        holds records, not entries)."""
+        rep = self.replica
+        return self.available if rep is None or rep.leading else rep.message_count()
 
     @property
     def consumer_count(self) -> int:

@@ -33,6 +33,7 @@ class Leader(Protocol):
     machine: QueueMachine
     host: Any                   #: group.py's GroupHost: ``send(identity, msg)``
     leading: bool
+    pending: list               #: [count, bytes, checked out] of enqueues logged, not applied
 
     def propose(self, cmd: list, then: Callable[[Any], None] | None = None) -> bool: ...
 
@@ -47,8 +48,6 @@ class Checkouts:
         # declaration replaces both (manager.py ``_install``; the fault campaign's wiped
         # member caught a copy kept here).
         self.group = group
-        #: the enqueues this leader logged checked out (``can_mark``), not applied yet
-        self.pending_marked = 0
         #: deliveries (and basic.get answers) held until their checkout is applied:
         #: [identity, message, entry, its redelivered flag, message if lost or None]
         self.held: list[list] = []
@@ -91,19 +90,10 @@ class Checkouts:
             self.mark_ahead()
         self.log_checkouts()
 
-    def logged(self, out: bool) -> None:
-        """This leader logged an enqueue, checked out with it when ``out``."""
-        if out:
-            self.pending_marked += 1
-
-    def applied_enq(self, index: int, out: bool, older: bool) -> None:
-        """This leader applied an enqueue: its own (``out``: logged checked out), or an older
-        leader's (``older``)."""
-        if older:
-            if index in self.machine.fresh:
-                self.older(index)
-        elif out:
-            self.pending_marked -= 1
+    def applied_older_enq(self, index: int) -> None:
+        """This leader applied an older leader's enqueue."""
+        if index in self.machine.fresh:
+            self.older(index)
 
     def applied_mark(self, indexes: list, older: bool) -> None:
         """This leader applied a ``mark``: its own, or an older leader's (``older``)."""
@@ -112,10 +102,6 @@ class Checkouts:
             self.marking.discard(i)
             if older and i in fresh:
                 self.older(i)
-
-    def lead(self) -> None:
-        """The group starts leading: nothing of its own is logged yet."""
-        self.pending_marked = 0
 
     def follow(self) -> None:
         """The group stopped leading: what it held is never sent as delivered (the new leader
@@ -128,17 +114,17 @@ class Checkouts:
         self._unsent(unlogged)
 
     def check_out(self, entry: QueueEntry, identity: bytes, msg: list, redelivered: bool,
-                  settled: bool, lost: list | None = None) -> None:
+                  settled: bool, lost: list | None = None) -> bool:
         """The leader hands ``entry`` to a consumer or a basic.get: ``msg`` (the DELIVER, or
         the REPLY) goes to ``identity`` once the checkout is in the log and applied, so a
         new leader knows exactly what was delivered (RabbitMQ's checkouts, rabbit_fifo).
         ``settled``: no_ack (acknowledged as sent); ``lost``: sent instead if this member
-        stops leading first (a basic.get's MOVED)."""
+        stops leading first (a basic.get's MOVED). Returns True when the caller sends
+        ``msg`` now: its checkout is in the log already and nothing is held ahead of it."""
         m = self.group.machine
         index = m.index_of.get(entry.entry_id)
         if index is None:                   # not from the log: nothing to record
-            self.group.host.send(identity, msg)
-            return
+            return True
         self.taken += 1
         fresh = m.fresh
         if index in fresh:                  # logged checked out already (enq out, mark)
@@ -148,8 +134,7 @@ class Checkouts:
             # behind the deliveries still waiting for their checkout: the consumer gets the
             # queue's order (the fault campaign's rule 4 found a marked message overtaking a
             # requeued one ahead of it)
-            self.send_ordered(identity, msg)
-            return
+            return not self.queued_behind(identity, msg)
         if settled:
             self.settled_out.append(index)
         elif index in self.marking:         # its mark is on its way: it counts for this
@@ -157,6 +142,7 @@ class Checkouts:
         else:
             self.checkouts.append(index)
         self.held.append([identity, msg, entry, redelivered, lost])
+        return False
 
     def older(self, index: int) -> None:
         """An older leader's enqueue logged checked out, applied by this leader: that one
@@ -177,7 +163,7 @@ class Checkouts:
         and nothing is ready ahead of it, or they keep up with the queue: an acquiring
         consumer, everything ready is marked already (``fresh``, ``marking``), and fewer
         marks are out than :meth:`mark_ahead` keeps (``mark_want``), counting the enqueues
-        already so logged (``pending_marked``)."""
+        already so logged (the group's ``pending``)."""
         g = self.group
         q = g.queue
         qcm = q.qcm
@@ -185,7 +171,7 @@ class Checkouts:
             return False
         fresh, marking = len(g.machine.fresh), len(self.marking)
         if q.available <= fresh + marking and \
-                self.pending_marked + fresh + marking < self.mark_want:
+                g.pending[2] + fresh + marking < self.mark_want:
             for c in qcm.all:
                 if c.acquires:
                     return True
@@ -196,7 +182,7 @@ class Checkouts:
         for c in qcm.all:
             if c.acquires:
                 spare += c.credit
-                if spare > self.pending_marked:
+                if spare > g.pending[2]:
                     return True
         return False
 
@@ -217,7 +203,7 @@ class Checkouts:
                 fresh.clear()
             self.mark_want = MARK_AHEAD_MIN
             return
-        have = len(fresh) + len(self.marking) + self.pending_marked
+        have = len(fresh) + len(self.marking) + self.group.pending[2]
         want = self.mark_want
         if want - have < max(MARK_BATCH, want // 4) or q.available <= len(fresh) or \
                 not self.group.may_deliver():
@@ -278,12 +264,19 @@ class Checkouts:
         """Send ``msg`` (CREDIT_DRAINED, a CANCEL's answer) to a router behind the
         deliveries this leader holds for their checkouts: the router must see them first,
         as it does from a classic queue (its credit accounting counts them)."""
+        if not self.queued_behind(identity, msg):
+            self.group.host.send(identity, msg)
+
+    def queued_behind(self, identity: bytes, msg: list) -> bool:
+        """Queue ``msg`` behind the deliveries this leader holds for their checkouts, to go
+        with them; False when none are held (it may go now)."""
         if self.held:
             self.held.append([identity, msg, None, False, None])
         elif self.in_flight:
             self.in_flight[-1].append([identity, msg, None, False, None])
         else:
-            self.group.host.send(identity, msg)
+            return False
+        return True
 
     def _unsent(self, held: list[list]) -> None:
         """Deliveries never sent (this member stopped leading first): their entries (now

@@ -20,7 +20,7 @@ from shoal.node.queues.queue import Queue
 from shoal.node.replication.checkouts import Checkouts
 from shoal.node.replication.dead_letters import DeadLetters, at_least_once
 from shoal.node.replication.log import LOST, Entry, NORMAL, Snapshot
-from shoal.node.replication.machine import QueueMachine
+from shoal.node.replication.machine import LAZY_MAX, QueueMachine
 from shoal.node.replication.membership import node_of
 from shoal.node.replication.raft import Raft
 
@@ -76,7 +76,7 @@ class QuorumGroup:
         self.uid = header[3]
         self.raft = raft
         self.wanted = wanted
-        self.machine = QueueMachine(queue)
+        self.machine = QueueMachine(queue, LAZY_MAX)
         raft.snapshot_source = self.state
         self.waiters: dict[int, list[Callable[[Any], None]]] = {}
         self.leading = False
@@ -89,8 +89,9 @@ class QuorumGroup:
         self.acked_at: dict[str, float] = {}
         self.retire_ticks = 0       #: a deleted leader's ticks left (manager.py RETIRE_TICKS)
         #: the enqueues this leader logged in its term and has not applied yet: [count,
-        #: bytes] (x-overflow reject-publish counts them as queued)
-        self.pending = [0, 0]
+        #: bytes, those logged checked out] (x-overflow reject-publish counts them as
+        #: queued; checkouts.py ``can_mark`` counts the last as marked)
+        self.pending = [0, 0, 0]
         self.expiring = False       #: this leader proposed the delete of x-expires
         #: the log index of this leader's first entry of its term: it delivers nothing
         #: before that is applied (every older checkout is applied by then)
@@ -190,10 +191,12 @@ class QuorumGroup:
 
     def logged(self, size: int, out: bool) -> None:
         """An enqueue of ``size`` bytes was logged by this leader (see ``pending``), checked
-        out with it when ``out`` (``pending_marked``)."""
-        self.pending[0] += 1
-        self.pending[1] += size
-        self.out.logged(out)
+        out with it when ``out``."""
+        pending = self.pending
+        pending[0] += 1
+        pending[1] += size
+        if out:
+            pending[2] += 1
 
     def used(self) -> None:
         """The queue was used (a basic.get, a consumer came or went): with x-expires, the
@@ -223,10 +226,7 @@ class QuorumGroup:
     def install(self, snap: Snapshot) -> None:
         """A snapshot from the leader replaces the whole state."""
         m = self.machine
-        for i, e in list(m.by_index.items()):
-            m._untrack(i, e)
-            if not e.is_dead:
-                self.queue.features.remove_ready(e, None)
+        m.clear()
         if isinstance(snap.data, dict):
             m.restore(snap.data)
         self.snapshot = snap
@@ -242,14 +242,16 @@ class QuorumGroup:
                 pending = self.pending
                 pending[0] -= 1
                 pending[1] -= len(data[4])
+                if len(data) > 8 and data[8]:
+                    pending[2] -= 1
             try:
                 result = self.machine.apply(entry.index, data)
             except Exception:  # noqa: BLE001 - a bad command must not stop the group
                 log.exception("quorum queue '%s': cannot apply entry %d", self.key[1],
                               entry.index)
             if op == "enq":
-                if leading:
-                    self.out.applied_enq(entry.index, len(data) > 8 and bool(data[8]), older)
+                if older:
+                    self.out.applied_older_enq(entry.index)
             elif op == "mark":
                 if leading:
                     self.out.applied_mark(data[1], older)
@@ -292,8 +294,7 @@ class QuorumGroup:
             self.leading = True
             now = self.host.now()
             self.acked_at = {m: now for m, granted in r.votes.items() if granted}
-            self.pending = [0, 0]
-            self.out.lead()
+            self.pending = [0, 0, 0]
             self.term_start = r.log.last_index      # its empty entry of the new term
             self.queue.sink = self.host.sink
             self.machine.lead()
@@ -370,6 +371,11 @@ class QuorumGroup:
         entry (so every checkout of an older leader is applied: what that one delivered is
         flagged redelivered before this one hands it out)."""
         return self.leading and self.in_lease() and self.raft.log.applied >= self.term_start
+
+    def message_count(self) -> int:
+        """What this member reports as the queue's message count while it follows
+        (machine.py ``message_count``)."""
+        return self.machine.message_count()
 
     def lists_here(self) -> bool:
         """Whether this member reports the queue (QUEUE_LIST): the leader, or while there is

@@ -58,6 +58,15 @@ and drops no head (x-overflow), and replaces no last value; what the leader deci
 it as ``drop``. A member that becomes leader arms the timers of what it holds from the
 times in the log.
 
+A follower holds its messages as the log gave them (``lazy``): a :class:`Logged` record per
+message, by log index, and no queue entry, since it neither delivers nor routes. The same
+commands act on those records as on entries (a record is always available and never dead).
+Entering, restoring or ordering a message costs a follower nothing more than the record: its
+queue is built from the records, in log order as a follower would have enqueued them, when it
+becomes leader (:meth:`QueueMachine.lead`). A follower with a backlog (more than
+:data:`LAZY_MAX` messages) makes its entries then, so that leading never has many to build,
+and holds records again once its queue is empty (a member that led, too).
+
 Snapshot data: ``{"queue": [vhost, name, arguments, uid], "messages": [[index, exchange,
 routing_key, header, body, redelivered, delivery_count, publisher, ts], ...],
 "last_active": epoch ms, "out": [index, ...], "discards": [[index, exchange, routing_key,
@@ -73,14 +82,21 @@ from shoal.node.queues.deadletter import annotated_header
 from shoal.node.queues.entry import ACQUIRED, HELD, QueueEntry
 from shoal.node.queues.paging import body_bytes
 from shoal.node.queues.queue import Queue
+from shoal.node.replication.logged import LAZY_MAX, Following, Logged
+
+__all__ = ["LAZY_MAX", "QueueMachine"]
 
 
 class QueueMachine:
-    """The state machine of one quorum queue over ``queue``; ``leader()`` says whether this
-    member leads now (decides what a requeue or reject does beyond the shared state)."""
+    """The state machine of one quorum queue over ``queue``; ``lazy_max`` > 0: it holds up to
+    that many messages as ``Logged`` records while it follows (logged.py; a group's member
+    passes ``LAZY_MAX``; see the module docstring), 0: queue entries always."""
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Queue, lazy_max: int = 0) -> None:
         self.queue = queue
+        #: whether it holds records now; the most it holds (0: never, always entries)
+        self.lazy = lazy_max > 0
+        self.lazy_max = lazy_max
         self.by_index: dict[int, QueueEntry] = {}
         self.index_of: dict[int, int] = {}          # entry_id -> log index
         self.leading = False
@@ -116,19 +132,24 @@ class QueueMachine:
         q = self.queue
         if op == "enq":
             n = len(cmd)
-            ts = cmd[7] if n > 7 else None
-            e = q.enqueue(cmd[1], cmd[2], cmd[3], cmd[4], cmd[5],
-                          None if ts is None else ts - q.timers.wall_offset_ms)
-            if e is None:
-                return False
+            if self.lazy:
+                e: Any = Logged(cmd)
+                self.by_index[index] = e
+                dead = False
+            else:
+                ts = cmd[7] if n > 7 else None
+                e = q.enqueue(cmd[1], cmd[2], cmd[3], cmd[4], cmd[5],
+                              None if ts is None else ts - q.timers.wall_offset_ms)
+                if e is None:
+                    return False
+                self.by_index[index] = e
+                self.index_of[e.entry_id] = index
+                if ts is not None and (e.expires_at or e.state is HELD):
+                    self.ts_of[index] = ts
+                dead = e.is_dead
             again = n > 6 and cmd[6]
             if again:
                 e.redelivered = True
-            self.by_index[index] = e
-            self.index_of[e.entry_id] = index
-            if ts is not None and (e.expires_at or e.state is HELD):
-                self.ts_of[index] = ts
-            dead = e.is_dead
             if n > 8 and cmd[8] and not dead:      # checked out as enqueued (group.py)
                 self.out.add(index)
                 self.marked[index] = bool(again)
@@ -142,6 +163,8 @@ class QueueMachine:
             q.stats[0] += 1
             if self.leading:
                 q.notify_work()
+            elif self.lazy and len(self.by_index) > self.lazy_max:
+                self.materialize()          # a backlog: its entries now, not all as it leads
             return True
         if op in ("ack", "drop", "purge"):
             n = 0
@@ -150,14 +173,15 @@ class QueueMachine:
                 if e is None:
                     continue
                 self._untrack(i, e)
-                if e.is_dead:           # the leader settled it already
-                    n += 1
-                    continue
                 n += 1
+                if e.is_dead or self.lazy:      # the leader settled it already; a record
+                    continue
                 if e.state is ACQUIRED:
                     q.dequeue(e)
                 else:
                     q.features.remove_ready(e, None)
+            if not (self.by_index or self.lazy or self.leading) and self.lazy_max:
+                self.lazy = True            # a follower emptied: records again
             return n
         if op == "unout":                   # an enqueue logged checked out, not handed out
             for i in cmd[1]:
@@ -218,7 +242,7 @@ class QueueMachine:
                         e.delivery_count -= 1       # released: not a delivery attempt
             return None
         if op == "delete":
-            return q.message_count
+            return self.message_count()
         if op == "wanted":
             return None             # the group's (node/replication/group.py)
         if op == "active":
@@ -246,7 +270,7 @@ class QueueMachine:
                 if data is None and not e.is_dead:
                     data = [e.exchange, e.routing_key, e.header, body_bytes(e.body), reason]
                 self._untrack(i, e)
-                if not e.is_dead:
+                if not (e.is_dead or self.lazy):
                     if e.state is ACQUIRED:
                         q.dequeue(e)
                     else:
@@ -273,6 +297,44 @@ class QueueMachine:
         if self.fresh:
             self.fresh.discard(index)
 
+    def message_count(self) -> int:
+        """The messages a declare-ok or a queue listing reports from this member: the queue's
+        (available ones), or a lazy follower's records (all it holds)."""
+        return len(self.by_index) if self.lazy else self.queue.available
+
+    def clear(self) -> None:
+        """Forget every message (a snapshot from the leader replaces the state)."""
+        for i, e in list(self.by_index.items()):
+            self._untrack(i, e)
+            if not (e.is_dead or self.lazy):
+                self.queue.features.remove_ready(e, None)
+        if not self.leading and self.lazy_max:
+            self.lazy = True
+
+    def materialize(self) -> None:
+        """A lazy follower's records become queue entries, enqueued in log order as a
+        follower enqueues them (logged.py ``Following``: no timer, no refusal, no drop), with
+        the flags and counts the log gave them; the machine is lazy no more."""
+        q = self.queue
+        records, self.by_index = self.by_index, {}
+        self.lazy = False
+        replica, q.replica = q.replica, Following()
+        try:
+            for i in sorted(records):
+                r = records[i]
+                ts = r.ts
+                e = q.enqueue(r.exchange, r.routing_key, r.header, r.body, r.publisher,
+                              None if ts is None else ts - q.timers.wall_offset_ms)
+                if e is None:
+                    continue
+                e.redelivered = r.redelivered
+                e.delivery_count = r.delivery_count
+                self._track(i, e)
+                if ts is not None and (e.expires_at or e.state is HELD):
+                    self.ts_of[i] = ts
+        finally:
+            q.replica = replica
+
     def forget_dead(self) -> None:
         """Drop the entries the queue removed by itself (TTL expiry, delivery limit)."""
         dead = [(i, e) for i, e in self.by_index.items() if e.is_dead]
@@ -286,6 +348,8 @@ class QueueMachine:
         the times in the log. A last-value queue replaces from now on; an older value it
         still holds stays (the old leader's consumer may hold it acquired, or its
         replacement was not committed: either way it is a message, not lost)."""
+        if self.lazy:
+            self.materialize()
         self.leading = True
         self.forget_dead()
         q = self.queue
@@ -309,7 +373,11 @@ class QueueMachine:
         """The snapshot data: ``header`` ([vhost, name, arguments, uid]) and every live
         message in queue order, with its log index."""
         msgs = []
-        for e in self.queue.entries:
+        if self.lazy:
+            for i, r in self.by_index.items():
+                msgs.append([i, r.exchange, r.routing_key, r.header, r.body, r.redelivered,
+                             r.delivery_count, r.publisher, r.ts or 0])
+        for e in () if self.lazy else self.queue.entries:
             i = self.index_of.get(e.entry_id)
             if i is None or e.is_dead:
                 continue
@@ -326,15 +394,21 @@ class QueueMachine:
         for row in data.get("messages") or ():
             i, exchange, rk, header, body, redelivered, count, publisher = row[:8]
             ts = row[8] if len(row) > 8 and row[8] else None
-            at = None if ts is None else q.timers.wall_to_monotonic(ts)
-            e = q.enqueue(exchange, rk, header, body, publisher, at)
-            if e is None:
-                continue
+            if self.lazy:
+                e: Any = Logged(["enq", exchange, rk, header, body, publisher, False, ts])
+                self.by_index[i] = e
+            else:
+                at = None if ts is None else q.timers.wall_to_monotonic(ts)
+                e = q.enqueue(exchange, rk, header, body, publisher, at)
+                if e is None:
+                    continue
+                self._track(i, e)
+                if ts is not None:
+                    self.ts_of[i] = ts
             e.redelivered = bool(redelivered)
             e.delivery_count = count
-            self._track(i, e)
-            if ts is not None:
-                self.ts_of[i] = ts
+        if self.lazy and len(self.by_index) > self.lazy_max:
+            self.materialize()
         self.out = {i for i in data.get("out") or () if i in self.by_index}
         self.marked = {i: bool(a) for i, a in data.get("marked") or () if i in self.out}
         for i, *d in data.get("discards") or ():

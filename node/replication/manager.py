@@ -25,7 +25,7 @@ from shoal.node.replication.catalogue import Catalogue
 from shoal.node.replication.group import QuorumGroup, new_raft
 from shoal.node.replication.links import PeerLinks
 from shoal.node.replication.log import Snapshot
-from shoal.node.replication.machine import QueueMachine
+from shoal.node.replication.machine import LAZY_MAX, QueueMachine
 from shoal.node.replication.raft import APP, SNAP, Message
 from shoal.node.replication.store import RaftStore
 
@@ -379,7 +379,7 @@ class Replication:
             if self.shard.queues.get(g.key) is old:
                 self.shard.queues[g.key] = q
             g.queue, g.header = q, header
-            g.machine = QueueMachine(q)
+            g.machine = QueueMachine(q, LAZY_MAX)
             g.wanted = list(data.get("wanted") or g.wanted)
         g.install(snap)
 

@@ -487,7 +487,10 @@ class Raft:
         self.log.append([Entry(self.term, index, kind, data)])
         if self.id in self.progress:
             self.progress[self.id].match = index
-        self._maybe_commit()
+        if len(self.voters) == 1:
+            # the commit index is the median of the voters' matches, and the leader's own is
+            # the highest: it moves the median only when it is the only voter
+            self._maybe_commit()
         self._append_dirty = True       # sent by the next ready(): one APP per peer per turn
         return index
 

@@ -63,12 +63,36 @@ class Follower:
         pass
 
 
-class HostQueue:
-    """One host's queue and machine; ``wall_offset`` (ms): its clock's skew."""
+def with_entries(m: QueueMachine) -> QueueMachine:
+    """A machine whose queue holds ``m``'s messages as entries: ``m`` itself, or (lazy) a copy
+    of its state made into entries as a new leader makes them (``QueueMachine.materialize``)."""
+    if not m.lazy:
+        return m
+    q = m.queue
+    copy = Queue(q.vhost, q.name, durable=True, arguments=dict(q.arguments),
+                 timers=Timers(q.timers.now, q.timers.wall_offset_ms))
+    copy.replica = Follower()
+    o = QueueMachine(copy, m.lazy_max)
+    o.by_index = dict(m.by_index)       # records are only read by materialize
+    o.out, o.marked = set(m.out), dict(m.marked)
+    o.discards, o.last_active = {i: list(d) for i, d in m.discards.items()}, m.last_active
+    o.materialize()
+    return o
 
-    def __init__(self, args: dict, wall_offset: float) -> None:
+
+#: a lazy host's most records (machine.py ``LAZY_MAX``), small so that a schedule crosses it
+#: both ways: records made into entries mid-log, records again once the queue is empty
+SIM_LAZY_MAX = 2
+
+
+class HostQueue:
+    """One host's queue and machine; ``wall_offset`` (ms): its clock's skew; ``lazy``: the
+    machine holds records until it leads, as a group's member does (machine.py)."""
+
+    def __init__(self, args: dict, wall_offset: float, lazy: bool = False) -> None:
         self.args = args
         self.wall_offset = wall_offset
+        self.lazy = lazy
         self.reset()
 
     def reset(self) -> None:
@@ -76,7 +100,7 @@ class HostQueue:
                   timers=Timers(0.0, self.wall_offset))
         q.replica = Follower()
         self.queue = q
-        self.machine = QueueMachine(q)
+        self.machine = QueueMachine(q, SIM_LAZY_MAX if self.lazy else 0)
 
     def apply(self, index: int, kind: int, data: Any) -> bool:
         """Apply a queue command (a NORMAL entry's list); False for other entries
@@ -96,16 +120,17 @@ class HostQueue:
     def digest(self) -> tuple:
         """(messages, checked out, last use); a message is (index, body, redelivered,
         delivery count, its expiry on the wall clock (ms, 0: none))."""
-        m = self.machine
+        m = with_entries(self.machine)
         off = self.wall_offset
         msgs = tuple((m.index_of[e.entry_id], bytes(e.body), e.redelivered, e.delivery_count,
                       round(e.expires_at + off) if e.expires_at else 0)
-                     for e in self.queue.entries if not e.is_dead and e.entry_id in m.index_of)
+                     for e in m.queue.entries if not e.is_dead and e.entry_id in m.index_of)
         return msgs, tuple(sorted(m.out)), tuple(sorted(m.discards)), m.last_active
 
     def snapshot_digest(self) -> tuple:
-        """The digest of this machine's snapshot restored into a fresh queue."""
-        other = HostQueue(self.args, self.wall_offset + 17.0)
+        """The digest of this machine's snapshot restored into a fresh queue, lazy if this
+        one is not and the other way round."""
+        other = HostQueue(self.args, self.wall_offset + 17.0, lazy=not self.machine.lazy)
         other.machine.restore(self.machine.snapshot(["/", "q", self.args, "u"]))
         return other.digest()
 
@@ -131,8 +156,8 @@ class Client:
         if log.applied < max(start, self.last.get(key, 0)):
             return None
         rng = self.rng
-        m = hq.machine
-        live = [m.index_of[e.entry_id] for e in hq.queue.entries
+        m = with_entries(hq.machine)
+        live = [m.index_of[e.entry_id] for e in m.queue.entries
                 if not e.is_dead and e.entry_id in m.index_of]
         available = [i for i in live if i not in m.out]
         out = sorted(m.out)

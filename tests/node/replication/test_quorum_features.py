@@ -12,6 +12,7 @@ from shoal.node.replication import checkouts
 from shoal.shared.errors import RESOURCE_ERROR
 from shoal.shared.wire import OUTCOME_REJECT, OUTCOME_REQUEUE, T
 
+from tests.node.replication.sim_queue import with_entries
 from tests.node.replication.test_quorum_nodes import HEADER, QQ, Cluster, declare, publish
 
 
@@ -25,8 +26,9 @@ def send(c: Cluster, node: str, seq: int, body: bytes, hdr: bytes, name: str = "
 
 
 def held(c: Cluster, node: str, name: str = "q") -> list[bytes]:
-    """The live messages of ``node``'s member, in queue order (acquired ones too)."""
-    q = c.shards[node].queues[("/", name)]
+    """The live messages of ``node``'s member, in queue order (acquired ones too; a lazy
+    follower's records as they become entries when it leads)."""
+    q = with_entries(c.shards[node].queues[("/", name)].replica.machine).queue
     return [bytes(e.body) for e in q.entries if not e.is_dead]
 
 
@@ -367,8 +369,7 @@ def test_a_publish_to_a_waiting_consumer_is_checked_out_with_its_enqueue(tmp_pat
     assert entries_of(c, "node-0", "checkout") == []
     c.tick(2)
     for n in ("node-1", "node-2"):
-        e = next(iter(c.shards[n].queues[("/", "q")].entries))
-        assert (e.redelivered, e.delivery_count) == (True, 1)
+        assert flags(c, n)[0][1:] == (True, 1)
     c.crash("node-0")
     leader = c.leader()
     got = c.request(leader, T.GET, "/", "q", 1, None)
@@ -390,8 +391,7 @@ def test_an_enqueue_logged_checked_out_but_not_handed_out_is_given_back(tmp_path
     assert entries_of(c, "node-0", "enq")[-1][8] is True
     assert entries_of(c, "node-0", "unout")
     for n in c.ids:
-        e = next(iter(c.shards[n].queues[("/", "q")].entries))
-        assert (e.redelivered, e.delivery_count) == (False, 0)
+        assert flags(c, n)[0][1:] == (False, 0)
     got = c.request("node-0", T.GET, "/", "q", 1, None)
     assert (got[4][5], got[4][1]) == (b"m", False)
 
@@ -418,7 +418,7 @@ def test_a_drain_is_answered_behind_the_deliveries_held_for_their_checkout(tmp_p
 
 def flags(c: Cluster, node: str) -> list[tuple[bytes, bool, int]]:
     """(body, redelivered, delivery count) of ``node``'s member's live messages."""
-    q = c.shards[node].queues[("/", "q")]
+    q = with_entries(c.shards[node].queues[("/", "q")].replica.machine).queue
     return [(bytes(e.body), e.redelivered, e.delivery_count) for e in q.entries if not e.is_dead]
 
 
@@ -537,3 +537,24 @@ def test_a_member_that_joined_empty_logs_its_deliveries_when_it_leads(tmp_path, 
             break
     got = c.request(c.leader(), T.GET, "/", "q", 1, None)
     assert (got[4][5], got[4][1]) == (b"0", True)      # flagged: it was delivered
+
+
+def test_a_follower_holding_records_reports_the_messages_it_holds(tmp_path):
+    """A follower keeps records, not entries, until it leads (machine.py ``lazy``): a
+    passive declare answered by it still counts the messages, as it did with entries; and
+    the member that leads after a crash holds them as entries, in order."""
+    c = Cluster(tmp_path)
+    declare(c)
+    for i in range(3):
+        publish(c, "node-0", 1 + i, str(i).encode())
+    c.tick(2)
+    for n in ("node-1", "node-2"):
+        assert c.shards[n].queues[("/", "q")].replica.machine.lazy
+        reply = c.request(n, T.QUEUE_DECLARE, "/", "q", 1, 1, 0, 0, {}, None)
+        assert reply[4] == ["q", 3, 0]
+    c.crash("node-0")
+    leader = c.leader()
+    assert not c.shards[leader].queues[("/", "q")].replica.machine.lazy
+    assert held(c, leader) == [b"0", b"1", b"2"]
+    got = c.request(leader, T.GET, "/", "q", 1, None)
+    assert got[4][5] == b"0"

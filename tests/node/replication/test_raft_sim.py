@@ -159,6 +159,8 @@ def _seed_of(variant: str) -> int:
     ("release counted", "queue replay"),
     # an older leader's mark taken for this leader's own: its new delivery not counted
     ("old mark as own", "queue replay"),
+    # a lazy follower (records, not entries) that does not flag what a checkout delivered
+    ("lazy checkout unflagged", "queue state"),
 ])
 def test_the_queue_checks_have_teeth(monkeypatch, bug, caught):
     """The quorum queue's checks (sim_queue.py) catch a machine that breaks them, within
@@ -175,7 +177,12 @@ def test_the_queue_checks_have_teeth(monkeypatch, bug, caught):
             own = [i for i in cmd[1] if i in self.marked]
             cmd = ["checkout", [i for i in cmd[1] if i not in own], cmd[2],
                    [*(cmd[3] if len(cmd) > 3 else ()), *own]]
-        return apply(self, index, cmd)
+        result = apply(self, index, cmd)
+        if bug == "lazy checkout unflagged" and cmd[0] == "checkout" and self.lazy:
+            for i in cmd[1]:
+                if i in self.by_index:
+                    self.by_index[i].redelivered = False
+        return result
     monkeypatch.setattr(QueueMachine, "apply", broken)
     for seed in range(300):
         try:
