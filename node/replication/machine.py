@@ -137,15 +137,10 @@ class QueueMachine:
                 self.by_index[index] = e
                 dead = False
             else:
-                ts = cmd[7] if n > 7 else None
-                e = q.enqueue(cmd[1], cmd[2], cmd[3], cmd[4], cmd[5],
-                              None if ts is None else ts - q.timers.wall_offset_ms)
+                e = self._entry(index, cmd[1], cmd[2], cmd[3], cmd[4], cmd[5],
+                                cmd[7] if n > 7 else None)
                 if e is None:
                     return False
-                self.by_index[index] = e
-                self.index_of[e.entry_id] = index
-                if ts is not None and (e.expires_at or e.state is HELD):
-                    self.ts_of[index] = ts
                 dead = e.is_dead
             again = n > 6 and cmd[6]
             if again:
@@ -322,18 +317,27 @@ class QueueMachine:
         try:
             for i in sorted(records):
                 r = records[i]
-                ts = r.ts
-                e = q.enqueue(r.exchange, r.routing_key, r.header, r.body, r.publisher,
-                              None if ts is None else ts - q.timers.wall_offset_ms)
-                if e is None:
-                    continue
-                e.redelivered = r.redelivered
-                e.delivery_count = r.delivery_count
-                self._track(i, e)
-                if ts is not None and (e.expires_at or e.state is HELD):
-                    self.ts_of[i] = ts
+                e = self._entry(i, r.exchange, r.routing_key, r.header, r.body, r.publisher,
+                                r.ts)
+                if e is not None:
+                    e.redelivered = r.redelivered
+                    e.delivery_count = r.delivery_count
         finally:
             q.replica = replica
+
+    def _entry(self, index: int, exchange: str, routing_key: str, header: bytes, body: bytes,
+               publisher: str | None, ts: float | None) -> QueueEntry | None:
+        """Enqueue a logged message as the entry of log index ``index``; ``ts``: the
+        leader's clock at its enqueue (epoch ms; None: the command has none), from which its
+        TTL and schedule count. None when the queue refused it."""
+        q = self.queue
+        e = q.enqueue(exchange, routing_key, header, body, publisher,
+                      None if ts is None else ts - q.timers.wall_offset_ms)
+        if e is not None:
+            self._track(index, e)
+            if ts is not None and (e.expires_at or e.state is HELD):
+                self.ts_of[index] = ts
+        return e
 
     def forget_dead(self) -> None:
         """Drop the entries the queue removed by itself (TTL expiry, delivery limit)."""
@@ -372,24 +376,24 @@ class QueueMachine:
     def snapshot(self, header: list) -> dict:
         """The snapshot data: ``header`` ([vhost, name, arguments, uid]) and every live
         message in queue order, with its log index."""
-        msgs = []
         if self.lazy:
-            for i, r in self.by_index.items():
-                msgs.append([i, r.exchange, r.routing_key, r.header, r.body, r.redelivered,
-                             r.delivery_count, r.publisher, r.ts or 0])
-        for e in () if self.lazy else self.queue.entries:
-            i = self.index_of.get(e.entry_id)
-            if i is None or e.is_dead:
-                continue
-            msgs.append([i, e.exchange, e.routing_key, e.header, body_bytes(e.body),
-                         e.redelivered, e.delivery_count, e.publisher, self.ts_of.get(i, 0)])
+            msgs = [[i, r.exchange, r.routing_key, r.header, r.body, r.redelivered,
+                     r.delivery_count, r.publisher, r.ts or 0] for i, r in self.by_index.items()]
+        else:
+            msgs = []
+            for e in self.queue.entries:
+                i = self.index_of.get(e.entry_id)
+                if i is None or e.is_dead:
+                    continue
+                msgs.append([i, e.exchange, e.routing_key, e.header, body_bytes(e.body),
+                             e.redelivered, e.delivery_count, e.publisher,
+                             self.ts_of.get(i, 0)])
         return {"queue": header, "messages": msgs, "last_active": self.last_active,
                 "out": sorted(self.out), "marked": sorted(self.marked.items()),
                 "discards": [[i, *d] for i, d in sorted(self.discards.items())]}
 
     def restore(self, data: dict) -> None:
         """Load a snapshot's messages into the (empty) queue."""
-        q = self.queue
         self.last_active = float(data.get("last_active") or 0)
         for row in data.get("messages") or ():
             i, exchange, rk, header, body, redelivered, count, publisher = row[:8]
@@ -398,13 +402,9 @@ class QueueMachine:
                 e: Any = Logged(["enq", exchange, rk, header, body, publisher, False, ts])
                 self.by_index[i] = e
             else:
-                at = None if ts is None else q.timers.wall_to_monotonic(ts)
-                e = q.enqueue(exchange, rk, header, body, publisher, at)
+                e = self._entry(i, exchange, rk, header, body, publisher, ts)
                 if e is None:
                     continue
-                self._track(i, e)
-                if ts is not None:
-                    self.ts_of[i] = ts
             e.redelivered = bool(redelivered)
             e.delivery_count = count
         if self.lazy and len(self.by_index) > self.lazy_max:
