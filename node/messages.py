@@ -67,7 +67,8 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     """PUBLISH: enqueue on each named queue that exists; PUBLISH_RESULT if seq != 0;
     then notify consumers (seed 002). A queue over its memory budget keeps the body in the
     node's page files (node/queues/paging.py)."""
-    _, seq, vhost, names, exchange, routing_key, header, body, publisher = msg
+    _, seq, vhost, names, exchange, routing_key, header, body, publisher = msg \
+        if len(msg) == 9 else msg[:9]
     state.publishes += 1
     queues = shard.queues
     pages = shard.pages
@@ -89,7 +90,15 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
                         shard.streams.members.announce(s.replica, state.identity)
                     moved.append(name)
                     continue
-                shard.streams.publish(s, exchange, routing_key, header, body)
+                if seq < 0:         # sent again: its first publish id is the writer's seq
+                    first = msg[9] if len(msg) > 9 else 0
+                    shard.streams.publish(s, exchange, routing_key, header, body,
+                                          state.router_id,
+                                          first if type(first) is int and first > 0 else 0,
+                                          True)
+                else:
+                    shard.streams.publish(s, exchange, routing_key, header, body,
+                                          state.router_id, seq)
                 streamed = True
                 routed += 1
         else:
@@ -150,7 +159,7 @@ def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Q
     stream too in the streams' turn of that number (-1: none); an answer ready before that
     turn's chunk is on disk waits for it (node/streams/hosting.py); ``streams_moved``: the
     replicated streams of the publish this node does not lead (PUBLISH_MOVED too)."""
-    _, _, vhost, _, exchange, routing_key, header, body, publisher = msg
+    _, _, vhost, _, exchange, routing_key, header, body, publisher = msg[:9]
     cmd: list | None = None
     moved: list[str] = list(streams_moved or ())
     tally = [routed, refused, 0]        # routed, refused, proposals outstanding

@@ -71,7 +71,7 @@ _D = (dict, type(None))     # optional table (arguments)
 _L = (list, type(None))     # optional list (CONSUME's qos)
 #: messages that may carry one more field than their spec's count: SETTLE's annotations,
 #: CONSUME's qos (shared/wire.py)
-_OPTIONAL_LAST = frozenset({int(T.SETTLE), int(T.CONSUME)})
+_OPTIONAL_LAST = frozenset({int(T.SETTLE), int(T.CONSUME), int(T.PUBLISH)})
 
 
 class Shard:

@@ -128,7 +128,8 @@ def _retarget(broker: Any, p: PendingPublish, old_node: str, vhost: str) -> None
 
 def _resend(broker: Any, p: PendingPublish, names: list[str]) -> None:
     """Send ``p``'s message again for ``names``, each to its queue's leader (a new publish id
-    per node), or park it until the queue has one."""
+    per node, and ``p.pid``, its first: a stream that holds it already does not store it
+    twice), or park it until the queue has one."""
     if p.channel.closed:
         _done_if_idle(broker, p)
         return
@@ -155,7 +156,7 @@ def _resend(broker: Any, p: PendingPublish, names: list[str]) -> None:
             p.sent = {}
         p.sent[pid] = (node, qs)
         broker.links[node].send([TAG_PUBLISH, pid, vhost, qs, ev.exchange, ev.routing_key,
-                                 ev.header, ev.body, p.channel.client.owner])
+                                 ev.header, ev.body, p.channel.client.owner, p.pid])
     _done_if_idle(broker, p)
 
 

@@ -92,10 +92,13 @@ class T(IntEnum):
 
     # --- messages ---
     PUBLISH = 30          # R->N [T, seq, vhost, queues, exchange, routing_key, header, body,
-                          #       publisher]
+                          #       publisher(, first)]
                           #   seq: 0 = no answer wanted; else answered by PUBLISH_RESULT;
-                          #   < 0: sent again to a quorum queue's new leader (it may be
-                          #   there already: it is enqueued redelivered).
+                          #   < 0: sent again to a quorum queue's or stream's new leader,
+                          #   with ``first``, the publish's first seq (a quorum queue may
+                          #   hold it already: it is enqueued redelivered; a stream that
+                          #   holds it, named in a chunk's trailer by the router's id and
+                          #   ``first``, does not store it twice).
                           #   publisher: the publishing connection's owner string, or None
                           #   (a republished dead letter); consumers with no_local skip it.
                           #   queues: list of queue names on this node.

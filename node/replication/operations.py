@@ -54,9 +54,9 @@ def quorum_op(rep: Any, peer: bytes, req_id: int, op: str, vhost: str | None,
         return mem.operate(peer, req_id, op, vhost, name, node)     # a replicated stream
     if g is None:
         if (vhost, name) in rep.shard.streams.streams:
-            raise soft_error(NOT_FOUND, f"stream '{name}' in vhost '{vhost}' has one member, "
-                                        f"without replication (x-initial-cluster-size 1, or "
-                                        f"declared on a node alone): it cannot get members")
+            raise soft_error(NOT_FOUND, f"stream '{name}' in vhost '{vhost}' has one member "
+                                        f"without replication (made on a node alone): it "
+                                        f"cannot get members")
         raise soft_error(NOT_FOUND, f"no quorum queue '{name}' in vhost '{vhost}'")
     if not g.leading:
         rep.announce(g, peer)

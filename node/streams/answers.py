@@ -1,7 +1,9 @@
 """Answers that wait for a replicated stream's log entry to be committed (members.py): a
 turn's publish answers (:class:`Barrier`, hosting.py ``commit``) and an operator's command
 (:class:`Reply`). Each is told ``done(ok)`` once per entry: ok when it is committed, not ok
-when the member stops leading before that (the entry may be lost).
+when the member stops leading before that (the entry may be lost). A publish sent again
+and found stored (replica.py ``find_publish``) waits for an entry that is not the turn's own
+proposal: :func:`done_upto`.
 """
 from __future__ import annotations
 
@@ -44,3 +46,15 @@ class Barrier:
         self.left -= 1
         if self.left == 0:
             self.send(self.answers, self.ok)
+
+
+def done_upto(after: list[list], applied: int) -> list[list]:
+    """``after``: ``[log index, answer]`` pairs; tells ``done(True)`` to each answer whose
+    entry is applied (index at or below ``applied``: committed) and returns the others."""
+    keep = []
+    for entry in after:
+        if entry[0] <= applied:
+            entry[1].done(True)
+        else:
+            keep.append(entry)
+    return keep

@@ -16,13 +16,22 @@ bytes  field
 8      chunk id (unsigned): the offset of the chunk's first record
 4      CRC-32 of the data entries (zlib's, as ``erlang:crc32``)
 4      data length (bytes)
-4      trailer length (bytes; 0 here)
+4      trailer length (bytes)
 1      bloom filter size (bytes; 0 when no record has a filter value)
 3      reserved (0)
 =====  ============================================================================
 
 then the bloom filter, then the data entries: each a simple entry, a 4-byte length whose top
-bit is 0 and then the record (:func:`encode_record`).
+bit is 0 and then the record (:func:`encode_record`), then the trailer.
+
+The trailer says which publishes the chunk holds, so that one sent again after a leader
+change is stored once (Osiris's writer deduplication; docs/streams.md, "A publish sent
+again"). Osiris's trailer entries are ``type (1 byte), writer id size (1), writer id,
+sequence (8)`` with types 0-2 (a writer's last sequence, an offset, a timestamp); Shoal's
+use types of their own, :data:`TRK_SENT` and :data:`TRK_RESENT`, and hold every sequence:
+``type (1), writer id size (1), writer id, count (4), count x sequence (8)``. A writer is a
+router process (its random id), a sequence its publish id: first sent (TRK_SENT), or sent
+again (TRK_RESENT).
 
 The bloom filter holds each record's filter value (``x-stream-filter-value``; RabbitMQ's
 stream filtering): bit 0 says the chunk has a record without one, and each value sets two
@@ -51,6 +60,11 @@ MIN_FILTER_SIZE = 16
 MAX_FILTER_SIZE = 255
 _ENTRY = struct.Struct(">I")
 _RECORD = struct.Struct(">BBHHI")
+#: trailer entry types (above): a writer's publishes sent for the first time, and sent again
+TRK_SENT = 0x10
+TRK_RESENT = 0x11
+_TRK = struct.Struct(">BB")
+_COUNT = struct.Struct(">I")
 
 
 class ChunkError(ValueError):
@@ -162,10 +176,11 @@ def may_match(bloom_bytes: bytes | memoryview, values: list[bytes], unfiltered: 
 
 def build(records: list[bytes], chunk_id: int, epoch: int, timestamp: int,
           filter_values: list[bytes | None] | None = None,
-          filter_size: int = DEFAULT_FILTER_SIZE, chunk_type: int = USER) -> bytes:
+          filter_size: int = DEFAULT_FILTER_SIZE, chunk_type: int = USER,
+          trailer: bytes = b"") -> bytes:
     """A chunk of ``records`` (each :func:`encode_record`'s bytes, or a CONTROL chunk's
     one record) whose first offset is ``chunk_id``. ``filter_values``: one per record (None:
-    no value), for the bloom.
+    no value), for the bloom; ``trailer``: :func:`encode_trailer`'s bytes.
     Raises ValueError for no records or more than 65,535 (the entry count's 16 bits)."""
     if not records or len(records) > 0xFFFF:
         raise ValueError(f"a chunk holds 1 to 65535 records, not {len(records)}")
@@ -177,8 +192,57 @@ def build(records: list[bytes], chunk_id: int, epoch: int, timestamp: int,
     bl = bloom(filter_values, filter_size) if filter_values else b""
     head = HEADER.pack(MAGIC_VERSION, chunk_type, len(records),
                        len(records) if chunk_type != CONTROL else 0, timestamp, epoch,
-                       chunk_id, zlib.crc32(data), len(data), 0, len(bl))
-    return head + bl + data
+                       chunk_id, zlib.crc32(data), len(data), len(trailer), len(bl))
+    return head + bl + data + trailer
+
+
+def encode_trailer(sent: dict[str, tuple[list[int], list[int]]]) -> bytes:
+    """The trailer of a chunk whose records include, for each writer id (ASCII, at most
+    255 bytes), the publishes ``(first sent, sent again)`` (sequences, 0 to 2**64-1)."""
+    parts = []
+    for writer, lists in sent.items():
+        wid = writer.encode()
+        for kind, seqs in zip((TRK_SENT, TRK_RESENT), lists):
+            if seqs:
+                parts.append(_TRK.pack(kind, len(wid)) + wid + _COUNT.pack(len(seqs)) +
+                             struct.pack(f">{len(seqs)}Q", *seqs))
+    return b"".join(parts)
+
+
+def decode_trailer(trailer: bytes | memoryview) -> dict[str, tuple[list[int], list[int]]]:
+    """:func:`encode_trailer`'s input back; entries of other types (Osiris's) are skipped.
+    Raises :class:`ChunkError` for a trailer cut short."""
+    out: dict[str, tuple[list[int], list[int]]] = {}
+    at, end = 0, len(trailer)
+    try:
+        while at < end:
+            kind, n = _TRK.unpack_from(trailer, at)
+            at += 2
+            wid = bytes(trailer[at:at + n]).decode()
+            at += n
+            if kind in (TRK_SENT, TRK_RESENT):
+                (count,) = _COUNT.unpack_from(trailer, at)
+                at += 4
+                seqs = list(struct.unpack_from(f">{count}Q", trailer, at))
+                at += 8 * count
+                out.setdefault(wid, ([], []))[kind - TRK_SENT].extend(seqs)
+            else:
+                at += 8     # Osiris's: one 8-byte value
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ChunkError(f"chunk trailer cut short or invalid: {exc}") from None
+    if at != end:
+        raise ChunkError("chunk trailer cut short")
+    return out
+
+
+def trailer_of(chunk: bytes | memoryview, h: ChunkHeader | None = None) -> bytes | memoryview:
+    """The trailer bytes of a whole chunk (empty when it has none)."""
+    if h is None:
+        h = ChunkHeader(chunk)
+    if not h.trailer_length:
+        return b""
+    at = h.data_at + h.data_length
+    return chunk[at:at + h.trailer_length]
 
 
 def check(chunk: bytes | memoryview) -> ChunkHeader:

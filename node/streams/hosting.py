@@ -124,11 +124,13 @@ class Streams:
     def declare(self, vhost: str, name: str, durable: bool, exclusive: bool,
                 auto_delete: bool, arguments: dict,
                 answer: Callable[[], None] | None = None) -> StreamQueue | None:
-        """A new stream. With more than one member (members.py) ``answer()`` runs once it
-        has a leader (``s.replica`` is then set: the declare's answer waits), and None is
+        """A new stream. On a node with other nodes (members.py) it is replicated, even
+        with one member (``x-initial-cluster-size: 1``, or the others offline), so that
+        ``add_member`` can grow it later, as RabbitMQ's add_replica: ``answer()`` runs once
+        it has a leader (``s.replica`` is then set: the declare's answer waits), and None is
         returned while the node, just started, waits to hear from the nodes it would
-        choose; else the stream is served at once. Raises 406 with RabbitMQ's text
-        (stream.py)."""
+        choose. A node alone serves it at once with one writer. Raises 406 with RabbitMQ's
+        text (stream.py)."""
         try:
             cfg = parse_stream_arguments(vhost, name, arguments, durable, exclusive,
                                          auto_delete)
@@ -141,8 +143,8 @@ class Streams:
             mem.waiting.append((vhost, name, durable, exclusive, auto_delete, arguments,
                                 answer))
             return None
-        if len(nodes) > 1:
-            voters = mem.member_ids(nodes)
+        if mem is not None and len(mem.rep.node_ids) > 1:
+            voters = mem.member_ids(nodes or [mem.node_id])
             s = self.create_member(vhost, name, arguments, uuid.uuid4().hex[:12], voters)
             mem.created(s.replica, voters, answer)
             return s
@@ -216,12 +218,30 @@ class Streams:
     # -- publishing -----------------------------------------------------------------------
 
     def publish(self, s: StreamQueue, exchange: str, routing_key: str, header: bytes,
-                body: bytes) -> None:
-        """Take a message for ``s``'s chunk of this turn (confirmed at :meth:`commit`)."""
+                body: bytes, writer: str | None = None, seq: int = 0,
+                resend: bool = False) -> None:
+        """Take a message for ``s``'s chunk of this turn (confirmed at :meth:`commit`).
+        ``writer``, ``seq``: the router's id and its publish id (0: no answer wanted); a
+        replicated stream's chunk names them in its trailer. ``resend``: sent again after
+        a leader change; if the log holds it already (replica.py ``find_publish``) it is
+        not stored twice, and its answer waits for that chunk's commit."""
         fv = filter_value(header)
         if s.rep is None:
             s.writer.add(exchange, routing_key, header, body, fv)
         else:
+            if seq and writer and len(writer) < 256:
+                if resend:
+                    at = s.rep.find_publish(writer, seq)
+                    mine = s.sent.get(writer)
+                    if at is not None or (mine is not None and
+                                          (seq in mine[0] or seq in mine[1])):
+                        s.found = max(s.found, at or 0)
+                        self._written[s] = None
+                        return
+                lists = s.sent.get(writer)
+                if lists is None:
+                    lists = s.sent[writer] = ([], [])
+                lists[resend].append(seq)
             s.batch.append(chunks.encode_record(exchange, routing_key, header, body, fv))
             s.filters.append(fv)
         s.stats[0] += 1
@@ -244,14 +264,19 @@ class Streams:
         self._written.clear()
         failed = False
         proposed = []
+        after = []
         for s in written:
             if s.rep is not None:
                 batch, filters, s.batch, s.filters = s.batch, s.filters, [], []
-                index = self.members.propose(s, batch, filters, now) if batch else None
-                if index is not None:
+                sent, s.sent, found, s.found = s.sent, {}, s.found, 0
+                index = self.members.propose(s, batch, filters, now, sent) if batch \
+                    else None
+                if index is not None:   # after any chunk it found (sent again): covers it
                     proposed.append((s.replica, index))
-                elif batch:
+                elif batch or (found and not s.rep.is_leader):
                     failed = True       # no longer leading: the turn is nacked
+                elif found > s.rep.raft.log.applied:
+                    after.append((s.replica, found))
                 continue
             try:
                 s.writer.flush(now)
@@ -273,11 +298,13 @@ class Streams:
                     defer(lsn, identity, res)
                 else:
                     send(identity, res)
-        if proposed and not failed:     # once each chunk is committed (process)
+        if (proposed or after) and not failed:  # once each chunk is committed (process)
             b = Barrier(held, answer)
-            b.left = len(proposed)
+            b.left = len(proposed) + len(after)
             for m, index in proposed:
                 m.waiting[index] = b
+            for m, index in after:
+                m.after.append([index, b])
         else:
             answer(held, not failed)
         for s in written:

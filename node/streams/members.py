@@ -40,7 +40,8 @@ from shoal.node.replication.group import ELECTION_TICKS, HEARTBEAT_TICKS
 from shoal.node.replication.membership import node_of
 from shoal.node.replication.raft import APP, SNAP, Message
 from shoal.node.replication.requests import STARTUP_TICKS
-from shoal.node.streams.answers import Reply
+from shoal.node.streams import chunk as chunks
+from shoal.node.streams.answers import Reply, done_upto
 from shoal.node.streams.readers import STREAM_READERS, Readers, send_reports
 from shoal.node.streams.replica import StreamReplica
 
@@ -68,6 +69,9 @@ class Member:
         self.pending_declares: list = []
         #: log index -> the turn barrier (hosting.py) waiting for it
         self.waiting: dict[int, Any] = {}
+        #: [log index, barrier]: publishes sent again and found stored (replica.py
+        #: find_publish) in a chunk not yet committed, confirmed once it is
+        self.after: list[list] = []
         #: reconciliation (node/replication/reconcile.py): since when (ms) this member has
         #: known no leader, and the other members' answers
         self.leaderless_since: float | None = None
@@ -341,10 +345,12 @@ class StreamMembers:
             m.rep.tick()
             self.check_role(m)
 
-    def propose(self, s: Any, records: list[bytes], filters: list, now_ms: int
-                ) -> int | None:
-        """The turn's chunk of ``s`` as leader: its log index, or None (not leading)."""
-        got = s.replica.rep.publish(records, now_ms, filters, s.cfg.filter_size)
+    def propose(self, s: Any, records: list[bytes], filters: list, now_ms: int,
+                sent: dict | None = None) -> int | None:
+        """The turn's chunk of ``s`` as leader: its log index, or None (not leading).
+        ``sent``: which publishes the records are (chunk.encode_trailer's argument)."""
+        got = s.replica.rep.publish(records, now_ms, filters, s.cfg.filter_size,
+                                    chunks.encode_trailer(sent) if sent else b"")
         return None if got is None else got[0]
 
     def process(self) -> list[Any]:
@@ -371,6 +377,8 @@ class StreamMembers:
                         b = m.waiting.pop(index, None)
                         if b is not None:
                             b.done(True)
+                    if m.after:
+                        m.after = done_upto(m.after, rep.raft.log.applied)
                 cfg = m.stream.cfg
                 if rep.committed_offset != before and \
                         (cfg.max_bytes is not None or cfg.max_age is not None):
@@ -401,7 +409,8 @@ class StreamMembers:
     def _fail(self, m: Member) -> None:
         """The member's proposals waiting will not be confirmed here: nack them."""
         waiting, m.waiting = m.waiting, {}
-        for b in waiting.values():
+        after, m.after = m.after, []
+        for b in [*waiting.values(), *(b for _, b in after)]:
             b.done(False)
 
     # ---- roles and routers -----------------------------------------------------------------
@@ -418,6 +427,9 @@ class StreamMembers:
                 b = m.waiting.pop(index, None)
                 if b is not None:
                     b.done(False)
+            after, m.after = m.after, []    # the chunks they wait for may be cut
+            for _, b in after:
+                b.done(False)
         leader = node_of(r.leader) if r.leader else None
         if leader is not None and (leader, r.term) != (m.known_leader, m.leader_term):
             m.known_leader, m.leader_term = leader, r.term

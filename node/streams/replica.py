@@ -40,6 +40,8 @@ from shoal.node.streams.segments import DEFAULT_MAX_SEGMENT_BYTES, SegmentLog
 
 #: Bytes of chunks per append message to a follower (at least one chunk).
 APPEND_BYTES = 1 << 20
+#: How many chunks back from the log's end :meth:`StreamReplica.find_publish` looks.
+FIND_CHUNKS = 4096
 
 
 class SegmentReader:
@@ -282,10 +284,12 @@ class StreamReplica:
 
     def publish(self, records: list[bytes], now_ms: int,
                 filter_values: list[bytes | None] | None = None,
-                filter_size: int = chunks.DEFAULT_FILTER_SIZE) -> tuple[int, int] | None:
-        """As leader: ``records`` (chunk.encode_record's) become one chunk, proposed.
-        Returns ``(log index, first offset)``, or None when not leader (the publisher's
-        host sends it to the leader, or nacks)."""
+                filter_size: int = chunks.DEFAULT_FILTER_SIZE,
+                trailer: bytes = b"") -> tuple[int, int] | None:
+        """As leader: ``records`` (chunk.encode_record's) become one chunk, proposed, with
+        ``trailer`` (chunk.encode_trailer's: which publishes they are). Returns ``(log
+        index, first offset)``, or None when not leader (the publisher's host sends it to
+        the leader, or nacks)."""
         r = self.raft
         if not r.is_leader or r.transferee is not None:
             return None
@@ -294,12 +298,63 @@ class StreamReplica:
         self._pub_ts = ts
         c = chunks.build(records, first, r.term, ts,
                          filter_values if filter_values and any(filter_values) else None,
-                         filter_size)
+                         filter_size, trailer=trailer)
         index = r.propose(c)
         if index is None:
             return None
         self.proposed[index] = r.term
         return index, first
+
+    def find_publish(self, writer: str, seq: int) -> int | None:
+        """The log index of the chunk that holds publish ``seq`` of ``writer`` (a router's
+        id; chunk.py's trailer), looked for from the log's end back, committed or not; None
+        when it is not there.
+
+        A leader asks before it stores a publish sent again (a router resends one whose
+        answer was lost with a leader): found, it is stored already, and confirmed once that
+        chunk is committed, as Osiris deduplicates a writer's sequence. The look stops at a
+        chunk with a first send of ``writer`` below ``seq`` (a router's publish ids rise, and
+        it sends them in order), or :data:`FIND_CHUNKS` chunks back, or at the log's start.
+        Every way of missing it stores the message twice; none loses it: a writer's
+        ``(id, seq)`` names one message."""
+        log = self.raft.log
+        i = log.last_index
+        stop = max(self.base["index"], i - FIND_CHUNKS)
+        while i > stop:
+            got = self._trailer(i).get(writer)
+            if got is not None:
+                sent, resent = got
+                if seq in sent or seq in resent:
+                    return i
+                if sent and sent[0] < seq:
+                    return None
+            i -= 1
+        return None
+
+    def _trailer(self, index: int) -> dict:
+        """The trailer of the chunk at log ``index`` (chunk.decode_trailer's), empty for a
+        CONTROL chunk or a chunk without one; read from memory or the segments' files."""
+        log = self.raft.log
+        if index > log.mem_base:
+            data = log.entries[index - log.mem_base - 1].data
+            if not isinstance(data, bytes):
+                return {}
+            h = chunks.ChunkHeader(data)
+            return chunks.decode_trailer(chunks.trailer_of(data, h)) if h.trailer_length \
+                else {}
+        at = self.segments.locate_index(index)
+        if at is None:
+            return {}
+        s, k = at
+        rec = s.record(k)
+        if rec[4] == chunks.CONTROL:
+            return {}
+        pos = rec[3]
+        h = chunks.ChunkHeader(s.read(pos, pos + chunks.HEADER_SIZE))
+        if not h.trailer_length:
+            return {}
+        lo = pos + h.data_at + h.data_length
+        return chunks.decode_trailer(s.read(lo, lo + h.trailer_length))
 
     def propose_wanted(self, nodes: list[str]) -> int | None:
         """As leader: log the nodes an operator wants members on; returns the log index

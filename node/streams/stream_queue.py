@@ -74,6 +74,10 @@ class StreamQueue:
         self.pending = 0            # messages added this turn
         self.batch: list[bytes] = []                # a replicated stream's turn of records
         self.filters: list[bytes | None] = []
+        #: the turn's publishes, for the chunk's trailer: writer -> (first sent, sent again)
+        self.sent: dict[str, tuple[list[int], list[int]]] = {}
+        #: the highest log index where a publish sent again this turn was found stored
+        self.found = 0
 
     @property
     def log(self) -> SegmentLog:

@@ -116,23 +116,39 @@ def test_ctl_errors_are_one_line_and_exit_non_zero(mgmt):
     assert ctl(mgmt, "list", "everything").returncode == 2             # argparse: bad usage
 
 
-def test_a_stream_of_one_member_cannot_get_members_and_says_why(mgmt, uid):
-    """A stream declared with ``x-initial-cluster-size: 1`` is served by one writer without
-    Raft (docs/streams.md, "What is not built yet"): ``shoal ctl add_member`` fails with a
-    404 that says so, and the stream serves on."""
+@pytest.mark.skipif(EMBED, reason="--embed-node: node-0 has no links to the other node, so a "
+                                  "stream has one member and no member to add")
+def test_a_stream_declared_with_one_member_gets_another(mgmt, uid):
+    """``x-initial-cluster-size: 1`` on a cluster, then ``shoal ctl add_member``, as
+    rabbitmq-streams' add_replica: the new member gets the log, and a reader (which reads
+    from a member that does not lead: the new one) gets every message."""
     q = f"stream-one-{uid}"
     conn = pika.BlockingConnection(pika.URLParameters(mgmt.url))
     ch = conn.channel()
     ch.queue_declare(q, durable=True, arguments={"x-queue-type": "stream",
                                                  "x-initial-cluster-size": 1})
     ch.confirm_delivery()
-    ch.basic_publish("", q, b"kept")
+    for i in range(3):
+        ch.basic_publish("", q, b"m%d" % i)
     row = call(mgmt, "GET", f"/queues/%2F/{q}")[1]
+    assert row["members"] == [row["node"]] == [row["leader"]]
     other = next(n for n in ["node-0", "node-1"] if n != row["node"])
     r = ctl(mgmt, "add_member", q, other)
-    assert r.returncode != 0
-    assert "has one member, without replication (x-initial-cluster-size 1" in r.stderr, r.stderr
-    assert call(mgmt, "GET", f"/queues/%2F/{q}")[1]["messages"] == 1
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and \
+            call(mgmt, "GET", f"/queues/%2F/{q}")[1]["members"] != ["node-0", "node-1"]:
+        time.sleep(0.2)
+    assert call(mgmt, "GET", f"/queues/%2F/{q}")[1]["members"] == ["node-0", "node-1"]
+    ch.basic_publish("", q, b"m3")
+    ch.basic_qos(prefetch_count=10)
+    got = []
+    ch.basic_consume(q, lambda c, m, p, b: got.append((p.headers["x-stream-offset"], b)),
+                     arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 30
+    while len(got) < 4 and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.2)
+    assert got == [(i, b"m%d" % i) for i in range(4)]
     conn.close()
 
 

@@ -13,7 +13,10 @@ which may instead be lost, or delivered and kept to arrive again (duplicated); a
 or its healing; a crash (the writes since the last fdatasync are lost, or a prefix of them
 survives: a torn write; files unlinked since then may come back); a restart; the end of a
 pending fdatasync (a member may sit between a write and its sync, taking nothing else);
-retention on one member (segments of a few chunks, so it bites).
+retention on one member (segments of a few chunks, so it bites); a publish sent again (the
+writer ``w``, as a router, sends a publish whose leader lost the lead before confirming it to
+a leader it sees now: node/streams/hosting.py's rule, found in the log with
+``find_publish`` or stored with its sequence in the chunk's trailer).
 
 The checker, after every step:
 
@@ -29,6 +32,9 @@ The checker, after every step:
   leader sends it to the newest leader); its offsets only increase;
 * **no confirmed message lost**: at the end every member's log holds every confirmed message
   at its offset (unless retention removed it there);
+* **a publish sent again is stored once**: when the leader it is sent to does not find it
+  (``find_publish``), that leader's log does not hold it (unless retention removed it
+  there); when it finds it, the chunk found holds that message;
 * **liveness**: once the faults stop and every member is back, a leader confirms a final
   publish and every member commits it, within QUIET_STEPS steps.
 
@@ -61,6 +67,8 @@ FINAL = b"final"
 #: A deliberately unsafe host for the checker's own test: its fdatasync does nothing, so a
 #: crash loses what it acknowledged.
 NO_SYNC = "no_sync"
+#: Another: the leader never looks for a publish sent again (every resend is stored).
+NO_DEDUP = "no_dedup"
 
 
 class Violation(AssertionError):
@@ -200,7 +208,7 @@ class Sim:
         #: what the schedule exercised: crashes, snapshots installed (a member reset to a
         #: leader's start), logs cut (a divergent tail), segments removed by retention
         self.stats = {"crashes": 0, "resets": 0, "cuts": 0, "retained": 0, "roams": 0,
-                      "roams_to_leader": 0}
+                      "roams_to_leader": 0, "resent": 0, "resent_found": 0}
         self.rng = rng = random.Random(seed)
         self.trace_on = trace
         self.trace: list[str] = []
@@ -233,6 +241,11 @@ class Sim:
         self.confirmed: dict[int, bytes] = {}      # offset -> body, confirmed to a publisher
         self.proposals: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
         self.published = 0
+        #: the writer's publishes not yet confirmed: seq -> (body, the member that took it
+        #: last, its term); publishes sent again and found stored in a chunk not yet
+        #: committed: [member id, term, log index, offset, body]
+        self.unanswered: dict[int, tuple[bytes, str, int]] = {}
+        self.after: list[list] = []
         self.final_offset: int | None = None
         self.final_by: tuple[str, int] = ("", 0)
         #: a consumer that subscribes again at another member now and then, at the offset
@@ -281,6 +294,15 @@ class Sim:
         for index in rep.finish(rd):
             for off, body in self.proposals.pop((m.id, index), []):
                 self.confirm(off, body)
+        if self.after:
+            keep = []
+            for a in self.after:
+                if a[0] == m.id and rep.raft.log.applied >= a[2] and rep.is_leader \
+                        and rep.raft.term == a[1]:
+                    self.confirm(a[3], a[4])
+                elif a[0] != m.id or (rep.is_leader and rep.raft.term == a[1]):
+                    keep.append(a)          # else the lead was lost: it may be sent again
+            self.after = keep
         if rep.committed_offset > before:
             self.check_chunks(m, before, rep.committed_offset)
         self.read(m)
@@ -299,6 +321,8 @@ class Sim:
                       f"confirmed {body!r} at {off}, {self.seen[off]!r} delivered there")
         self.seen[off] = body
         self.confirmed[off] = body
+        if body != FINAL:
+            self.unanswered.pop(int(body.split(b"-")[1]), None)
         self.log(f"confirmed {body!r} at {off}")
 
     def check_chunks(self, m: Member, lo: int, hi: int) -> None:
@@ -383,20 +407,84 @@ class Sim:
         if not leaders:
             return
         m = self.rng.choice(leaders)
-        bodies = [FINAL] if final else \
-            [f"{self.seed}-{self.published + k}".encode() for k in range(self.rng.randint(1, 3))]
+        seqs = [] if final else list(range(self.published,
+                                           self.published + self.rng.randint(1, 3)))
+        bodies = [FINAL] if final else [f"{self.seed}-{q}".encode() for q in seqs]
         self.published += len(bodies)
+        self._propose(m, bodies, {"w": (seqs, [])} if seqs else {}, final)
+
+    def _propose(self, m: Member, bodies: list[bytes], sent: dict, final: bool = False
+                 ) -> None:
         recs = [chunks.encode_record("", "s", b"", b) for b in bodies]
-        got = m.rep.publish(recs, self.now)
+        got = m.rep.publish(recs, self.now, trailer=chunks.encode_trailer(sent))
         if got is None:
             return
         index, first = got
         self.proposals[(m.id, index)] = [(first + k, b) for k, b in enumerate(bodies)]
+        for q, b in zip(sent.get("w", ([], []))[0] + sent.get("w", ([], []))[1], bodies):
+            self.unanswered[q] = (b, m.id, m.rep.raft.term)
         if final:
             self.final_offset = first
             self.final_by = (m.id, m.rep.raft.term)
-        self.log(f"{m.id} publishes {len(bodies)} at index {index}, offset {first}")
+        self.log(f"{m.id} publishes {len(bodies)} at index {index}, offset {first}"
+                 f"{' (sent again)' if sent.get('w', ([], []))[1] else ''}")
         self.drive(m)
+
+    def _held(self, m: Member) -> dict[bytes, tuple[int, int]]:
+        """What ``m``'s log holds from its start, committed or not: body -> (log index,
+        offset)."""
+        rep, out = m.rep, {}
+        log = rep.raft.log
+        for i in range(rep.base["index"] + 1, log.last_index + 1):
+            if i > log.mem_base:
+                raw = log.entries[i - log.mem_base - 1].data
+                if not isinstance(raw, bytes):
+                    continue
+            else:
+                at = rep.segments.locate_index(i)
+                if at is None or at[0].record(at[1])[4] == chunks.CONTROL:
+                    continue
+                raw = rep.segments.read_at(*at)
+            for off, rec in chunks.records(raw):
+                out.setdefault(bytes(chunks.decode_record(rec)[4]), (i, off))
+        return out
+
+    def resend(self) -> None:
+        """The writer sends again its publishes whose member lost the lead (or its process)
+        before confirming them, to a member that leads now, as a router does
+        (router/quorum.py); the leader stores only those its log does not hold."""
+        leaders = [m for m in self.alive() if m.rep.is_leader and m.pending is None]
+        lost = [q for q, (_, mid, term) in self.unanswered.items()
+                if self.members[mid].rep is None or not self.members[mid].rep.is_leader
+                or self.members[mid].rep.raft.term != term]
+        if not leaders or not lost:
+            return
+        m = self.rng.choice(leaders)
+        held = self._held(m)
+        store = []
+        for q in sorted(lost)[:3]:
+            body = self.unanswered[q][0]
+            at = None if self.variant == NO_DEDUP else m.rep.find_publish("w", q)
+            self.stats["resent"] += 1
+            if at is None:
+                if body in held:
+                    self.fail("a publish sent again is stored once",
+                              f"{m.id} did not find seq {q} ({body!r}); its log holds it "
+                              f"at index {held[body][0]}")
+                store.append(q)
+                continue
+            self.stats["resent_found"] += 1
+            if held.get(body, (None,))[0] != at:
+                self.fail("a publish sent again is stored once",
+                          f"{m.id} found seq {q} ({body!r}) at index {at}; its log holds it "
+                          f"at {held.get(body)}")
+            self.unanswered[q] = (body, m.id, m.rep.raft.term)
+            self.after.append([m.id, m.rep.raft.term, at, held[body][1], body])
+            self.log(f"{m.id} finds seq {q} at index {at}")
+        if store:
+            self._propose(m, [self.unanswered[q][0] for q in store], {"w": ([], store)})
+        else:
+            self.drive(m)
 
     def deliver(self, any_order: bool) -> None:
         if not self.net:
@@ -471,7 +559,10 @@ class Sim:
                 self.publish(final=quiet)
         elif x < 0.345:
             self.roam()
-        elif x < 0.35 and self.retain_bytes is not None:
+        elif x < 0.36:
+            if not quiet:       # quiet: nothing is stored after the final publish
+                self.resend()
+        elif x < 0.365 and self.retain_bytes is not None:
             m = rng.choice(ms)
             if m.rep is not None and m.pending is None:
                 self.retain(m)
@@ -550,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schedules", type=int, default=200)
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--replay", type=int, metavar="SEED")
-    p.add_argument("--variant", choices=(NO_SYNC,),
+    p.add_argument("--variant", choices=(NO_SYNC, NO_DEDUP),
                    help="a deliberately unsafe host (the checker must catch it)")
     a = p.parse_args(argv)
     if a.replay is not None:

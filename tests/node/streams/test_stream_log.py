@@ -47,6 +47,27 @@ def test_a_chunk_has_osiris_header_layout() -> None:
     assert chunks.check(c).chunk_id == 40
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1,
+                               max_size=40),
+                       st.tuples(st.lists(st.integers(0, 2**64 - 1)),
+                                 st.lists(st.integers(0, 2**64 - 1))), max_size=5))
+def test_a_chunks_trailer_names_its_publishes(sent) -> None:
+    """The trailer (chunk.py: each writer's publishes, first sent and sent again) reads back
+    as written, after the records, outside the CRC, and the records are unchanged."""
+    trailer = chunks.encode_trailer(sent)
+    c = chunks.build([chunks.encode_record("", "s", b"h", b"body")], 7, 1, 5, trailer=trailer)
+    h = chunks.check(c)
+    assert h.size == len(c) and h.trailer_length == len(trailer)
+    assert chunks.decode_trailer(chunks.trailer_of(c)) == \
+        {w: lists for w, lists in sent.items() if lists[0] or lists[1]}
+    assert [bytes(r) for _, r in chunks.records(c)] == \
+        [chunks.encode_record("", "s", b"h", b"body")]
+    if trailer:
+        with pytest.raises(chunks.ChunkError):
+            chunks.decode_trailer(trailer[:-1])
+
+
 def test_a_corrupt_chunk_fails_its_crc() -> None:
     c = bytearray(chunks.build([b"abc"], 0, 1, 0))
     c[-1] ^= 1

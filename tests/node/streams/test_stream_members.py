@@ -251,6 +251,28 @@ def test_add_and_delete_member_change_the_members_and_a_new_one_gets_the_log(c):
     assert c.take(leader, T.PUBLISH_RESULT)[-1] == [T.PUBLISH_RESULT, 40, 0, 1]
 
 
+def test_a_stream_of_one_member_on_a_cluster_is_replicated_and_gets_members(c):
+    """``x-initial-cluster-size: 1`` on a node with others: one member, through Raft, so
+    that add_member grows it (RabbitMQ's add_replica works on a stream of one replica)."""
+    one = {**STREAM, "x-initial-cluster-size": 1}
+    r = c.request("node-1", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, one, None)
+    assert r[2] == 0
+    s = c.shards["node-1"].streams.streams[("/", "s")]
+    assert s.replica is not None and s.replica.members() == ["node-1"]
+    assert all(("/", "s") not in c.shards[n].streams.streams for n in ("node-0", "node-2"))
+    publish(c, "node-1", 1, b"m0")
+    assert c.take("node-1", T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, 1, 0, 1]]
+    r = c.request("node-1", T.QUORUM_OP, "add_member", "/", "s", "node-2")
+    assert r[2] == 0 and r[4] == ["node-1", "node-2"]
+    for _ in range(40):
+        if s.replica.members() == ["node-1", "node-2"]:
+            break
+        c.tick()
+    assert s.replica.members() == ["node-1", "node-2"]
+    c.tick(3)
+    assert consume_all(c, "node-2", 4) == [(0, b"m0")]
+
+
 def test_deleting_the_leaders_member_hands_the_lead_over_first(c):
     c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
     leader = stream_leader(c)
@@ -311,3 +333,61 @@ def test_a_member_down_while_its_stream_was_deleted_drops_it_when_it_is_back(c):
         c.tick()
     assert ("/", "s") not in c.shards[down].streams.streams
     assert not list((c.tmp / down / "streams").iterdir())   # its files went too
+
+
+def resend(c: Cluster, node: str, pid: int, first: int, body: bytes) -> None:
+    """A PUBLISH sent again (router/quorum.py ``_resend``): a new negative id, and the
+    publish's first id, which names it in the chunks' trailers with the router's id."""
+    c.send(node, T.PUBLISH, pid, "/", ["s"], "", "s", HEADER, body, None, first)
+    c.shards[node].streams.commit(None)
+    c.pump()
+
+
+def test_a_publish_sent_again_to_a_new_leader_is_stored_once(c):
+    """The router resends a publish whose answer was lost with the leader's node; the new
+    leader finds it in its log (committed before the loss) and does not store it again, as
+    Osiris deduplicates a writer's sequence. One it does not find is stored."""
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    leader = stream_leader(c)
+    publish(c, leader, 10, b"a")
+    publish(c, leader, 11, b"b")
+    assert len(c.take(leader, T.PUBLISH_RESULT)) == 2
+    c.crash(leader)                     # as if 11's answer were lost with it
+    new = stream_leader(c)
+    resend(c, new, -1, 11, b"b")
+    resend(c, new, -2, 12, b"c")        # never reached a node
+    assert c.take(new, T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, -1, 0, 1],
+                                             [T.PUBLISH_RESULT, -2, 0, 1]]
+    assert [b for _, b in consume_all(c, new, 3)] == [b"a", b"b", b"c"]
+
+
+def test_a_publish_sent_again_found_in_a_chunk_not_yet_committed_waits_for_it(c):
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    leader = stream_leader(c)
+    shard = c.shards[leader]
+    shard.handle(b"router", [T.PUBLISH, 10, "/", ["s"], "", "s", HEADER, b"a", None], c.now)
+    shard.streams.commit(None)          # proposed, not committed: no pump yet
+    shard.handle(b"router", [T.PUBLISH, -1, "/", ["s"], "", "s", HEADER, b"a", None, 10],
+                 c.now)
+    shard.streams.commit(None)
+    assert c.take(leader, T.PUBLISH_RESULT) == []
+    c.pump()
+    assert sorted(c.take(leader, T.PUBLISH_RESULT)) == [[T.PUBLISH_RESULT, -1, 0, 1],
+                                                        [T.PUBLISH_RESULT, 10, 0, 1]]
+    assert [b for _, b in consume_all(c, leader, 3)] == [b"a"]
+
+
+def test_a_stream_of_one_member_keeps_a_publish_sent_again_after_a_restart_once(c):
+    """x-initial-cluster-size 1 on a cluster: Raft with one voter. Its node is killed after
+    the chunk is on disk but before the answer left; back from its disk, it leads again and
+    the router's resend is found there."""
+    one = {**STREAM, "x-initial-cluster-size": 1}
+    c.request("node-1", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, one, None)
+    publish(c, "node-1", 7, b"kept")
+    assert c.take("node-1", T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, 7, 0, 1]]
+    c.crash("node-1")
+    c.start("node-1")
+    assert stream_leader(c) == "node-1"
+    resend(c, "node-1", -1, 7, b"kept")
+    assert c.take("node-1", T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, -1, 0, 1]]
+    assert consume_all(c, "node-1", 2) == [(0, b"kept")]

@@ -146,3 +146,36 @@ def test_the_hard_state_survives_a_torn_write_of_its_newest_slot(tmp_path):
     raw[newest * SLOT + 20] ^= 0xFF          # torn: its CRC no longer matches
     (tmp_path / "raft.state").write_bytes(bytes(raw))
     assert HardStateFile(tmp_path / "raft.state").state == HardState(3, "a", 10)
+
+
+def test_a_publish_is_found_in_the_log_by_its_writer_and_sequence(tmp_path):
+    """replica.py ``find_publish``, as a new leader asks before it stores a publish sent
+    again: found in memory or in the segments' files, on every member (the trailer is
+    replicated with the chunk); the look back stops at a first send of the same writer
+    below the one looked for (a router sends its publish ids in order)."""
+    c = Cluster(tmp_path, ["a", "b", "c"], max_segment_chunks=2)
+    c.elect("a")
+    a = c.m["a"]
+    t = chunks.encode_trailer
+    a.publish([rec(b"w")], 999, trailer=t({"r1": ([1], []), "r4": ([9], [])}))
+    a.publish([rec(b"x"), rec(b"y")], 1000, trailer=t({"r1": ([5, 6], []), "r2": ([3], [])}))
+    a.publish([rec(b"z")], 1001, trailer=t({"r1": ([], [2])}))
+    index = a.raft.log.last_index
+    assert a.find_publish("r1", 2) == index             # not yet written: in memory
+    c.drive()
+    for k in range(4):                                  # more chunks, other writers
+        a.publish([rec(b"o%d" % k)], 1002 + k, trailer=t({"r3": ([10 + k], []),
+                                                         "r4": ([5], [])}))
+        c.drive()
+    c.tick(2)
+    for r in c.m.values():                              # read back from the files
+        assert not r.raft.log.entries or r.raft.log.entries[0].index > index
+        assert r.find_publish("r1", 6) == index - 1
+        assert r.find_publish("r1", 2) == index         # sent again, and stored then
+        assert r.find_publish("r1", 1) == index - 2     # past r1's 5 and 6: they are above
+        assert r.find_publish("r2", 3) == index - 1
+        assert r.find_publish("r1", 7) is None          # r1's 5 and 6 came before it
+        assert r.find_publish("r9", 5) is None          # another writer
+        # out of order (r4's 9, then its 5): the look stops at the 5, and a 9 sent again
+        # would be stored twice, never lost
+        assert r.find_publish("r4", 9) is None

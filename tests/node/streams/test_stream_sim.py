@@ -16,7 +16,7 @@ CI_SCHEDULES = 60
 
 def test_the_ci_schedules_keep_every_invariant():
     found = []
-    totals = {"resets": 0, "cuts": 0, "crashes": 0, "retained": 0}
+    totals = {"resets": 0, "cuts": 0, "crashes": 0, "retained": 0, "resent_found": 0}
     for seed in range(CI_SCHEDULES):
         try:
             st = stream_sim.Sim(seed).run()
@@ -27,7 +27,7 @@ def test_the_ci_schedules_keep_every_invariant():
             totals[k] += st[k]
     assert not found, "\n".join(found)
     # the faults that matter happened: members reset to a leader's start after retention,
-    # divergent tails cut, crashes
+    # divergent tails cut, crashes, publishes sent again that the leader held already
     assert all(totals.values()), totals
 
 
@@ -48,3 +48,13 @@ def test_the_checker_catches_a_host_whose_fdatasync_does_nothing():
             kinds.add(v.invariant)
     assert kinds & {"same chunk at the same offset", "no offset with two messages",
                     "no confirmed message lost", "election safety"}, kinds
+
+
+def test_the_checker_catches_a_leader_that_stores_every_publish_sent_again():
+    kinds = set()
+    for seed in range(30):
+        try:
+            stream_sim.Sim(seed, variant=stream_sim.NO_DEDUP).run()
+        except stream_sim.Violation as v:
+            kinds.add(v.invariant)
+    assert "a publish sent again is stored once" in kinds, kinds
