@@ -21,12 +21,13 @@ What a consumer sees is RabbitMQ's (rabbit_stream_queue.erl):
 - ``basic.get`` is 540 "basic.get not supported by stream queues ..."; a purge removes
   nothing.
 
-A publish is confirmed once its chunk is on disk: :meth:`Streams.commit`, at the end of the
-node's turn, writes each stream's chunk of the turn and fdatasyncs it, then answers the turn's
-publishes and feeds the consumers. A stream with one member (a node alone, or
-``x-initial-cluster-size: 1``) is served so by the node that owns it. A stream with more
-members (members.py) proposes the turn's chunk to its log instead, and the turn's answers
-wait until it is committed on a majority (:meth:`Streams.process`).
+A publish is confirmed once its chunk is on disk on a majority of the stream's members: at
+the end of the node's turn (:meth:`Streams.commit`) the leader proposes each stream's chunk
+of the turn to its log (members.py; a stream of one member is a log of one voter), and the
+turn's answers wait until it is committed (:meth:`Streams.process`), which then feeds the
+consumers. A stream made by an older Shoal with one member has no log: its one writer
+writes and fdatasyncs the chunk in :meth:`Streams.commit` (so does a shard without
+replication, in tests).
 """
 from __future__ import annotations
 
@@ -124,13 +125,13 @@ class Streams:
     def declare(self, vhost: str, name: str, durable: bool, exclusive: bool,
                 auto_delete: bool, arguments: dict,
                 answer: Callable[[], None] | None = None) -> StreamQueue | None:
-        """A new stream. On a node with other nodes (members.py) it is replicated, even
-        with one member (``x-initial-cluster-size: 1``, or the others offline), so that
-        ``add_member`` can grow it later, as RabbitMQ's add_replica: ``answer()`` runs once
-        it has a leader (``s.replica`` is then set: the declare's answer waits), and None is
-        returned while the node, just started, waits to hear from the nodes it would
-        choose. A node alone serves it at once with one writer. Raises 406 with RabbitMQ's
-        text (stream.py)."""
+        """A new stream. On a node that serves quorum queues (members.py) it is
+        replicated, even with one member (``x-initial-cluster-size: 1``, the others
+        offline, or a node alone), so that ``add_member`` can grow it later, as RabbitMQ's
+        add_replica: ``answer()`` runs once it has a leader (``s.replica`` is then set: the
+        declare's answer waits), and None is returned while the node, just started, waits
+        to hear from the nodes it would choose. A shard without replication (tests) serves
+        it at once with one writer. Raises 406 with RabbitMQ's text (stream.py)."""
         try:
             cfg = parse_stream_arguments(vhost, name, arguments, durable, exclusive,
                                          auto_delete)
@@ -143,7 +144,7 @@ class Streams:
             mem.waiting.append((vhost, name, durable, exclusive, auto_delete, arguments,
                                 answer))
             return None
-        if mem is not None and len(mem.rep.node_ids) > 1:
+        if mem is not None:
             voters = mem.member_ids(nodes or [mem.node_id])
             s = self.create_member(vhost, name, arguments, uuid.uuid4().hex[:12], voters)
             mem.created(s.replica, voters, answer)

@@ -148,3 +148,45 @@ def test_a_node_added_gets_members_and_leaders_after_grow_and_rebalance(tmp_path
             assert queue_json(c, n)["messages"] == 1
     finally:
         stop_cluster(c)
+
+
+def test_a_stream_declared_on_a_node_alone_gets_a_member_once_the_cluster_grows(tmp_path, uid):
+    """A stream made by a node alone (``shoal serve --nodes 1``) is replicated with one
+    member, so that after a restart with a second node ``shoal ctl add_member`` grows it,
+    as RabbitMQ's ``rabbitmq-streams add_replica`` after clustering; the new member gets the
+    log, and a reader (which reads from a member that does not lead) gets every message."""
+    from tests.conftest import EMBED
+    if EMBED:
+        pytest.skip("--embed-node: node-0 lives in router-0 with no links to the other nodes")
+    name = f"stream-alone-{uid}"
+    c = http_cluster(tmp_path / "c", nodes=1, mgmt_port="SHOAL_MANAGEMENT_PORT")
+    try:
+        conn = pika.BlockingConnection(pika.ConnectionParameters(c.host, c.port))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+        for i in range(3):
+            ch.basic_publish("", name, b"m%d" % i)
+        conn.close()
+        assert queue_json(c, name)["members"] == ["node-0"]
+    finally:
+        stop_cluster(c)
+    c = http_cluster(tmp_path / "c", nodes=2, mgmt_port="SHOAL_MANAGEMENT_PORT")
+    try:
+        until(lambda: queue_json(c, name).get("leader") == "node-0", "its leader again")
+        out = ctl(c, "add_member", name, "node-1")
+        assert out.returncode == 0, out.stdout + out.stderr
+        until(lambda: queue_json(c, name)["members"] == ["node-0", "node-1"], "node-1 added")
+        conn = pika.BlockingConnection(pika.ConnectionParameters(c.host, c.port))
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=10)
+        got = []
+        ch.basic_consume(name, lambda c_, m, p, b: got.append((p.headers["x-stream-offset"], b)),
+                         arguments={"x-stream-offset": "first"})
+        deadline = time.monotonic() + DEADLINE
+        while len(got) < 3 and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.2)
+        assert got == [(i, b"m%d" % i) for i in range(3)]
+        conn.close()
+    finally:
+        stop_cluster(c)
