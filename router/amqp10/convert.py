@@ -68,9 +68,17 @@ def sections(payload: bytes) -> list[tuple[int, int, int, int]]:
     return out
 
 
+#: fixed-width constructors (AMQP 1.0 part 1.2: the width is in the code's high nibble) whose
+#: value needs no check: octets after the code (char, 0x73, is decoded: it is checked)
+_FIXED_WIDTH = {**dict.fromkeys((0x40, 0x41, 0x42, 0x43, 0x44, 0x45), 0),
+                **dict.fromkeys((0x50, 0x51, 0x52, 0x53, 0x54, 0x55, 0x56), 1),
+                0x60: 2, 0x61: 2, **dict.fromkeys((0x70, 0x71, 0x72, 0x74), 4),
+                **dict.fromkeys((0x80, 0x81, 0x82, 0x83, 0x84), 8), 0x94: 16, 0x98: 16}
+
+
 def _skip(buf: bytes, pos: int, n: int) -> int:
     """Where the value at ``pos`` ends: compound and variable-width values by their size
-    octets, others by decoding."""
+    octets, fixed-width ones by their code, others by decoding."""
     if pos >= n:
         raise DecodeError("message section without a value")
     c = buf[pos]
@@ -79,7 +87,10 @@ def _skip(buf: bytes, pos: int, n: int) -> int:
     elif c in (0xb0, 0xb1, 0xb3, 0xd0, 0xd1, 0xf0):
         end = pos + 5 + _I(buf, pos + 1)[0] if pos + 4 < n else n + 1
     else:
-        return decode(buf, pos, n)[1]
+        w = _FIXED_WIDTH.get(c)
+        if w is None:
+            return decode(buf, pos, n)[1]
+        end = pos + 1 + w
     if end > n:
         raise DecodeError("message section runs past the end of the message")
     return end

@@ -82,6 +82,9 @@ class Stored:
         self.rest_at = 0
         self.body_at = self.body_end = -1
         self.data: bytes | None = None
+        if not data and self._before_body(body):
+            self.body_at = self.body_end = len(body)
+            return
         parts = 0
         for code, at, start, end in sections(body):
             if code == MESSAGE_ANN:
@@ -106,6 +109,32 @@ class Stored:
             self.data = None
         if self.body_at < 0:
             self.body_at = self.body_end = len(body)
+
+    def _before_body(self, body: bytes) -> bool:
+        """For a delivery (which reads no further than the sections before the body): the
+        sections up to the first that is not message annotations, properties or application
+        properties, each with the short descriptor (``0x00 0x53 code``, as every stored body
+        has them). False when one has another form: the general walk reads it then."""
+        pos, n = 0, len(body)
+        while pos + 3 <= n and body[pos] == 0 and body[pos + 1] == 0x53:
+            code = body[pos + 2]
+            if code == MESSAGE_ANN:
+                end = _skip(body, pos + 3, n)
+                self.ma, self.rest_at = body[pos + 3:end], end
+            elif code == PROPERTIES:
+                end = _skip(body, pos + 3, n)
+                self.props = body[pos + 3:end]
+            elif code == APP_PROPERTIES:
+                end = _skip(body, pos + 3, n)
+                self.app = body[pos + 3:end]
+            else:
+                return True
+            pos = end
+        if pos < n:
+            self.ma = self.props = self.app = b""
+            self.rest_at = 0
+            return False
+        return True
 
 
 # ---- for a 0-9-1 consumer -----------------------------------------------------------------

@@ -184,3 +184,51 @@ def test_a_data_section_that_is_not_binary_is_refused():
     bad = b"\x00\x53\x75" + encode("not binary")
     with pytest.raises(convert.DecodeError, match="not binary"):
         convert.to_091(bad)
+
+
+def _walked(body: bytes) -> tuple[bytes, bytes, bytes, int]:
+    """What a delivery reads of a stored body, by the general walk (convert.sections):
+    message annotations, properties, application properties, where the rest starts."""
+    ma = props = app = b""
+    rest_at = 0
+    for code, _, start, end in convert.sections(body):
+        if code == convert.MESSAGE_ANN:
+            ma, rest_at = body[start:end], end
+        elif code == convert.PROPERTIES:
+            props = body[start:end]
+        elif code == convert.APP_PROPERTIES:
+            app = body[start:end]
+        elif code != convert.FOOTER:
+            break
+    return ma, props, app, rest_at
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _message(),
+    lambda: _message({"a": [1, 2]}),
+    lambda: proton.Message(body=b"x" * 100, inferred=True),
+    lambda: proton.Message(body="text"),
+    lambda: proton.Message(body=b"b", inferred=True, properties={"k": proton.char("z")}),
+    lambda: proton.Message(body=b"b", inferred=True,
+                           annotations={Symbol("x-opt-t"): proton.timestamp(5)}),
+], ids=["every section", "amqp-value", "data only", "string value", "char", "timestamp"])
+def test_a_delivery_reads_the_same_sections_as_the_general_walk(make):
+    """whole.py ``Stored`` reads a delivery's sections with a short walk (stored bodies use
+    short descriptors) and convert.py ``_skip`` steps over fixed-width values by their
+    code: both as the general walk, with a footer too."""
+    for payload in (bytes(make().encode()), _with_footer(bytes(make().encode()))):
+        body = convert.to_091(payload).body
+        st = whole.Stored(body)
+        assert (st.ma, st.props, st.app, st.rest_at) == _walked(body)
+        assert st.body_at == st.body_end == len(body)
+
+
+@pytest.mark.parametrize("value", list(EVERY_TYPE.values()), ids=list(EVERY_TYPE))
+def test_a_value_is_stepped_over_where_decoding_ends(value):
+    """convert.py ``_skip``: by size octets or by the code's width, the end decoding finds."""
+    data = proton.Data()
+    data.put_object(value)
+    raw = bytes(data.encode())
+    assert convert._skip(raw, 0, len(raw)) == decode(raw)[1] == len(raw)
+    with pytest.raises(convert.DecodeError):
+        convert._skip(raw[:-1] if len(raw) > 1 else b"", 0, len(raw) - 1)
