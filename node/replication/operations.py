@@ -55,8 +55,8 @@ def quorum_op(rep: Any, peer: bytes, req_id: int, op: str, vhost: str | None,
     if g is None:
         if (vhost, name) in rep.shard.streams.streams:
             raise soft_error(NOT_FOUND, f"stream '{name}' in vhost '{vhost}' has one member "
-                                        f"without replication (made by an older Shoal on a node alone): it "
-                                        f"cannot get members")
+                                        f"without replication (made by an older Shoal on a "
+                                        f"node alone): it cannot get members")
         raise soft_error(NOT_FOUND, f"no quorum queue '{name}' in vhost '{vhost}'")
     if not g.leading:
         rep.announce(g, peer)
