@@ -340,9 +340,10 @@ class Streams:
     def consume(self, peer: Any, cid: int, s: StreamQueue, tag: str, no_ack: bool,
                 args: dict, qos: list | None) -> list:
         """A consumer of ``s`` from its ``x-stream-offset``; returns ``[the messages it may
-        read now, "stream"]`` (CONSUME's answer: the router learns the queue is a stream). ``qos``: ``[consumer prefetch, global prefetch]`` of a 0-9-1 channel, None
-        for an AMQP 1.0 link (credit). Raises 406, 540 as RabbitMQ (module docstring);
-        MOVED from a member that does not lead for a numeric offset past its log's end."""
+        read now, "stream"]`` (CONSUME's answer: the router learns the queue is a stream).
+        ``qos``: ``[consumer prefetch, global prefetch]`` of a 0-9-1 channel, None for an
+        AMQP 1.0 link (credit). Raises 406, 540 as RabbitMQ (module docstring); MOVED from
+        a member that does not lead for a numeric offset past its log's end."""
         known = self.consumers.get((peer.identity, cid))
         if known is not None and known.stream is s:     # registered again: credit back to 0
             known.credit = 0
