@@ -231,15 +231,14 @@ class Streams:
             s.writer.add(exchange, routing_key, header, body, fv)
         else:
             if seq and writer and len(writer) < 256:
+                lists = s.sent.get(writer)      # this turn's publishes of the writer
                 if resend:
                     at = s.rep.find_publish(writer, seq)
-                    mine = s.sent.get(writer)
-                    if at is not None or (mine is not None and
-                                          (seq in mine[0] or seq in mine[1])):
+                    if at is not None or (lists is not None and
+                                          (seq in lists[0] or seq in lists[1])):
                         s.found = max(s.found, at or 0)
                         self._written[s] = None
                         return
-                lists = s.sent.get(writer)
                 if lists is None:
                     lists = s.sent[writer] = ([], [])
                 lists[resend].append(seq)
