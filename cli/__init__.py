@@ -59,9 +59,10 @@ def serve_main(argv: list[str]) -> int:
                         "share, nodes on the rest (default on; a link hand-off then never "
                         "crosses CPUs)")
     p.add_argument("--local-link", choices=["zmq", "unix"],
-                   help="how routers reach the nodes: zmq (ZeroMQ ipc://, the default) or unix "
-                        "(a Unix stream socket without ZeroMQ's I/O threads: less CPU per "
-                        "message and lower latency)")
+                   help="how routers reach the nodes: unix (a Unix stream socket without "
+                        "ZeroMQ's I/O threads: less CPU per message and lower latency; the "
+                        "default) or zmq (ZeroMQ ipc://; the default when the link has CURVE "
+                        "keys)")
     p.add_argument("--max-message-size", type=int, metavar="BYTES",
                    help="largest message body accepted (default 134217728 = 128 MiB, "
                         "RabbitMQ's; at most 536870912)")

@@ -294,16 +294,16 @@ class Cluster:
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        link = self.settings.serve_local_link()
         for i in range(self.settings.nodes):
             node = {"id": f"node-{i}"}
             self.nodes.append(node)
             if i == 0 and self.settings.embed_node:
                 node.update(endpoint=f"inproc://{node['id']}", embedded=True)
                 if self.settings.serve_routers() > 1:
-                    node["shared_endpoint"] = _endpoint(self.run_dir, node["id"],
-                                                        self.settings.local_link)
+                    node["shared_endpoint"] = _endpoint(self.run_dir, node["id"], link)
                 continue
-            node["endpoint"] = _endpoint(self.run_dir, node["id"], self.settings.local_link)
+            node["endpoint"] = _endpoint(self.run_dir, node["id"], link)
             if node["endpoint"].startswith("unix://"):      # the other nodes need ZeroMQ
                 node["peer_endpoint"] = _endpoint(self.run_dir, node["id"] + "-peer")
             if self.node_cpus:

@@ -82,10 +82,11 @@ class Settings:
     #: (its Python thread and ZeroMQ's I/O thread) to one CPU, routers on the first share of
     #: the CPUs, nodes on the rest (:func:`cpu_plan`), as RabbitMQ binds its schedulers
     #: (``+stbt db``): a link hand-off then never crosses CPUs (docs/performance.md, issue 20)
-    local_link: str = "zmq"                  #: ``serve``: how routers reach the nodes on
-    #: this host: ``zmq`` (a ZeroMQ ``ipc://`` socket, design.md section 4) or ``unix`` (a Unix
-    #: stream socket read by each side's event loop, no ZeroMQ I/O threads: about half the
-    #: link's CPU per message, docs/performance.md issue 20); between hosts it is always ZeroMQ
+    local_link: str = ""                     #: ``serve``: how routers reach the nodes on
+    #: this host: ``unix`` (a Unix stream socket read by each side's event loop, no ZeroMQ I/O
+    #: threads: less CPU per message and latency, docs/performance.md "The same-host link") or
+    #: ``zmq`` (a ZeroMQ ``ipc://`` socket, design.md section 4); "" is ``unix``, or ``zmq``
+    #: when the link has CURVE keys (:meth:`serve_local_link`); between hosts it is ZeroMQ
     embed_bind: str = ""                     #: router: a second endpoint that the node it
     #: hosts (an ``inproc://`` endpoint) binds, where the other routers reach it (``serve``
     #: with ``embed_node`` and ``routers`` > 1: node-0 lives in router-0)
@@ -255,7 +256,7 @@ class Settings:
                 raise bad("peers", f"'{p}' is not ID=ENDPOINT (e.g. node-1=tcp://host:5680)")
         if "://" not in self.node_bind:
             raise bad("node_bind", "must be an endpoint like tcp://host:port or unix:///path")
-        if self.local_link not in ("zmq", "unix"):
+        if self.local_link not in ("", "zmq", "unix"):
             raise bad("local_link", "must be zmq or unix")
         if self.local_link == "unix" and self.link_curve_secret_key:
             raise bad("local_link", "unix cannot carry the link's CURVE keys (its socket file's "
@@ -276,6 +277,14 @@ class Settings:
         if self.routers:
             return self.routers
         return 1 if self.embed_node else default_layout(os.cpu_count() or 1)[0]
+
+    def serve_local_link(self) -> str:
+        """The link ``shoal serve`` runs between its routers and nodes: ``local_link``, or
+        when it is "", ``unix``, unless the link has CURVE keys, which only ZeroMQ carries
+        (``zmq``). Source: docs/performance.md, "The same-host link"."""
+        if self.local_link:
+            return self.local_link
+        return "zmq" if self.link_curve_secret_key else "unix"
 
     def peer_map(self) -> list[tuple[str, str]]:
         """``peers`` as ``[(node_id, endpoint), ...]``."""

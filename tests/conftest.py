@@ -9,8 +9,9 @@ every child process gone.
 
 ``SHOAL_E2E_EMBED=1`` starts every cluster with ``--embed-node`` (node-0 inside the router
 process); tests that need node-0 to be a process of its own are then skipped.
-``SHOAL_LOCAL_LINK=unix`` (a setting, passed on to ``shoal serve``) links every cluster's
-routers and nodes with the same-host ``unix://`` link instead of ZeroMQ's ``ipc://``.
+``SHOAL_LOCAL_LINK=zmq`` (a setting, passed on to ``shoal serve``) links every cluster's
+routers and nodes with ZeroMQ's ``ipc://`` instead of serve's default, the same-host
+``unix://`` link.
 
 Every cluster runs with ``SHOAL_WIRE_CHECK=1`` (shared/wire.py): batches handed over in memory
 between the router and node-0 are checked to carry what the ZeroMQ link would, and a cluster

@@ -89,7 +89,10 @@ def run_once(base: str | None, rate: int, time_s: int, extra: list[str],
         proc.wait(30)
     summary = next(line for line in out.splitlines() if line.startswith("summary"))
     received = int(re.search(r"(\d+) in all", summary).group(1))
-    p50, _, p99 = re.search(r"p50/p95/p99/max ([\d.]+)/([\d.]+)/([\d.]+)", summary).groups()
+    if not received:        # no consumer (--consumers 0): per message confirmed
+        received = int(re.search(r"confirmed (\d+)", summary).group(1))
+    lat = re.search(r"p50/p95/p99/max ([\d.]+)/([\d.]+)/([\d.]+)", summary)
+    p50, _, p99 = lat.groups() if lat else ("nan", "nan", "nan")
     rows, total = [], 0.0
     for k in kids:
         for tid, (u1, s1, z1) in after[k].items():
