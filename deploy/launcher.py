@@ -304,8 +304,8 @@ class Cluster:
                     node["shared_endpoint"] = _endpoint(self.run_dir, node["id"], link)
                 continue
             node["endpoint"] = _endpoint(self.run_dir, node["id"], link)
-            if node["endpoint"].startswith("unix://"):      # the other nodes need ZeroMQ
-                node["peer_endpoint"] = _endpoint(self.run_dir, node["id"] + "-peer")
+            if node["endpoint"].startswith("unix://"):      # the other nodes' own socket
+                node["peer_endpoint"] = _endpoint(self.run_dir, node["id"] + "-peer", link)
             if self.node_cpus:
                 node["cpu"] = self.node_cpus[i - self.embedded]
         for node in self.nodes:

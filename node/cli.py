@@ -33,8 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", help="debug, info, warning or error")
     p.add_argument("--peer", action="append", metavar="ID=ENDPOINT",
                    help="another node, for quorum queues (repeat for each; setting peers)")
-    p.add_argument("--peer-bind", help="a ZeroMQ endpoint the other nodes reach this one on, "
-                                       "when --bind is unix:// (setting peer_bind)")
+    p.add_argument("--peer-bind", help="an endpoint the other nodes reach this one on, "
+                                       "when --bind is unix:// (a ZeroMQ one, or unix:///path "
+                                       "when the other nodes' are unix:// too; setting "
+                                       "peer_bind)")
     args = p.parse_args(argv)
     warn_unknown_env("shoal node")
     try:

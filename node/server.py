@@ -38,7 +38,7 @@ from shoal.node.durability.group_commit import GroupCommit
 from shoal.node.durability.format import unavailable
 from shoal.node.durability.journal import Journal
 from shoal.node.queues.paging import PageStore
-from shoal.node.replication.links import PeerLinks
+from shoal.node.replication.links import open_peer_links
 from shoal.node.replication.manager import Replication
 from shoal.node.replication.store import RaftStore
 from shoal.node.shard import Shard
@@ -110,6 +110,8 @@ class NodeServer:
         #: The same-host link (a ``unix://`` endpoint), its routers gone since the last turn,
         #: and whether the ZeroMQ socket is bound at all (else turns leave it alone).
         self._unix: UnixListener | None = None
+        #: the other nodes' ``unix://`` connections, on ``peer_bind`` (shoal serve's nodes)
+        self._unix_peers: UnixListener | None = None
         self._unix_gone: list[bytes] = []
         self._zmq_bound = False
         #: the lock on the node's data directory, from open_journal to close
@@ -207,13 +209,21 @@ class NodeServer:
 
     def bind(self, also: str = "") -> str:
         """Bind ``node_bind`` and, when given, ``also`` (the ``embed_bind`` of a node hosted in
-        router-0, where the other routers reach it): a ``unix://PATH`` endpoint on
-        :class:`UnixListener` (one at most), any other on the ZeroMQ socket. Returns the first
-        endpoint. Raises zmq.ZMQError or OSError (the node CLI exits 1)."""
-        for i, endpoint in enumerate(e for e in (self.settings.node_bind, also,
-                                                 self.settings.peer_bind) if e):
+        router-0, where the other routers reach it) and ``peer_bind`` (where the other nodes
+        reach it): a ``unix://PATH`` endpoint on a :class:`UnixListener` (one for routers,
+        one for nodes), any other on the ZeroMQ socket. Returns the first endpoint. Raises
+        zmq.ZMQError or OSError (the node CLI exits 1)."""
+        ends = [(e, for_peers) for e, for_peers in ((self.settings.node_bind, False),
+                                                    (also, False),
+                                                    (self.settings.peer_bind, True)) if e]
+        for i, (endpoint, for_peers) in enumerate(ends):
             path = stream.scheme_path(endpoint)
-            if path is not None:
+            if path is not None and for_peers:
+                # the other nodes' connections (node/replication/links.py UnixPeerLinks)
+                self._unix_peers = UnixListener(path, self._poke, lambda _identity: None,
+                                                prefix=b"peer:unix-")
+                self._unix_peers.bind()
+            elif path is not None:
                 if self._unix is not None:
                     raise OSError(f"one unix:// endpoint per node, not {endpoint} too")
                 self._unix = UnixListener(path, self._poke, self._unix_lost)
@@ -266,8 +276,10 @@ class NodeServer:
             self._local_in.clear()
             for _, batch in local:
                 wire.received(batch)
+        if self._unix_peers is not None:
+            frames = self._unix_peers.take()
         if self._unix is not None:
-            frames = self._unix.take()
+            frames += self._unix.take()
         # Ask ZMQ_EVENTS first (a plain int: no enum): ending every drain with a zmq.Again
         # exception costs more.
         while socket and n < MAX_READ_PER_TURN and sock.get(_EVENTS) & _POLLIN:
@@ -452,8 +464,8 @@ class NodeServer:
             rep = self.shard.replication
         peer_fds: list[int] = []
         if self.settings.peers and rep.links is None:
-            rep.links = PeerLinks(self.ctx, self.shard.node_id, self.settings.peer_map(),
-                                  self.settings)
+            rep.links = open_peer_links(self.ctx, self.shard.node_id, self.settings.peer_map(),
+                                        self.settings)
 
             def lost(node: str) -> None:
                 rep.peer_lost(node)
@@ -464,8 +476,9 @@ class NodeServer:
             self.settings, str(self.journal.directory) if self.journal is not None
             else self.settings.data_dir, self.group_commit.set_alarm).run())
         self.shard.loop_lag.start()
-        if self._unix is not None:
-            await self._unix.start()
+        for listener in (self._unix, self._unix_peers):
+            if listener is not None:
+                await listener.start()
         stats_path = os.environ.get("SHOAL_NODE_STATS_FILE")
         stats = asyncio.ensure_future(write_stats_file(stats_path.replace(
             "{node}", self.shard.node_id), self.stats)) if stats_path else None
@@ -490,15 +503,17 @@ class NodeServer:
                 self._timer = None
             self.sock.disable_monitor()
             mon.close(linger=0)
-            if self._unix is not None:
-                self._unix.close()
+            for listener in (self._unix, self._unix_peers):
+                if listener is not None:
+                    listener.close()
             if stats is not None:
                 stats.cancel()
             self.group_commit.cancel_retry()
 
     def close(self) -> None:
-        if self._unix is not None:
-            self._unix.close()      # serve() closed it, unless it never ran
+        for listener in (self._unix, self._unix_peers):
+            if listener is not None:
+                listener.close()    # serve() closed it, unless it never ran
         if self.shard.replication is not None:
             self.shard.replication.close()      # its sockets before the context ends
         self.sock.close(linger=1000)

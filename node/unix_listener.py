@@ -60,11 +60,15 @@ class UnixListener:
     ``wake()`` is called when frames arrive (the server schedules a turn);
     ``lost(identity)`` when a router's connection closes (the server forgets that router at
     once: a Unix socket says whose connection it was, which ZeroMQ's monitor does not).
+    ``prefix`` starts each connection's identity: ``unix-`` for routers, ``peer:unix-`` on the
+    endpoint the other nodes reach (``peer_bind``; node/replication/unix_peers.py), whose
+    batches the node's turn takes first, as it does those of ZeroMQ's ``peer:`` identities.
     """
 
     def __init__(self, path: str, wake: Callable[[], None],
-                 lost: Callable[[bytes], None]) -> None:
+                 lost: Callable[[bytes], None], prefix: bytes = b"unix-") -> None:
         self.path = path
+        self._prefix = prefix
         self._wake, self._on_lost = wake, lost
         self._sock: socket.socket | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -111,7 +115,7 @@ class UnixListener:
 
     def _accept(self) -> _Connection:
         self._next_id += 1
-        return _Connection(self, b"unix-%d" % self._next_id)
+        return _Connection(self, b"%s%d" % (self._prefix, self._next_id))
 
     def has(self, identity: bytes) -> bool:
         """Whether router ``identity`` is linked through this listener."""

@@ -97,11 +97,12 @@ class Settings:
     node_bind: str = "tcp://127.0.0.1:5680"  #: node: endpoint to bind (ZeroMQ, or
     #: ``unix://PATH``: the same-host link, node/unix_listener.py)
     peers: list[str] = field(default_factory=list)  #: node: the other nodes, ``ID=ENDPOINT``
-    #: (the ZeroMQ endpoint each binds for nodes: its ``peer_bind``, else its ``node_bind``),
+    #: (the endpoint each binds for nodes: its ``peer_bind``, else its ``node_bind``),
     #: linked for quorum queues (design.md section 8); none: this node's quorum queues have
     #: one member
-    peer_bind: str = ""                      #: node: a ZeroMQ endpoint the other nodes reach
-    #: it on, when ``node_bind`` is ``unix://`` ("" = ``node_bind``)
+    peer_bind: str = ""                      #: node: an endpoint the other nodes reach it
+    #: on, when ``node_bind`` is ``unix://`` ("" = ``node_bind``): ZeroMQ, or ``unix://PATH``
+    #: when every peer's is too (``shoal serve``'s nodes; node/replication/links.py)
     default_queue_type: str = "classic"      #: the type of a durable queue declared without
     #: ``x-queue-type``: ``classic``, ``quorum`` or ``stream`` (RabbitMQ's
     #: ``default_queue_type``; exclusive, auto-delete and non-durable queues stay classic)
@@ -254,6 +255,8 @@ class Settings:
         for p in self.peers:
             if "=" not in p.split("://", 1)[0] or "://" not in p:
                 raise bad("peers", f"'{p}' is not ID=ENDPOINT (e.g. node-1=tcp://host:5680)")
+        if len({p.split("=", 1)[1].startswith("unix://") for p in self.peers}) > 1:
+            raise bad("peers", "every endpoint unix:// (nodes on one host) or none")
         if "://" not in self.node_bind:
             raise bad("node_bind", "must be an endpoint like tcp://host:port or unix:///path")
         if self.local_link not in ("", "zmq", "unix"):
