@@ -23,9 +23,13 @@ deliveries from several nodes interleave. Two ways of granting:
   rest with ``CREDIT_DRAINED``), round-robin over the Consumers that have work (DG5 fairness),
   so unused credit flows back to where there is work. While several of a target's Consumers
   are known to have work (WORK, or a drain outstanding), none is granted past its fair share
-  of the limit (``ceil(limit / those Consumers)``, counting its own unacked deliveries): a
-  queue whose node answers fast (node-0 inside the router, ``--embed-node``) would otherwise
-  take every slot the client frees while the others' grants are on the way.
+  of the limit (``ceil(limit / those Consumers)``, counting its own unacked deliveries), and
+  none gets a second grant while another's drain, granted before its last one, is still
+  outstanding (turns, not only shares): a queue whose node answers fast (node-0 inside the
+  router, ``--embed-node``) would otherwise take every slot the client frees while the
+  others' grants are on the way, and lap a node process that a busy machine runs late. A
+  consumer is so paced by its slowest queue's round trip; a node that stops answering is
+  lost after ``link_heartbeat_timeout``, and the consumer with it (router/node_events.py).
 
 A Consumer whose CONSUME is on its way to its node (``registering``: a quorum queue's
 consumer following its leader, router/quorum.py) is granted nothing until the node answers:
@@ -60,6 +64,7 @@ class Consumer:
     has_work: bool = False    #: the node said WORK and no grant answered it yet
     interest_sent: bool = False  #: CREDIT(0) "tell me when you have work" is registered
     last_grant: int = 0       #: size of the last drain grant (to count empty pulls)
+    turn: int = 0             #: its target's ``turns`` when it got its last drain grant
     unacked: int = 0          #: this queue's deliveries not yet acknowledged by the client
     stream: bool = False      #: its queue is a stream (the node's CONSUME answer says so)
     #: the CONSUME message (without req_id) that registered it: sent again to a quorum
@@ -89,6 +94,7 @@ class ConsumerTarget:
     #: belongs to, be dropped there (unknown consumer) and leave the consumer stalled.
     registered: bool = True
     rr: int = 0               #: round-robin start for pull grants (fairness)
+    turns: int = 0            #: drain grants made to its consumers (their ``turn``)
 
     @property
     def granted(self) -> int:
@@ -188,9 +194,11 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
     fair = -(-limit // active) if active > 1 else 1 << 62
     n = len(t.consumers)
     order = t.consumers[t.rr % n:] + t.consumers[:t.rr % n]
-    # A Consumer at its fair share keeps its work for a later grant.
+    # A Consumer at its fair share keeps its work for a later grant, and so does one granted
+    # since the oldest drain still outstanding was (one grant ahead of it at most).
+    oldest = min((c.turn for c in t.consumers if c.draining), default=1 << 62)
     working = [c for c in order if c.has_work and not c.draining and not c.registering
-               and c.granted + c.unacked < fair]
+               and c.granted + c.unacked < fair and c.turn < oldest]
     if not working:
         return out
     t.rr = (t.rr + 1) % n
@@ -202,6 +210,8 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
         free -= grant
         c.granted += grant
         c.last_grant = grant
+        t.turns += 1
+        c.turn = t.turns
         c.draining = True
         c.has_work = False
         out.append((c, [TAG_CREDIT, c.consumer_id, grant, True]))

@@ -231,3 +231,41 @@ def test_queues_with_messages_at_consume_are_pulled_from_at_once_and_together():
     grants = {c.queue: m for c, m in credit.credit_messages(pool, t)}
     assert grants["q1"] == [T.CREDIT, 1, 0, False] and grants["q3"] == [T.CREDIT, 3, 0, False]
     assert grants["q0"] == [T.CREDIT, 0, 3, True] and grants["q2"] == [T.CREDIT, 2, 3, True]
+
+
+def test_a_fast_queue_gets_one_grant_ahead_of_a_slow_ones_outstanding_drain_not_more():
+    """DG5 in turns: node-0 inside the router answers each drain at once, the node processes
+    late (a busy machine). However fast the client acks node-0's deliveries, node-0 gets one
+    grant more while the others' drains are out, then waits for them, instead of lapping
+    them (CI once saw 26, 2 and 2 of the first 30 deliveries); once they answer, every queue
+    with work is granted again."""
+    pool = CreditPool(prefetch_count=5)
+    t = ConsumerTarget("t", 1, "/", False, registered=False)
+    a, b, c = t.consumers = [Consumer(i, f"q{i}", f"node-{i}", t) for i in range(3)]
+    pool.targets["t"] = t
+    credit.on_registered(t, [50, 50, 50])
+    first = credit.credit_messages(pool, t)
+    assert sorted(g[0].queue for g in first) == ["q0", "q1", "q2"]
+
+    def fast_round() -> list:
+        """node-0 delivers what it was granted and drains; the client acks it all."""
+        n = a.granted
+        for _ in range(n):
+            credit.on_delivered(pool, a)
+        credit.on_drained(a, 0)
+        grants = credit.credit_messages(pool, t)
+        for _ in range(n):
+            credit.on_settled(pool, a)
+            grants += credit.credit_messages(pool, t)
+        return grants
+
+    extra = [g[0].queue for _ in range(10) for g in fast_round()]
+    assert extra == ["q0"]                   # one grant ahead, then node-0 waits
+    assert b.draining and c.draining
+    for slow in (b, c):                      # the node processes answer at last
+        for _ in range(slow.granted):
+            credit.on_delivered(pool, slow)
+        credit.on_drained(slow, 0)
+    again = credit.credit_messages(pool, t)
+    assert {g[0].queue for g in again} >= {"q1", "q2"}
+    assert t.unacked + t.granted <= 5
