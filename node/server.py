@@ -38,7 +38,7 @@ from shoal.node.durability.group_commit import GroupCommit
 from shoal.node.durability.format import unavailable
 from shoal.node.durability.journal import Journal
 from shoal.node.queues.paging import PageStore
-from shoal.node.replication.links import open_peer_links
+from shoal.node.replication.links import UnixPeerLinks, open_peer_links
 from shoal.node.replication.manager import Replication
 from shoal.node.replication.store import RaftStore
 from shoal.node.shard import Shard
@@ -498,6 +498,8 @@ class NodeServer:
             loop.remove_reader(mon_fd)
             for pfd in peer_fds:
                 loop.remove_reader(pfd)
+            if isinstance(rep.links, UnixPeerLinks):
+                rep.links.close()       # its sockets and diallers are this loop's
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None

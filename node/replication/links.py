@@ -266,7 +266,10 @@ class UnixPeerLinks(_Outbox):
         return []
 
     def close(self) -> None:
-        """Stop dialling and close every connection (what is written still goes)."""
+        """Stop dialling and close every connection (what is written still goes). Call it in
+        the loop that made them (NodeServer.serve's end); later calls do nothing."""
+        if self._closed:
+            return
         self._closed = True
         for task in self._diallers.values():
             task.cancel()
