@@ -131,13 +131,7 @@ class UnixListener:
         conn = self._conns.get(identity)
         if conn is None:
             return False
-        if conn.transport.is_closing():
-            return True
-        buffers = stream.encode_frames(messages)
-        if len(buffers) == 1:
-            conn.transport.write(buffers[0])
-        else:
-            conn.transport.writelines(buffers)
+        stream.write_batch(conn.transport, messages)     # dropped when closing
         return True
 
     def take(self) -> list[tuple[bytes, bytes]]:

@@ -44,6 +44,22 @@ def encode_frames(messages: list[list[Any]]) -> list[bytes]:
     return [head, data]
 
 
+def write_batch(transport: Any, messages: list[list[Any]], limit: int = -1) -> bool:
+    """Write one batch of wire messages to an asyncio ``transport`` as frames
+    (:func:`encode_frames`). Returns False, writing nothing, when the transport is closing or
+    more than ``limit`` bytes (``limit`` >= 0) already wait in it unsent: the reader is not
+    keeping up, and the caller pauses or drops as its link does. Raises TypeError
+    (shared.wire.encode_batch) for what the wire cannot carry."""
+    if transport.is_closing() or 0 <= limit < transport.get_write_buffer_size():
+        return False
+    buffers = encode_frames(messages)
+    if len(buffers) == 1:
+        transport.write(buffers[0])
+    else:
+        transport.writelines(buffers)
+    return True
+
+
 class FrameReader:
     """Cuts a byte stream into frames: :meth:`feed` takes what a socket read returned and
     gives back the whole frames it completed, in order, keeping any partial frame."""

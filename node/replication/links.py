@@ -210,17 +210,7 @@ class UnixPeerLinks(_Outbox):
 
     def _send(self, peer: str, msgs: list[list]) -> bool:
         conn = self._conns.get(peer)
-        if conn is None:
-            return False
-        transport = conn.transport
-        if transport.is_closing() or transport.get_write_buffer_size() > UNIX_WRITE_LIMIT:
-            return False
-        buffers = stream.encode_frames(msgs)
-        if len(buffers) == 1:
-            transport.write(buffers[0])
-        else:
-            transport.writelines(buffers)
-        return True
+        return conn is not None and stream.write_batch(conn.transport, msgs, UNIX_WRITE_LIMIT)
 
     def _dial(self, peer: str) -> None:
         if not self._closed and peer not in self._diallers and peer not in self._conns:

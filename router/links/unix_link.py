@@ -142,16 +142,8 @@ class UnixLink(NodeLink):
         """Write one batch; False when it could not be (no connection, or WRITE_LIMIT bytes
         already wait: the node is not keeping up)."""
         conn = self._conn
-        if conn is None:
+        if conn is None or not stream.write_batch(conn.transport, batch, WRITE_LIMIT):
             return False
-        transport = conn.transport
-        if transport.is_closing() or transport.get_write_buffer_size() > WRITE_LIMIT:
-            return False
-        buffers = stream.encode_frames(batch)
-        if len(buffers) == 1:
-            transport.write(buffers[0])
-        else:
-            transport.writelines(buffers)
         self._last_send = time.monotonic()
         return True
 

@@ -59,3 +59,34 @@ def test_a_batch_too_large_for_one_frame_is_split_in_order(monkeypatch):
     frames = stream.FrameReader().feed(data)
     assert len(frames) > 1
     assert [m for f in frames for m in wire.decode_batch(f)] == msgs
+
+
+class _Transport:
+    """What write_batch uses of an asyncio transport."""
+
+    def __init__(self, closing: bool = False, waiting: int = 0) -> None:
+        self.closing, self.waiting, self.written = closing, waiting, []
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def get_write_buffer_size(self) -> int:
+        return self.waiting
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def writelines(self, buffers: list[bytes]) -> None:
+        self.written.extend(buffers)
+
+
+def test_a_batch_is_written_as_its_frames_unless_closing_or_past_the_limit():
+    batch = [[int(T.RAFT), b"x" * 10]]
+    t = _Transport()
+    assert stream.write_batch(t, batch) and b"".join(t.written) == b"".join(
+        stream.encode_frames(batch))
+    big = [[int(T.RAFT), b"y" * (stream.JOIN_BELOW + 1)]]
+    t = _Transport(waiting=100)
+    assert stream.write_batch(t, big, limit=100) and len(t.written) == 2
+    for t, limit in ((_Transport(closing=True), -1), (_Transport(waiting=101), 100)):
+        assert not stream.write_batch(t, batch, limit) and t.written == []

@@ -28,7 +28,7 @@ async def _until(cond, limit_s: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def _listener(path: str, got: list) -> UnixListener:
+def _listener(path: str) -> UnixListener:
     lst = UnixListener(path, lambda: None, lambda _identity: None, prefix=b"peer:unix-")
     lst.bind()
     return lst
@@ -45,7 +45,7 @@ def test_batches_arrive_whole_in_order_under_a_peer_identity(tmp_path, monkeypat
 
     async def scenario():
         got: list = []
-        lst = _listener(path, got)
+        lst = _listener(path)
         await lst.start()
         links = UnixPeerLinks("node-0", [("node-0", "unix:///nowhere"),
                                          ("node-1", f"unix://{path}")])
@@ -83,7 +83,7 @@ def test_a_peer_not_there_loses_sends_then_is_reached_and_its_going_is_reported(
         links.flush()                                   # nobody listens: dropped
         assert (links.sent, links.dropped) == (0, 1)
         got: list = []
-        lst = _listener(path, got)                      # the peer starts
+        lst = _listener(path)                      # the peer starts
         await lst.start()
         await _until(lambda: "node-1" in links._conns)
         assert lost == []                               # never reached: nothing lost
@@ -92,7 +92,7 @@ def test_a_peer_not_there_loses_sends_then_is_reached_and_its_going_is_reported(
         links.queue("node-1", [int(wire.T.RAFT), 2])
         links.flush()
         assert links.dropped == 2
-        lst = _listener(path, got)                      # and comes back
+        lst = _listener(path)                      # and comes back
         await lst.start()
         await _until(lambda: "node-1" in links._conns)
         links.queue("node-1", [int(wire.T.RAFT), 3])
