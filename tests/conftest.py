@@ -51,6 +51,47 @@ EMBED = os.environ.get("SHOAL_E2E_EMBED", "").strip().lower() in ("1", "true", "
 WIRE_CHECK_FAILED = "wire check failed"
 
 
+#: Ports :func:`free_port` hands out: below the kernel's ephemeral range, one slice per
+#: pytest-xdist worker.
+PORT_BASE, PORT_SLICE = 20000, 1500
+_next_port: list[int] = []
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a cluster's fixed ports (management,
+    Prometheus, TLS, a process's AMQP port). Taken below the kernel's ephemeral range
+    (``net.ipv4.ip_local_port_range``), which ``bind(0)`` (``shoal serve --port 0``) and
+    outgoing connections draw from. It is picked in turn from this xdist worker's own slice.
+    Two workers never pick the same port, and the kernel never hands out one picked here.
+    Before, a port picked with ``bind(0)`` was once handed out again to another cluster's
+    AMQP listener before our router bound it, and the two shared it silently
+    (SO_REUSEPORT): an HTTP request read "AMQP" back."""
+    import socket
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    k = int(worker[2:]) if worker[2:].isdigit() else 0
+    base = PORT_BASE + (k % 8) * PORT_SLICE
+    if base + PORT_SLICE > low:             # an unusual range: the kernel's choice
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    if not _next_port:
+        _next_port.append(base + (os.getpid() % PORT_SLICE))
+    for _ in range(PORT_SLICE):
+        port = base + (_next_port[0] - base) % PORT_SLICE
+        _next_port[0] = port + 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {base}-{base + PORT_SLICE - 1}")
+
+
 def _proc_start_time(pid: int) -> str | None:
     """Field 22 of /proc/PID/stat (start time): tells a live pid from a reused one."""
     try:

@@ -263,10 +263,11 @@ def test_a_member_down_while_its_queue_was_deleted_drops_it(tmp_path, uid):
     import pika
 
     from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
-    from tests.e2e.management.test_management import _free_port, call
+    from tests.conftest import free_port
+    from tests.e2e.management.test_management import call
     if EXTERNAL_URL:
         pytest.skip("starts its own cluster")
-    port = _free_port()
+    port = free_port()
     cluster = start_cluster(tmp_path / "c", 3, env={"SHOAL_MANAGEMENT_PORT": str(port)})
     cluster.mgmt_port = port
     try:

@@ -254,7 +254,8 @@ def test_a_vhosts_default_queue_type_from_definitions_and_the_api(tmp_path, uid)
     from shoal.shared.definitions import hash_password
     from tests.conftest import start_cluster, stop_cluster
     from tests.e2e.clients import connect
-    from tests.e2e.management.test_management import _free_port, call
+    from tests.conftest import free_port
+    from tests.e2e.management.test_management import call
     if EXTERNAL_URL:
         pytest.skip("starts its own cluster")
     defs = tmp_path / "defs.json"
@@ -266,7 +267,7 @@ def test_a_vhosts_default_queue_type_from_definitions_and_the_api(tmp_path, uid)
         "vhosts": [{"name": "/", "metadata": {"default_queue_type": "quorum"}},
                    {"name": "plain"}],
         "permissions": perms}))
-    port = _free_port()
+    port = free_port()
     cluster = start_cluster(tmp_path / "cluster", 3, env={
         "SHOAL_LOAD_DEFINITIONS": str(defs), "SHOAL_MANAGEMENT_PORT": str(port)})
     cluster.mgmt_port = port

@@ -2,12 +2,11 @@
 against another broker, are in :mod:`.helpers`."""
 from __future__ import annotations
 
-import socket
 import uuid
 
 import pytest
 
-from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
+from tests.conftest import EXTERNAL_URL, free_port, start_cluster, stop_cluster
 
 
 
@@ -18,11 +17,6 @@ def names():
     return lambda prefix="q": f"e2e-a10-{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="session")
 def access_cluster(tmp_path_factory):
@@ -31,7 +25,7 @@ def access_cluster(tmp_path_factory):
     if EXTERNAL_URL:
         pytest.skip("needs a cluster started with its own settings (management port, "
                     "anonymous_login_user); SHOAL_E2E_URL points at an external broker")
-    port = _free_port()
+    port = free_port()
     c = start_cluster(tmp_path_factory.mktemp("shoal-a10-access"), 2,
                       env={"SHOAL_MANAGEMENT_PORT": str(port),
                            "SHOAL_ANONYMOUS_LOGIN_USER": "guest"})

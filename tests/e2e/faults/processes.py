@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,15 +18,11 @@ import pika
 import zmq
 
 from shoal.shared.wire import WIRE_VERSION, T, decode_batch, encode_batch
+from tests.conftest import free_port
 
 #: How long a process may take to start, at most (a bound, not a timing being tested).
 START_S = 30.0
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Proc:

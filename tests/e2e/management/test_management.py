@@ -6,22 +6,16 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import socket
 import subprocess
 import urllib.error
 import urllib.request
 
 import pytest
 
-from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
+from tests.conftest import EXTERNAL_URL, free_port, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.e2e
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_cluster(data_dir, nodes: int = 2, routers: int = 1, **ports: str):
@@ -29,7 +23,7 @@ def http_cluster(data_dir, nodes: int = 2, routers: int = 1, **ports: str):
     ``prom_port``) to the setting's env name, each given a free port. The caller stops it."""
     if EXTERNAL_URL:
         pytest.skip("needs a cluster started with its own HTTP ports")
-    chosen = {attr: _free_port() for attr in ports}
+    chosen = {attr: free_port() for attr in ports}
     c = start_cluster(data_dir, nodes, routers=routers,
                       env={env: str(chosen[attr]) for attr, env in ports.items()})
     for attr, port in chosen.items():

@@ -12,8 +12,8 @@ import time
 import pika
 import pytest
 
-from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
-from tests.e2e.management.test_management import _free_port, call
+from tests.conftest import EXTERNAL_URL, free_port, start_cluster, stop_cluster
+from tests.e2e.management.test_management import call
 from tests.e2e.management.test_management_live import closed_by_broker
 from tests.e2e.management.test_management_ops import ctl
 
@@ -44,7 +44,7 @@ def refused_login(cl, user: str, password: str, vhost: str = "%2F") -> bool:
 def test_users_vhosts_and_permissions_change_at_run_time(tmp_path, uid):
     if EXTERNAL_URL:
         pytest.skip("needs clusters of its own")
-    port = _free_port()
+    port = free_port()
     cl = start(tmp_path / "c", port)
     try:
         u = f"app-{uid}"
@@ -116,7 +116,7 @@ def test_a_change_while_the_first_node_is_stuck_is_503(tmp_path, uid):
     missing node, never a hang or a traceback; once it runs again, changes go through."""
     if EXTERNAL_URL:
         pytest.skip("needs clusters of its own")
-    cl = start(tmp_path / "c", _free_port())
+    cl = start(tmp_path / "c", free_port())
     try:
         node0 = cl.node("node-0")
         if node0.embedded:

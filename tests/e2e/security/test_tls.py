@@ -12,17 +12,12 @@ import time
 import pika
 import pytest
 
-from tests.conftest import EXTERNAL_URL, start_cluster, stop_cluster
+from tests.conftest import EXTERNAL_URL, free_port, start_cluster, stop_cluster
 
 from .tls_ca import TestCA
 
 pytestmark = pytest.mark.e2e
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +27,7 @@ def tls_cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("shoal-tls")
     ca = TestCA(d / "pki")
     cert, key = ca.issue("server", "server-1", server=True)
-    port = _free_port()
+    port = free_port()
     c = start_cluster(d / "cluster", 2, env={
         "SHOAL_TLS_PORT": str(port), "SHOAL_TLS_CERTFILE": str(cert),
         "SHOAL_TLS_KEYFILE": str(key), "SHOAL_TLS_CACERTFILE": str(ca.ca_file),
