@@ -61,8 +61,9 @@ class UnixListener:
     ``lost(identity)`` when a router's connection closes (the server forgets that router at
     once: a Unix socket says whose connection it was, which ZeroMQ's monitor does not).
     ``prefix`` starts each connection's identity: ``unix-`` for routers, ``peer:unix-`` on the
-    endpoint the other nodes reach (``peer_bind``; node/replication/unix_peers.py), whose
-    batches the node's turn takes first, as it does those of ZeroMQ's ``peer:`` identities.
+    endpoint the other nodes reach (``peer_bind``; node/replication/links.py
+    ``UnixPeerLinks``), whose batches the node's turn takes first, as it does those of
+    ZeroMQ's ``peer:`` identities.
     """
 
     def __init__(self, path: str, wake: Callable[[], None],
