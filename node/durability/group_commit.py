@@ -8,9 +8,12 @@ One object per :class:`~shoal.node.server.NodeServer`, holding the node's
   ``<data_dir>/journal``; the file :data:`CLEAN_MARKER` there says the last run stopped cleanly
   (without it every recovered message is marked redelivered), and is removed at start;
 - **one commit per turn** (:meth:`GroupCommit.commit`, the server's ``_commit``): the shard
-  appends the turn's settlements, then ONE ``Journal.commit_async`` (one write + one fdatasync,
-  on the journal's thread) if records are pending and none of this server's is in flight;
-  records appended meanwhile form the next group. When it is on disk the answers that promised
+  appends the turn's settlements, then ONE commit (one write + one fdatasync) if records are
+  pending and none of this server's is in flight. While the disk's fdatasyncs are short
+  (``Journal.can_commit_now``) it runs on the loop's thread, after the turn's outbox is sent
+  (deliveries do not wait for the disk), and the answers it releases leave with the turn's
+  own flush. Otherwise ``Journal.commit_async`` runs it on the journal's thread, and records
+  appended meanwhile form the next group. When it is on disk the answers that promised
   durability (PUBLISH_RESULT of persistent messages, REPLYs of durable declares) are released
   (``Shard.release_durable``) and the outbox is flushed;
 - **a failing disk** (``JournalUnavailable``: ENOSPC, EIO): the answers stay withheld (never a
@@ -107,22 +110,26 @@ class GroupCommit:
             return
         if self._committing or self._retry is not None:
             return
+        journal = self.journal
+        if journal.can_commit_now():
+            self._flush()              # the turn's deliveries leave before the disk's wait
+            try:
+                done = journal.commit_now()
+            except JournalUnavailable as exc:
+                self._failed(exc)
+                return
+            if done:                   # the caller's turn flushes the released answers
+                self.target.release_durable()
+                return
         self._committing = True
-        fut = self._last_commit = self.journal.commit_async()
+        fut = self._last_commit = journal.commit_async()
         fut.add_done_callback(self._committed)
 
     def _committed(self, fut: asyncio.Future) -> None:
         self._committing = False
         exc = None if fut.cancelled() else fut.exception()
         if isinstance(exc, JournalUnavailable):
-            if self.journal_blocked is None:
-                log.error("journal cannot write: %s; persistent publishes are not confirmed "
-                          "until it can (retrying every %.0f s)", exc, COMMIT_RETRY_S)
-            self.journal_blocked = f"shoal node {self.target.node_id}: journal cannot write " \
-                                   f"({_reason(exc)})"
-            self._update_blocked()
-            self._flush()
-            self._retry = self._call_later(COMMIT_RETRY_S, self._retry_commit)
+            self._failed(exc)
             return
         if exc is not None:
             log.error("journal commit failed: %r", exc)
@@ -135,10 +142,22 @@ class GroupCommit:
         self._flush()
         self._poke()                   # the send may have eaten the FD's edge: look again
 
+    def _failed(self, exc: JournalUnavailable) -> None:
+        """A commit failed: withhold its answers, tell the routers, retry later."""
+        if self.journal_blocked is None:
+            log.error("journal cannot write: %s; persistent publishes are not confirmed "
+                      "until it can (retrying every %.0f s)", exc, COMMIT_RETRY_S)
+        self.journal_blocked = f"shoal node {self.target.node_id}: journal cannot write " \
+                               f"({_reason(exc)})"
+        self._update_blocked()
+        self._flush()
+        self._retry = self._call_later(COMMIT_RETRY_S, self._retry_commit)
+
     def _retry_commit(self) -> None:
         self._retry = None
         self.commit()
-        if not self._committing and self.journal is not None and not self.journal.available:
+        if not self._committing and self._retry is None and self.journal is not None \
+                and not self.journal.available:
             self._committing = True    # nothing new buffered: retry the old records
             fut = self._last_commit = self.journal.commit_async()
             fut.add_done_callback(self._committed)

@@ -10,7 +10,8 @@ Commit rule: :meth:`Journal.append` only buffers and returns the record's sequen
 (LSN); :meth:`Journal.commit` writes everything buffered with one ``pwrite`` and one
 ``os.fdatasync`` and returns the highest durable LSN. A publisher confirm for a record may be
 sent once ``commit() >= its LSN``. :meth:`Journal.commit_async` does the same on a worker
-thread (one commit in flight at a time, in order) and returns a future. The journal prepares
+thread (one commit in flight at a time, in order) and returns a future; :meth:`Journal.commit_now`
+on the event loop's thread while the disk's fdatasyncs are short. The journal prepares
 each commit and applies its outcome; the disk work and the worker thread are
 :mod:`shoal.node.durability.writer`'s (:class:`~shoal.node.durability.writer.CommitWriter`,
 an object the journal holds).
@@ -80,6 +81,10 @@ class Journal:
         #: turn); the future resolves to the durable LSN once every record appended before the
         #: call is on disk, or raises JournalUnavailable. Call from the running event loop.
         self.commit_async = self.writer.commit_async
+        #: ``can_commit_now() -> bool``, ``commit_now() -> bool``: the same commit on the
+        #: calling thread while the disk's fdatasyncs are short (CommitWriter's, bound once)
+        self.can_commit_now = self.writer.can_commit_now
+        self.commit_now = self.writer.commit_now
         self._lock_fd = -1
         self.commits = 0
         self.fsyncs = 0

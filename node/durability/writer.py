@@ -16,6 +16,15 @@ the outcome there (``finish_commit`` / ``commit_failed``); this module does what
   ``os_error``: ENOSPC, EIO) when its job failed; a record is confirmed only once its LSN is
   durable, never before.
 
+- :meth:`CommitWriter.commit_now`, the same commit on the calling (event loop's) thread, taken
+  while :meth:`CommitWriter.can_commit_now`: no job in flight, the journal writing, and the
+  disk's recent fdatasyncs short (an average of at most :data:`INLINE_FSYNC_MAX_S`). On this
+  project's test VM a hand-off to the thread and back cost more CPU than the fdatasync's wait
+  (docs/performance.md, "Issue 46: the journal's commit on the loop's thread"); a slow disk
+  (network block storage), or a job larger than :data:`INLINE_MAX_BYTES` (a compaction's
+  copy), goes to the thread, where the loop keeps serving while it waits. Quorum queues and
+  streams already sync their logs on the loop's thread (node/replication, node/streams).
+
 Only :meth:`run` leaves the loop's thread; the futures, the waiters and the in-flight job are
 the loop's. What the writer uses of the journal is :class:`CommitSteps`.
 """
@@ -34,6 +43,17 @@ from shoal.node.durability.format import unavailable
 
 log = logging.getLogger("shoal.node.durability.journal")
 
+#: :meth:`CommitWriter.commit_now` commits on the loop's thread while the fdatasyncs it made
+#: took at most this long on average (seconds; the average moves a quarter of the way to each
+#: new fdatasync's wall time, and starts at 0). Above it the worker thread commits, and one
+#: commit every :data:`PROBE_EVERY_S` is still made on the loop's thread to measure the disk
+#: again (the worker's own timings include its waits for the GIL).
+INLINE_FSYNC_MAX_S = 0.002
+PROBE_EVERY_S = 1.0
+#: ... and while the commit's write is at most this many bytes (a larger one, a compaction's
+#: copy of live records, goes to the worker thread).
+INLINE_MAX_BYTES = 1 << 20
+
 
 class CommitSteps(Protocol):
     """What the writer uses of the journal (node/durability/journal.py's ``Journal``)."""
@@ -43,6 +63,9 @@ class CommitSteps(Protocol):
 
     @property
     def durable_lsn(self) -> int: ...
+
+    @property
+    def available(self) -> bool: ...
 
     def prepare_commit(self) -> Job | None: ...
 
@@ -61,6 +84,9 @@ class CommitWriter:
         self.inflight: asyncio.Future | None = None
         self._waiters: list[tuple[int, asyncio.Future]] = []
         self._executor: ThreadPoolExecutor | None = None
+        #: average wall time of the recent fdatasyncs on the loop's thread (s)
+        self.fsync_recent_s = 0.0
+        self._probed = 0.0          # time.monotonic() of the last probe
 
     def run(self, job: Job) -> None:
         """The disk work of one commit (any thread): one pwrite, one fdatasync, then unlink
@@ -88,6 +114,48 @@ class CommitWriter:
             except OSError as exc:      # dead data stays; retried by a later compaction
                 log.warning("journal: cannot delete compacted %s: %s", seg.path, exc)
 
+    def can_commit_now(self) -> bool:
+        """Whether :meth:`commit_now` may run the next commit on this thread: no job in
+        flight, the journal writing (a failing disk is retried on the worker thread), and the
+        recent fdatasyncs short (:data:`INLINE_FSYNC_MAX_S`), or a probe due."""
+        if self.inflight is not None or not self.journal.available:
+            return False
+        if self.fsync_recent_s <= INLINE_FSYNC_MAX_S:
+            return True
+        now = time.monotonic()
+        if now - self._probed >= PROBE_EVERY_S:
+            self._probed = now
+            return True
+        return False
+
+    def commit_now(self) -> bool:
+        """Commit on the calling thread (the event loop's; call only when
+        :meth:`can_commit_now`): one pwrite, one fdatasync. True: every record appended
+        before the call is on disk (or nothing was buffered). False: the job is larger than
+        :data:`INLINE_MAX_BYTES` and went to the worker thread; the caller waits for it with
+        :meth:`commit_async`. Raises JournalUnavailable (ENOSPC, EIO: the records stay
+        buffered, as for a failed :meth:`commit_async`)."""
+        job = self.journal.prepare_commit()
+        if job is None:
+            return True
+        if len(job.data) > INLINE_MAX_BYTES:
+            self._start(job, asyncio.get_running_loop())
+            return False
+        try:
+            self.run(job)
+        except OSError as exc:
+            self.journal.commit_failed(job)
+            err = unavailable(f"cannot write {job.segment.path}", exc)
+            self._resolve_waiters(err)
+            raise err from exc
+        self._observe(job)
+        self.journal.finish_commit(job)
+        self._resolve_waiters(None)
+        return True
+
+    def _observe(self, job: Job) -> None:
+        self.fsync_recent_s += (job.fsync_s - self.fsync_recent_s) * 0.25
+
     def commit_async(self) -> asyncio.Future:
         """Commit on the worker thread; the future resolves to the durable LSN once every
         record appended before this call is on disk (or raises JournalUnavailable). Records
@@ -111,6 +179,10 @@ class CommitWriter:
         if job is None:
             self._resolve_waiters(None)
             return
+        self._start(job, loop)
+
+    def _start(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
+        """Hand ``job`` to the worker thread (made on the first use)."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="shoal-journal")
         self.inflight = inflight = loop.run_in_executor(self._executor, self.run, job)

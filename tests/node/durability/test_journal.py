@@ -9,6 +9,7 @@ import errno
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -430,3 +431,111 @@ def test_commit_async_on_a_full_disk_fails_then_resumes(jdir: Path,
     asyncio.run(main())
     with Journal.open(jdir) as j:
         assert ids(j) == [1, 2, 3, 4, 5]
+
+
+# ---------------------------------------------------------------- commit on the loop's thread
+def test_commit_now_syncs_on_the_calling_thread_and_a_crash_then_keeps_it(
+        jdir: Path, tmp_path: Path) -> None:
+    """While the disk's fdatasyncs are short a commit runs on the event loop's thread: no
+    worker thread is made, and what it returned for is on disk (a crash copy holds it)."""
+    with Journal.open(jdir) as j:
+        j.declare_queue(*Q)
+        fill(j, 3)
+        assert j.can_commit_now()
+        assert j.commit_now() is True
+        assert j.stats().buffered_records == 0
+        assert j.writer._executor is None                   # no thread was needed
+        assert j.commit_now() is True                       # nothing buffered: nothing to do
+        with Journal.open(crash_copy(jdir, tmp_path / "crash")) as c:
+            assert ids(c) == [1, 2, 3]
+
+
+def test_a_slow_disk_moves_commits_to_the_worker_thread_and_a_probe_brings_them_back(
+        jdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fdatasyncs averaging more than INLINE_FSYNC_MAX_S (here 10 ms each) move the commits
+    to the worker thread, where the loop keeps serving while the disk works; one commit a
+    PROBE_EVERY_S is still made on the loop's thread, and once the disk is fast again the
+    commits come back to it."""
+    from shoal.node.durability import writer as w
+    real_sync = os.fdatasync
+    slow = [True]
+
+    def fdatasync(fd: int) -> None:
+        if slow[0]:
+            time.sleep(0.01)
+        real_sync(fd)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+    async def main() -> None:
+        with Journal.open(jdir) as j:
+            j.declare_queue(*Q)
+            n = 0
+            while j.can_commit_now():                       # slow fsyncs, measured inline
+                n += 1
+                fill(j, 1, start=n)
+                assert j.commit_now()
+            assert n >= 2 and j.writer.fsync_recent_s > w.INLINE_FSYNC_MAX_S
+            n += 1
+            fill(j, 1, start=n)
+            assert await j.commit_async() == j.durable_lsn  # the worker thread's turn
+            assert j.writer._executor is not None
+            slow[0] = False
+            j.writer._probed -= w.PROBE_EVERY_S             # a probe is due
+            probes = 0
+            while True:
+                assert j.can_commit_now()
+                n += 1
+                fill(j, 1, start=n)
+                assert j.commit_now()
+                probes += 1
+                if j.writer.fsync_recent_s <= w.INLINE_FSYNC_MAX_S:
+                    break
+                j.writer._probed -= w.PROBE_EVERY_S
+            assert j.can_commit_now()                       # fast again: no probe needed
+            return n
+    n = asyncio.run(main())
+    with Journal.open(jdir) as j:
+        assert ids(j) == list(range(1, n + 1))
+
+
+def test_a_commit_larger_than_the_inline_bound_goes_to_the_worker_thread(
+        jdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shoal.node.durability import writer as w
+    monkeypatch.setattr(w, "INLINE_MAX_BYTES", 100)
+
+    async def main() -> None:
+        with Journal.open(jdir) as j:
+            j.declare_queue(*Q)
+            fill(j, 3)
+            assert j.commit_now() is False                  # handed to the thread
+            assert j.writer.inflight is not None and not j.can_commit_now()
+            assert await j.commit_async() == j.durable_lsn
+            assert j.stats().buffered_records == 0
+    asyncio.run(main())
+    with Journal.open(jdir) as j:
+        assert ids(j) == [1, 2, 3]
+
+
+def test_commit_now_on_a_full_disk_keeps_the_records_and_the_thread_retries(
+        jdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = _Disk(monkeypatch, partial=True)
+
+    async def main() -> None:
+        with Journal.open(jdir) as j:
+            j.declare_queue(*Q)
+            fill(j, 2)
+            assert j.commit_now()
+            first = j.durable_lsn
+            disk.full = True
+            fill(j, 2, start=3)
+            with pytest.raises(JournalUnavailable) as info:
+                j.commit_now()
+            assert info.value.os_error.errno == errno.ENOSPC
+            assert j.durable_lsn == first and not j.available
+            assert not j.can_commit_now()                   # a failing disk: the thread retries
+            disk.full = False
+            assert await j.commit_async() > first and j.available
+            assert j.can_commit_now()
+    asyncio.run(main())
+    with Journal.open(jdir) as j:
+        assert ids(j) == [1, 2, 3, 4]
