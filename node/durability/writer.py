@@ -34,6 +34,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -43,12 +44,14 @@ from shoal.node.durability.format import unavailable
 
 log = logging.getLogger("shoal.node.durability.journal")
 
-#: :meth:`CommitWriter.commit_now` commits on the loop's thread while the fdatasyncs it made
-#: took at most this long on average (seconds; the average moves a quarter of the way to each
-#: new fdatasync's wall time, and starts at 0). Above it the worker thread commits, and one
-#: commit every :data:`PROBE_EVERY_S` is still made on the loop's thread to measure the disk
-#: again (the worker's own timings include its waits for the GIL).
+#: :meth:`CommitWriter.commit_now` commits on the loop's thread while the median wall time
+#: of the last :data:`FSYNC_SAMPLES` fdatasyncs it made is at most this many seconds (a
+#: median, so that a busy CPU's late wake-ups after a sync do not count as a slow disk).
+#: Above it the worker thread commits, and one commit every :data:`PROBE_EVERY_S` seconds is
+#: still made on the loop's thread to measure the disk again (the worker's own timings
+#: include its waits for the GIL).
 INLINE_FSYNC_MAX_S = 0.002
+FSYNC_SAMPLES = 15
 PROBE_EVERY_S = 1.0
 #: ... and while the commit's write is at most this many bytes (a larger one, a compaction's
 #: copy of live records, goes to the worker thread).
@@ -84,8 +87,9 @@ class CommitWriter:
         self.inflight: asyncio.Future | None = None
         self._waiters: list[tuple[int, asyncio.Future]] = []
         self._executor: ThreadPoolExecutor | None = None
-        #: average wall time of the recent fdatasyncs on the loop's thread (s)
+        #: median wall time of the recent fdatasyncs on the loop's thread (s)
         self.fsync_recent_s = 0.0
+        self._fsyncs: deque[float] = deque(maxlen=FSYNC_SAMPLES)
         self._probed = 0.0          # time.monotonic() of the last probe
 
     def run(self, job: Job) -> None:
@@ -154,7 +158,9 @@ class CommitWriter:
         return True
 
     def _observe(self, job: Job) -> None:
-        self.fsync_recent_s += (job.fsync_s - self.fsync_recent_s) * 0.25
+        samples = self._fsyncs
+        samples.append(job.fsync_s)
+        self.fsync_recent_s = sorted(samples)[len(samples) // 2]
 
     def commit_async(self) -> asyncio.Future:
         """Commit on the worker thread; the future resolves to the durable LSN once every

@@ -452,7 +452,7 @@ def test_commit_now_syncs_on_the_calling_thread_and_a_crash_then_keeps_it(
 
 def test_a_slow_disk_moves_commits_to_the_worker_thread_and_a_probe_brings_them_back(
         jdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """fdatasyncs averaging more than INLINE_FSYNC_MAX_S (here 10 ms each) move the commits
+    """fdatasyncs slower than INLINE_FSYNC_MAX_S (here 10 ms each, the median) move the commits
     to the worker thread, where the loop keeps serving while the disk works; one commit a
     PROBE_EVERY_S is still made on the loop's thread, and once the disk is fast again the
     commits come back to it."""
@@ -474,7 +474,7 @@ def test_a_slow_disk_moves_commits_to_the_worker_thread_and_a_probe_brings_them_
                 n += 1
                 fill(j, 1, start=n)
                 assert j.commit_now()
-            assert n >= 2 and j.writer.fsync_recent_s > w.INLINE_FSYNC_MAX_S
+            assert n >= 1 and j.writer.fsync_recent_s > w.INLINE_FSYNC_MAX_S
             n += 1
             fill(j, 1, start=n)
             assert await j.commit_async() == j.durable_lsn  # the worker thread's turn
