@@ -8,10 +8,14 @@ credit, replies) is the ZeroMQ link's protocol unchanged; only the transport dif
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import struct
-from typing import Any
+from typing import Any, Callable
 
 from .wire import encode_batch
+
+log = logging.getLogger("shoal.link")
 
 _LEN = struct.Struct(">I")
 #: Bytes of a frame's length prefix.
@@ -22,6 +26,26 @@ MAX_FRAME = (1 << 32) - 1
 #: Frames this small are sent as one ``write`` (prefix and batch joined); larger ones as two
 #: buffers (``writelines``), so a large message's bytes are not copied to prepend 4 bytes.
 JOIN_BELOW = 64 * 1024
+
+
+async def dial(path: str, factory: Callable[[], asyncio.Protocol], wanted: Callable[[], bool],
+               first_delay: float, max_delay: float, what: str) -> tuple[Any, Any] | None:
+    """Connect to the Unix socket at ``path`` (``loop.create_unix_connection(factory,
+    path)``), trying again after ``first_delay`` seconds, the wait doubling up to
+    ``max_delay``, for as long as ``wanted()``. Returns ``(transport, protocol)``, or None
+    once it is no longer wanted. A failed attempt (OSError: no socket yet, refused) is logged
+    at debug level, naming ``what``. The router's link to a node and the nodes' peer links
+    both dial this way (router/links/unix_link.py, node/replication/links.py)."""
+    loop = asyncio.get_running_loop()
+    delay = first_delay
+    while wanted():
+        try:
+            return await loop.create_unix_connection(factory, path)
+        except OSError as exc:
+            log.debug("%s at %s: %s", what, path, exc)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, max_delay)
+    return None
 
 
 def scheme_path(endpoint: str) -> str | None:

@@ -217,23 +217,16 @@ class UnixPeerLinks(_Outbox):
             self._diallers[peer] = asyncio.ensure_future(self._dial_loop(peer))
 
     async def _dial_loop(self, peer: str) -> None:
-        loop = asyncio.get_running_loop()
-        delay = UNIX_RECONNECT_S
         try:
-            while not self._closed:
-                try:
-                    _, conn = await loop.create_unix_connection(
-                        lambda: _UnixPeer(self, peer), self._paths[peer])
-                except OSError as exc:
-                    log.debug("node %s at %s: %s", peer, self._paths[peer], exc)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, UNIX_RECONNECT_MAX_S)
-                    continue
+            got = await stream.dial(self._paths[peer], lambda: _UnixPeer(self, peer),
+                                    lambda: not self._closed, UNIX_RECONNECT_S,
+                                    UNIX_RECONNECT_MAX_S, f"node {peer}")
+            if got is not None:
+                conn = got[1]
                 if self._closed:
                     conn.transport.close()
                 else:
                     self._conns[peer] = conn
-                return
         finally:
             self._diallers.pop(peer, None)
 

@@ -106,17 +106,10 @@ class UnixLink(NodeLink):
             self._dialler = asyncio.ensure_future(self._dial_loop())
 
     async def _dial_loop(self) -> None:
-        loop = self._running_loop()
-        delay = RECONNECT_S
         try:
-            while not self._closed and self._conn is None:
-                try:
-                    await loop.create_unix_connection(lambda: _Connection(self), self._path)
-                    return
-                except OSError as exc:
-                    log.debug("node %s at %s: %s", self.node_id, self.endpoint, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RECONNECT_MAX_S)
+            await stream.dial(self._path, lambda: _Connection(self),
+                              lambda: not self._closed and self._conn is None,
+                              RECONNECT_S, RECONNECT_MAX_S, f"node {self.node_id}")
         finally:
             self._dialler = None
 

@@ -2,6 +2,7 @@
 the socket reads return, in order, and large batches sent without joining their bytes."""
 from __future__ import annotations
 
+import asyncio
 import struct
 
 import pytest
@@ -90,3 +91,26 @@ def test_a_batch_is_written_as_its_frames_unless_closing_or_past_the_limit():
     assert stream.write_batch(t, big, limit=100) and len(t.written) == 2
     for t, limit in ((_Transport(closing=True), -1), (_Transport(waiting=101), 100)):
         assert not stream.write_batch(t, batch, limit) and t.written == []
+
+
+def test_dial_waits_for_a_socket_that_appears_and_gives_up_when_no_longer_wanted(
+        tmp_path) -> None:
+    """stream.dial: the router's node link and the nodes' peer links both dial so."""
+    async def main() -> None:
+        path = str(tmp_path / "later.sock")
+        got = asyncio.ensure_future(stream.dial(path, asyncio.Protocol, lambda: True,
+                                                0.01, 0.05, "test"))
+        await asyncio.sleep(0.1)
+        assert not got.done()                       # nothing listens yet: it keeps trying
+        server = await asyncio.get_running_loop().create_unix_server(asyncio.Protocol, path)
+        transport, _ = await asyncio.wait_for(got, 10)
+        transport.close()
+        server.close()
+        wanted = [True]
+        gone = asyncio.ensure_future(stream.dial(str(tmp_path / "never.sock"),
+                                                 asyncio.Protocol, lambda: wanted[0],
+                                                 0.01, 0.05, "test"))
+        await asyncio.sleep(0.05)
+        wanted[0] = False
+        assert await asyncio.wait_for(gone, 10) is None
+    asyncio.run(main())
