@@ -155,11 +155,16 @@ def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Q
     answer (PUBLISH_RESULT, with the classic queues' part) waits until every one has it
     committed, i.e. on a majority of members' disks, and applied. Queues this node does not
     lead are named in PUBLISH_MOVED: the router sends them the message again at their
-    leader (it is told who that is first, EV_QUEUE_LEADER). ``turn``: the publish went to a
+    leader (it is told who that is first, EV_QUEUE_LEADER). A publish sent again (``seq`` <
+    0, its first send's id in ``msg[9]``) that the leader's log holds already is not logged
+    twice: its answer is that entry's (group.py ``find_publish``). ``turn``: the publish went to a
     stream too in the streams' turn of that number (-1: none); an answer ready before that
     turn's chunk is on disk waits for it (node/streams/hosting.py); ``streams_moved``: the
     replicated streams of the publish this node does not lead (PUBLISH_MOVED too)."""
     _, _, vhost, _, exchange, routing_key, header, body, publisher = msg[:9]
+    # a publish sent again names its first send's id (router/quorum.py _resend)
+    first = seq if seq > 0 else (msg[9] if len(msg) > 9 and type(msg[9]) is int else 0)
+    writer = state.router_id if first > 0 and len(state.router_id) < 256 else ""
     cmd: list | None = None
     moved: list[str] = list(streams_moved or ())
     tally = [routed, refused, 0]        # routed, refused, proposals outstanding
@@ -194,13 +199,22 @@ def publish_quorum(shard: ShardCore, state: RouterPeer, seq: int, quorum: list[Q
                 tally[1] += 1
             finish()
         if g.leading:
+            if seq < 0 and writer:
+                at = g.find_publish(writer, first)
+                if at is not None:          # logged already: not twice; its answer is ours
+                    if at <= g.applied_index():
+                        tally[0] += 1
+                    else:
+                        tally[2] += 1
+                        g.await_entry(at, applied)
+                    continue
             if g.refuses(len(body)):        # x-overflow reject-publish: basic.nack
                 tally[1] += 1
                 continue
             out = g.out.can_mark() and g.may_deliver()
             if cmd is None or cmd[8] != out:
                 cmd = g.enqueue_command(exchange, routing_key, header, body, publisher,
-                                        seq < 0, out)
+                                        seq < 0, out, writer, first)
             tally[2] += 1
             if g.propose(cmd, applied if seq else None):
                 g.logged(len(body), out)

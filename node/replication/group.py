@@ -38,6 +38,8 @@ LEASE_MS = (ELECTION_TICKS - 3) * TICK_MS
 #: Take a snapshot (and drop the log before it) once this many entries were applied since
 #: the last one and the log holds more entries than the queue holds messages.
 COMPACT_ENTRIES = 4096
+#: How far back (log entries) a leader looks for a publish sent again (:meth:`find_publish`).
+FIND_ENTRIES = 4096
 
 
 class GroupHost(Protocol):
@@ -165,11 +167,54 @@ class QuorumGroup:
         return t.now + t.wall_offset_ms
 
     def enqueue_command(self, exchange: str, routing_key: str, header: bytes, body: bytes,
-                        publisher: Any, again: bool, out: bool = False) -> list:
+                        publisher: Any, again: bool, out: bool = False,
+                        writer: str = "", seq: int = 0) -> list:
         """The ``enq`` command of a publish (machine.py), stamped with the leader's time;
-        ``out``: logged checked out (checkouts.py ``can_mark``)."""
-        return ["enq", exchange, routing_key, header, body, publisher, again, self.wall_now(),
-                out]
+        ``out``: logged checked out (checkouts.py ``can_mark``); ``writer``, ``seq``: the
+        router's id and its publish id (its first send's for one sent again), named in the
+        entry when the publish is confirmed (``seq`` > 0), so that :meth:`find_publish` finds
+        it."""
+        cmd = ["enq", exchange, routing_key, header, body, publisher, again, self.wall_now(),
+               out]
+        if seq > 0 and writer:
+            cmd += [writer, seq]
+        return cmd
+
+    def find_publish(self, writer: str, seq: int) -> int | None:
+        """The log index of the ``enq`` of publish ``seq`` of router ``writer``, looked for
+        from the log's end back, applied or not; None when it is not there.
+
+        A leader asks before it logs a publish sent again (the router resends one whose
+        answer was lost with a leader): found, the message is in the queue's log already and
+        is not logged twice, as RabbitMQ's quorum queues drop an enqueuer's sequence number
+        they have seen (``rabbit_fifo``'s enqueuers). The look stops at a first send of
+        ``writer`` below ``seq`` (a router's publish ids rise, and it sends them in order),
+        :data:`FIND_ENTRIES` entries back, or where the log held in memory starts (a
+        snapshot). Every way of missing it logs the message twice (at-least-once, as
+        before); none loses it: ``(writer, seq)`` names one message."""
+        log = self.raft.log
+        i = log.last_index
+        base = log.mem_base
+        stop = max(base, i - FIND_ENTRIES)
+        entries = log.entries
+        while i > stop:
+            d = entries[i - base - 1].data
+            if type(d) is list and len(d) > 10 and d[0] == "enq" and d[9] == writer:
+                if d[10] == seq:
+                    return i
+                if d[10] < seq and not d[6]:
+                    return None
+            i -= 1
+        return None
+
+    def applied_index(self) -> int:
+        """The last log index applied here."""
+        return self.raft.log.applied
+
+    def await_entry(self, index: int, then: Callable[[Any], None]) -> None:
+        """``then(result)`` once log ``index`` (not applied yet) is applied here, as for a
+        proposal (``LOST`` if this member stops leading first)."""
+        self.waiters.setdefault(index, []).append(then)
 
     def refuses(self, size: int) -> bool:
         """x-overflow reject-publish (``qpid.policy_type: reject``) as leader: whether a

@@ -18,6 +18,10 @@ Commands (lists, msgpack values), each applied by :meth:`QueueMachine.apply`:
 - ``[..., "enq" as above, out]``: ``out`` true: the leader had a consumer waiting with
   credit and nothing ahead, so the message is checked out as it is enqueued (the checkout
   rides on the enqueue's entry: one round through the log, not two);
+- ``[..., "enq" as above, out, writer, seq]``: a confirmed publish names its router
+  (``writer``) and that router's publish id (``seq``, its first send's for one sent again),
+  so that a leader finds a publish sent again in its log (group.py ``find_publish``);
+  applying ignores them;
 - ``["unout", [index, ...]]``: such a message was not handed out after all (the consumer
   went, its credit was taken): it is available again, unflagged, not counted;
 - ``["mark", [index, ...]]``: the leader checks out these available messages ahead of the

@@ -343,3 +343,38 @@ def test_a_stream_keeps_every_confirmed_message_through_node_kill(own_cluster, u
     bodies = [b for _, b in got]
     assert len(set(bodies)) == len(bodies)
     assert bodies[:len(confirmed)] == confirmed
+
+
+def test_a_quorum_queue_of_one_member_keeps_every_confirmed_message_once_through_a_kill(
+        own_cluster, uid):
+    """kill -9 of a quorum queue's only member while a publisher with confirms runs: after the
+    restart every confirmed message is there, and once. The publish whose answer died with
+    the node is sent again by the router; if the node's log holds it already it is not
+    enqueued twice (group.py ``find_publish``, as RabbitMQ's quorum queues drop an enqueuer's
+    sequence number they have seen)."""
+    cl = own_cluster
+    q = cl.queue_on("node-1", f"qq-{uid}")
+    s = session(cl)
+    s.ch.queue_declare(q, durable=True, arguments={"x-queue-type": "quorum",
+                                                   "x-quorum-initial-group-size": 1})
+    confirmed: list[bytes] = []
+    for i in range(100):
+        s.ch.basic_publish("", q, b"m%d" % i, PERSISTENT)
+        confirmed.append(b"m%d" % i)
+    victim = pids(cl)["node-1"]
+    killer = threading.Timer(0.5, os.kill, (victim, signal.SIGKILL))
+    killer.start()                                      # while the publisher goes on
+    try:
+        for i in range(100, 5000):
+            s.ch.basic_publish("", q, b"m%d" % i, PERSISTENT)
+            confirmed.append(b"m%d" % i)
+    except (pika.exceptions.AMQPError, OSError):
+        pass
+    killer.join()
+    s.close()
+    count = wait_serving(cl, q)
+    assert count >= len(confirmed)
+    bodies = [b for b, _ in drain(cl, q, count)]
+    assert len(bodies) == count
+    assert len(set(bodies)) == len(bodies)              # none enqueued twice
+    assert bodies[:len(confirmed)] == confirmed

@@ -318,3 +318,45 @@ def test_a_stopped_leader_delivers_nothing_when_it_wakes(tmp_path):
     c.down.discard("node-0")
     c.tick(3)
     assert not g.leading
+
+
+def resend(c: Cluster, node: str, seq: int, first: int, body: bytes = b"x",
+           name: str = "q") -> None:
+    """A PUBLISH sent again after a leader change (router/quorum.py ``_resend``): a new,
+    negative publish id, and its first send's id."""
+    c.send(node, T.PUBLISH, seq, "/", [name], "", name, HEADER, body, None, first)
+
+
+def test_a_publish_sent_again_that_the_log_holds_is_not_enqueued_twice(tmp_path):
+    """As RabbitMQ's quorum queues drop an enqueuer's sequence number they have seen: the
+    router's resend of a publish whose answer it lost is confirmed, and the queue holds the
+    message once; a resend of one the log does not hold is enqueued, redelivered."""
+    c = Cluster(tmp_path)
+    declare(c)
+    publish(c, "node-0", 30, b"a")
+    assert c.take("node-0", T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, 30, 0, 1]]
+    resend(c, "node-0", -31, 30, b"a")                    # its answer was lost: sent again
+    assert c.take("node-0", T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, -31, 0, 1]]
+    resend(c, "node-0", -33, 32, b"b")                    # never stored: stored now
+    assert c.take("node-0", T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, -33, 0, 1]]
+    c.tick(2)
+    assert [c.count(n) for n in c.ids] == [2, 2, 2]
+    replies = [c.request("node-0", T.GET, "/", "q", 1, None) for _ in range(2)]
+    assert [(r[4][5], r[4][1]) for r in replies] == [(b"a", False), (b"b", True)]
+
+
+def test_a_publish_sent_again_before_its_first_copy_is_committed_waits_for_it(tmp_path):
+    """The first send is in the leader's log but not on a majority yet when the resend comes:
+    the resend is answered when that entry is applied, and nothing is logged twice."""
+    c = Cluster(tmp_path)
+    declare(c)
+    c.down |= {"node-1", "node-2"}
+    publish(c, "node-0", 40, b"c")
+    resend(c, "node-0", -41, 40, b"c")
+    c.tick(3)
+    assert c.take("node-0", T.PUBLISH_RESULT) == []       # no majority: nothing confirmed
+    c.down.clear()
+    c.tick(20)
+    got = sorted(m[1] for m in c.take("node-0", T.PUBLISH_RESULT) if m[3] == 1)
+    assert got == [-41, 40]
+    assert [c.count(n) for n in c.ids] == [1, 1, 1]
