@@ -195,6 +195,8 @@ class NodeServer:
         ``send``.
         """
         self._local[identity] = deliver
+        # the router's clients share this loop: the journal must not hold it up on the disk
+        self.group_commit.inline = False
         inbox = self._local_in
 
         def send(batch: list) -> bool:

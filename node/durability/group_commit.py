@@ -12,8 +12,11 @@ One object per :class:`~shoal.node.server.NodeServer`, holding the node's
   pending and none of this server's is in flight. While the disk's fdatasyncs are short
   (``Journal.can_commit_now``) it runs on the loop's thread, after the turn's outbox is sent
   (deliveries do not wait for the disk), and the answers it releases leave with the turn's
-  own flush. Otherwise ``Journal.commit_async`` runs it on the journal's thread, and records
-  appended meanwhile form the next group. When it is on disk the answers that promised
+  own flush. Otherwise, and always when a router shares the loop (``inline`` False:
+  ``--embed-node``, whose node turns come with each of the router's batches, so that a
+  commit on its thread would hold up every client of that router, tripling its p50),
+  ``Journal.commit_async`` runs it on the journal's thread, and records appended meanwhile
+  form the next group. When it is on disk the answers that promised
   durability (PUBLISH_RESULT of persistent messages, REPLYs of durable declares) are released
   (``Shard.release_durable``) and the outbox is flushed;
 - **a failing disk** (``JournalUnavailable``: ENOSPC, EIO): the answers stay withheld (never a
@@ -83,6 +86,9 @@ class GroupCommit:
         self._retry: asyncio.TimerHandle | None = None
         self._last_commit: asyncio.Future | None = None
         self.clean = False              # the last commit at stop succeeded
+        #: commit on the loop's thread while the disk is fast (False: always the journal's
+        #: thread; the server sets it when a router runs in its loop, --embed-node)
+        self.inline = True
 
     def open(self, path: Path) -> Journal:
         """Open the journal in ``path`` (``Journal.open``: raises JournalCorrupt,
@@ -111,7 +117,7 @@ class GroupCommit:
         if self._committing or self._retry is not None:
             return
         journal = self.journal
-        if journal.can_commit_now():
+        if self.inline and journal.can_commit_now():
             self._flush()              # the turn's deliveries leave before the disk's wait
             try:
                 done = journal.commit_now()

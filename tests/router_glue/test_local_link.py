@@ -55,8 +55,12 @@ def test_handshake_and_a_request_travel_in_memory():
         return reply
 
     try:
+        assert server.group_commit.inline          # no router in its loop yet
         assert asyncio.run(go()) == ["q1", 0, 0]
         assert events == ["up"]
+        # --embed-node: the journal commits on its thread, never holding up the router's
+        # clients on the disk (node/durability/group_commit.py)
+        assert not server.group_commit.inline
     finally:
         server.close()
         ctx.term()
