@@ -311,6 +311,29 @@ def read_stream(cl, stream: str) -> list[tuple[int, bytes]]:
     return got
 
 
+def kill_under_a_publisher(cl, queue: str, args: dict, node: str) -> tuple[list[bytes], int]:
+    """Declare durable ``queue`` with ``args``, publish m0, m1, ... to it with confirms,
+    kill -9 ``node`` half a second in, go on until the channel fails; once the queue is
+    served again returns the confirmed bodies, in order, and its message count."""
+    s = session(cl)
+    s.ch.queue_declare(queue, durable=True, arguments=args)
+    confirmed: list[bytes] = []
+    for i in range(100):
+        s.ch.basic_publish("", queue, b"m%d" % i, PERSISTENT)
+        confirmed.append(b"m%d" % i)
+    killer = threading.Timer(0.5, os.kill, (pids(cl)[node], signal.SIGKILL))
+    killer.start()                                      # while the publisher goes on
+    try:
+        for i in range(100, 5000):
+            s.ch.basic_publish("", queue, b"m%d" % i, PERSISTENT)
+            confirmed.append(b"m%d" % i)
+    except (pika.exceptions.AMQPError, OSError):
+        pass
+    killer.join()
+    s.close()
+    return confirmed, wait_serving(cl, queue)
+
+
 def test_a_stream_keeps_every_confirmed_message_through_node_kill(own_cluster, uid):
     """kill -9 of a stream's node while a publisher with confirms runs: after the restart a
     reader from ``first`` gets every confirmed message once, at offsets 0, 1, 2, ... with no
@@ -318,25 +341,8 @@ def test_a_stream_keeps_every_confirmed_message_through_node_kill(own_cluster, u
     of one member (x-initial-cluster-size 1): test_streams_replicated.py kills a leader."""
     cl = own_cluster
     stream = cl.queue_on("node-1", f"stream-{uid}")
-    s = session(cl)
-    s.ch.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream",
-                                                        "x-initial-cluster-size": 1})
-    confirmed: list[bytes] = []
-    for i in range(100):
-        s.ch.basic_publish("", stream, b"m%d" % i, PERSISTENT)
-        confirmed.append(b"m%d" % i)
-    victim = pids(cl)["node-1"]
-    killer = threading.Timer(0.5, os.kill, (victim, signal.SIGKILL))
-    killer.start()                                      # while the publisher goes on
-    try:
-        for i in range(100, 5000):
-            s.ch.basic_publish("", stream, b"m%d" % i, PERSISTENT)
-            confirmed.append(b"m%d" % i)
-    except (pika.exceptions.AMQPError, OSError):
-        pass
-    killer.join()
-    s.close()
-    count = wait_serving(cl, stream)
+    confirmed, count = kill_under_a_publisher(
+        cl, stream, {"x-queue-type": "stream", "x-initial-cluster-size": 1}, "node-1")
     assert count >= len(confirmed)
     got = read_stream(cl, stream)
     assert [o for o, _ in got] == list(range(len(got)))
@@ -354,25 +360,8 @@ def test_a_quorum_queue_of_one_member_keeps_every_confirmed_message_once_through
     sequence number they have seen)."""
     cl = own_cluster
     q = cl.queue_on("node-1", f"qq-{uid}")
-    s = session(cl)
-    s.ch.queue_declare(q, durable=True, arguments={"x-queue-type": "quorum",
-                                                   "x-quorum-initial-group-size": 1})
-    confirmed: list[bytes] = []
-    for i in range(100):
-        s.ch.basic_publish("", q, b"m%d" % i, PERSISTENT)
-        confirmed.append(b"m%d" % i)
-    victim = pids(cl)["node-1"]
-    killer = threading.Timer(0.5, os.kill, (victim, signal.SIGKILL))
-    killer.start()                                      # while the publisher goes on
-    try:
-        for i in range(100, 5000):
-            s.ch.basic_publish("", q, b"m%d" % i, PERSISTENT)
-            confirmed.append(b"m%d" % i)
-    except (pika.exceptions.AMQPError, OSError):
-        pass
-    killer.join()
-    s.close()
-    count = wait_serving(cl, q)
+    confirmed, count = kill_under_a_publisher(
+        cl, q, {"x-queue-type": "quorum", "x-quorum-initial-group-size": 1}, "node-1")
     assert count >= len(confirmed)
     bodies = [b for b, _ in drain(cl, q, count)]
     assert len(bodies) == count
