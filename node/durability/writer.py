@@ -18,12 +18,14 @@ the outcome there (``finish_commit`` / ``commit_failed``); this module does what
 
 - :meth:`CommitWriter.commit_now`, the same commit on the calling (event loop's) thread, taken
   while :meth:`CommitWriter.can_commit_now`: no job in flight, the journal writing, and the
-  disk's recent fdatasyncs short (an average of at most :data:`INLINE_FSYNC_MAX_S`). On this
+  disk's recent fdatasyncs short (their median at most :data:`INLINE_FSYNC_MAX_S`). On this
   project's test VM a hand-off to the thread and back cost more CPU than the fdatasync's wait
   (docs/performance.md, "Issue 46: the journal's commit on the loop's thread"); a slow disk
   (network block storage), or a job larger than :data:`INLINE_MAX_BYTES` (a compaction's
-  copy), goes to the thread, where the loop keeps serving while it waits. Quorum queues and
-  streams already sync their logs on the loop's thread (node/replication, node/streams).
+  copy), goes to the thread, where the loop keeps serving while it waits; so does every
+  commit of a node whose loop a router shares (``--embed-node``: group_commit.py). Quorum
+  queues and streams already sync their logs on the loop's thread (node/replication,
+  node/streams).
 
 Only :meth:`run` leaves the loop's thread; the futures, the waiters and the in-flight job are
 the loop's. What the writer uses of the journal is :class:`CommitSteps`.
