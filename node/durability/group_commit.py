@@ -127,8 +127,13 @@ class GroupCommit:
             if done:                   # the caller's turn flushes the released answers
                 self.target.release_durable()
                 return
+        self._commit_async()
+
+    def _commit_async(self) -> None:
+        """Start a commit on the journal's thread; :meth:`_committed` takes its outcome."""
+        assert self.journal is not None
         self._committing = True
-        fut = self._last_commit = journal.commit_async()
+        fut = self._last_commit = self.journal.commit_async()
         fut.add_done_callback(self._committed)
 
     def _committed(self, fut: asyncio.Future) -> None:
@@ -164,9 +169,7 @@ class GroupCommit:
         self.commit()
         if not self._committing and self._retry is None and self.journal is not None \
                 and not self.journal.available:
-            self._committing = True    # nothing new buffered: retry the old records
-            fut = self._last_commit = self.journal.commit_async()
-            fut.add_done_callback(self._committed)
+            self._commit_async()       # nothing new buffered: retry the old records
 
     def set_alarm(self, reason: str | None) -> None:
         """A resource alarm (node/alarms.py) went on (``reason``) or off (None)."""
