@@ -181,31 +181,9 @@ class QuorumGroup:
         return cmd
 
     def find_publish(self, writer: str, seq: int) -> int | None:
-        """The log index of the ``enq`` of publish ``seq`` of router ``writer``, looked for
-        from the log's end back, applied or not; None when it is not there.
-
-        A leader asks before it logs a publish sent again (the router resends one whose
-        answer was lost with a leader): found, the message is in the queue's log already and
-        is not logged twice, as RabbitMQ's quorum queues drop an enqueuer's sequence number
-        they have seen (``rabbit_fifo``'s enqueuers). The look stops at a first send of
-        ``writer`` below ``seq`` (a router's publish ids rise, and it sends them in order),
-        :data:`FIND_ENTRIES` entries back, or where the log held in memory starts (a
-        snapshot). Every way of missing it logs the message twice (at-least-once, as
-        before); none loses it: ``(writer, seq)`` names one message."""
-        log = self.raft.log
-        i = log.last_index
-        base = log.mem_base
-        stop = max(base, i - FIND_ENTRIES)
-        entries = log.entries
-        while i > stop:
-            d = entries[i - base - 1].data
-            if type(d) is list and len(d) > 10 and d[0] == "enq" and d[9] == writer:
-                if d[10] == seq:
-                    return i
-                if d[10] < seq and not d[6]:
-                    return None
-            i -= 1
-        return None
+        """The log index of the ``enq`` of publish ``seq`` of router ``writer`` in this
+        member's log, or None (:func:`find_publish`)."""
+        return find_publish(self.raft.log, writer, seq)
 
     def applied_index(self) -> int:
         """The last log index applied here."""
@@ -437,3 +415,32 @@ def new_raft(member_id: str, rng_seed: Any = None, **kw: Any) -> Raft:
     """A Raft member with the node's clock settings."""
     return Raft(member_id, election_ticks=ELECTION_TICKS, heartbeat_ticks=HEARTBEAT_TICKS,
                 rng=random.Random(rng_seed), **kw)
+
+
+def find_publish(raft_log: Any, writer: str, seq: int) -> int | None:
+    """The log index of the ``enq`` of publish ``seq`` of router ``writer`` in ``raft_log`` (a
+    Raft member's :class:`~shoal.node.replication.log.RaftLog`), looked for from the log's end
+    back, applied or not; None when it is not there.
+
+    A leader asks before it logs a publish sent again (the router resends one whose answer
+    was lost with a leader): found, the message is in the queue's log already and is not
+    logged twice, as RabbitMQ's quorum queues drop an enqueuer's sequence number they have
+    seen (``rabbit_fifo``'s enqueuers). The look stops at a first send of ``writer`` below
+    ``seq`` (a router's publish ids rise, and it sends them in order), :data:`FIND_ENTRIES`
+    entries back, or where the log held in memory starts (a snapshot). Every way of missing
+    it logs the message twice (at-least-once, as before); none loses it: ``(writer, seq)``
+    names one message. The Raft simulator checks it (tests/node/replication/sim_queue.py,
+    ``Publisher``)."""
+    i = raft_log.last_index
+    base = raft_log.mem_base
+    stop = max(base, i - FIND_ENTRIES)
+    entries = raft_log.entries
+    while i > stop:
+        d = entries[i - base - 1].data
+        if type(d) is list and len(d) > 10 and d[0] == "enq" and d[9] == writer:
+            if d[10] == seq:
+                return i
+            if d[10] < seq and not d[6]:
+                return None
+        i -= 1
+    return None

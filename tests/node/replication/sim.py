@@ -55,7 +55,12 @@ After every step the checker verifies, over the whole history of the run:
   (commit safety);
 * monotonic commit and apply per incarnation (apply strictly in index order, no gaps), the
   synced term never going back, and every Ready's entries fitting the log on disk;
-* the core's own assertions (any exception out of the core is a violation).
+* the core's own assertions (any exception out of the core is a violation);
+* a router's confirmed publishes (sim_queue.py ``Publisher``): an answer is given only for the
+  entry that enqueues that publish; a publish whose answer was lost with its leader is sent
+  again, and a leader finds it in its log (group.py ``find_publish``) exactly when the log it
+  keeps in memory holds it; at the end every confirmed publish is in the committed log, and
+  none twice unless a leader logged it again from under its snapshot.
 
 At the end of a schedule the faults stop, partitions heal, crashed nodes restart, messages are
 delivered in order and nothing is lost, and the cluster must (liveness, within
@@ -78,19 +83,23 @@ from shoal.node.replication.raft import (CANDIDATE, LEADER, VOTE, VOTE_RESP, Har
                                          Raft, bootstrap)
 
 try:
-    from .sim_queue import CONFIGS, Client, HostQueue, replay_into_classic
+    from .sim_queue import CONFIGS, Client, HostQueue, Publisher, replay_into_classic
 except ImportError:         # imported by path (raft_sim.py, test_raft_sim.py's subprocess)
-    from sim_queue import CONFIGS, Client, HostQueue, replay_into_classic  # type: ignore
+    from sim_queue import (CONFIGS, Client, HostQueue, Publisher,  # type: ignore
+                           replay_into_classic)
 
 #: The unsafe hosts of the checker's own tests (test_raft_sim.py): each must be caught.
 WIPE_KEEPS_ID = "wipe_keeps_id"          # a wiped node comes back under its old member id
 SEND_BEFORE_FSYNC = "send_before_fsync"  # a Ready's messages leave before its fsync
-VARIANTS = (WIPE_KEEPS_ID, SEND_BEFORE_FSYNC)
+NO_DEDUP = "no_dedup"                    # a leader logs every publish sent again
+VARIANTS = (WIPE_KEEPS_ID, SEND_BEFORE_FSYNC, NO_DEDUP)
 
 #: Invariants about safety (``liveness`` is the other kind).
 SAFETY = ("election safety", "vote safety", "log matching", "leader completeness",
           "state machine safety", "commit safety", "monotonic commit", "monotonic apply",
-          "durable state", "disk", "core exception", "queue state", "queue replay")
+          "durable state", "disk", "core exception", "queue state", "queue replay",
+          "publish answer", "a publish sent again is stored once",
+          "no confirmed publish lost")
 
 FINAL = "final"
 #: The quiet phase's bound (steps) for a leader, the final commit and a repaired membership.
@@ -286,6 +295,7 @@ class Sim:
         qrng = random.Random(f"queue/{seed}")
         self.qargs = qrng.choice(CONFIGS)
         self.client = Client(qrng, self.qargs)
+        self.publisher = Publisher(qrng, no_dedup=variant == NO_DEDUP)
         self.qdigests: dict[int, tuple] = {}        # index -> the queue's digest there
         # every other host's machine is lazy, as a member's that never led: their digests
         # agree with the others' only if its records become the same entries
@@ -776,10 +786,16 @@ class Sim:
             self.proposals += 1
             h = rng.choice(leaders)
             r = h.raft
-            cmd = self.client.command(h.id, r.term, r.log, h.hq, self.step)
+            again, err = self.publisher.resend(h)
+            if err:
+                self.fail("a publish sent again is stored once", err)
+            cmd = again if again is not None else \
+                self.client.command(h.id, r.term, r.log, h.hq, self.step)
             index = self._propose(h, cmd if cmd is not None else f"p{self.proposals}")
             if cmd is not None and index is not None:
-                self.client.last[(h.id, r.term)] = index
+                if again is None:
+                    self.client.last[(h.id, r.term)] = index
+                self.publisher.logged(cmd, h, index)
             return [h]
         if action == "partition":
             k = rng.randint(1, self.n - 1)
@@ -959,12 +975,22 @@ class Sim:
             for self.step in range(1, self.steps + 1):
                 for h in self._fault_step():
                     self._check(h)
+                err = self.publisher.answers(LEADER)
+                if err:
+                    self.fail("publish answer", err)
                 if self.paranoid:
                     self.check_pairs()
             self.check_pairs()
             self._quiet()
             self.check_pairs()
             self.check_queue_replay()
+            err = self.publisher.answers(LEADER)
+            if err:
+                self.fail("publish answer", err)
+            end = self.publisher.check_end(max(self.hosts.values(),
+                                               key=lambda x: x.sm_index).sm)
+            if end:
+                self.fail(*end)
         except Violation:
             raise
         except Exception as exc:    # the core's assertions, or a crash in it
@@ -974,6 +1000,8 @@ class Sim:
         finally:
             raft_module.MAX_APPEND = saved
         self.stats["steps"] = self.step
+        self.stats.update(self.publisher.stats)
+        self.stats["confirmed_publishes"] = len(self.publisher.confirmed)
         return self.stats
 
 

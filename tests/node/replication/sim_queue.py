@@ -31,6 +31,7 @@ from pamqp import commands, header
 
 from shoal.node.queues.entry import ACQUIRED, AVAILABLE, HELD
 from shoal.node.queues.queue import Queue
+from shoal.node.replication.group import find_publish
 from shoal.node.replication.log import NORMAL
 from shoal.node.replication.machine import QueueMachine
 from shoal.node.timers import Timers
@@ -135,6 +136,120 @@ class HostQueue:
         return other.digest()
 
 
+#: The router whose confirmed publishes the client makes (``writer`` in an ``enq``).
+WRITER = "r1"
+
+
+def publish_of(data: Any) -> int | None:
+    """The publish id of ``WRITER`` that an entry's data enqueues, or None."""
+    if isinstance(data, (list, tuple)) and len(data) > 10 and data[0] == "enq" and \
+            data[9] == WRITER:
+        return data[10]
+    return None
+
+
+class Publisher:
+    """The router's side of the client's confirmed publishes (router/quorum.py ``_resend``,
+    node/messages.py ``publish_quorum``). A publish logged by a leader is answered when that
+    leader, still leading in the same term and process, has applied it. A leader that stops
+    leading (or its process) first takes the answer with it: the publish is *lost* and is
+    sent again, flagged redelivered, to a leader, which looks for it in its log (group.py
+    ``find_publish``) and logs it only when it does not find it. Found but not applied yet,
+    its answer waits for that entry (``await_entry``).
+
+    The checks (sim.py raises them): the entry an answer is given for enqueues that publish;
+    a leader that does not find a publish sent again does not hold it in the log it keeps in
+    memory, and one that finds it holds it there; at the end every confirmed publish is in
+    the committed log, and none is there more often than once plus the times a leader logged
+    it again because it lay under that leader's snapshot (the look stops there by design: at
+    least once, never lost)."""
+
+    def __init__(self, rng: Any, no_dedup: bool = False) -> None:
+        self.rng = rng
+        self.no_dedup = no_dedup
+        #: publish id -> its enq command as first sent
+        self.sent: dict[int, list] = {}
+        #: publish id -> (host, its Raft, term, log index): an answer to come from there
+        self.waiting: dict[int, tuple] = {}
+        #: publish ids whose answer was lost, to send again
+        self.lost: dict[int, None] = {}
+        self.confirmed: set[int] = set()
+        #: publish id -> the times a leader logged it again from under its snapshot
+        self.again: dict[int, int] = {}
+        self.stats = {"resent": 0, "resent_found": 0, "resent_under_snapshot": 0}
+
+    def logged(self, cmd: list, host: Any, index: int) -> None:
+        """``host``'s leader logged ``cmd`` at ``index``."""
+        q = publish_of(cmd)
+        if q is not None:
+            self.sent.setdefault(q, cmd)
+            self.lost.pop(q, None)
+            self.waiting[q] = (host, host.raft, host.raft.term, index)
+
+    def answers(self, leader_role: Any) -> str | None:
+        """Collect the answers given and the ones lost; a text when an answer is given for an
+        entry that does not enqueue its publish."""
+        for q, (h, r, term, index) in list(self.waiting.items()):
+            if h.raft is not r or r.state != leader_role or r.term != term:
+                del self.waiting[q]
+                self.lost[q] = None
+                continue
+            if h.sm_index < index:
+                continue
+            got = publish_of(h.sm[index - 2][3])
+            if got != q:
+                return f"{h.id} answers publish {q} for index {index}, which enqueues {got}"
+            del self.waiting[q]
+            self.confirmed.add(q)
+        return None
+
+    def resend(self, h: Any) -> tuple[list | None, str | None]:
+        """Maybe send a lost publish again to leader ``h``: (the command to log or None,
+        a violation's text or None)."""
+        if not self.lost or self.rng.random() < 0.7:
+            return None, None
+        q = min(self.lost)
+        r = h.raft
+        at = None if self.no_dedup else find_publish(r.log, WRITER, q)
+        held = [e.index for e in r.log.entries if publish_of(e.data) == q]
+        self.stats["resent"] += 1
+        if at is None and held:
+            return None, (f"{h.id} did not find publish {q}; its log holds it at "
+                          f"{held}")
+        if at is not None:
+            if at not in held:
+                return None, f"{h.id} found publish {q} at {at}; its log holds it at {held}"
+            self.stats["resent_found"] += 1
+            del self.lost[q]
+            self.waiting[q] = (h, r, r.term, at)
+            return None, None
+        if any(publish_of(x[3]) == q for x in h.sm[:max(0, r.log.mem_base - 1)]):
+            self.stats["resent_under_snapshot"] += 1
+            self.again[q] = self.again.get(q, 0) + 1
+        cmd = list(self.sent[q])
+        cmd[6], cmd[8] = True, False        # flagged redelivered; not checked out with it
+        return cmd, None
+
+    def check_end(self, sm: list[tuple]) -> tuple[str, str] | None:
+        """Over the committed log ``sm`` ((index, term, kind, data)): (invariant, text) when
+        a confirmed publish is missing or one is there too often."""
+        count: dict[int, int] = {}
+        for x in sm:
+            q = publish_of(x[3])
+            if q is not None:
+                count[q] = count.get(q, 0) + 1
+        for q in sorted(self.confirmed):
+            if not count.get(q):
+                return ("no confirmed publish lost",
+                        f"confirmed publish {q} is not in the committed log")
+        for q, n in sorted(count.items()):
+            if n > 1 + self.again.get(q, 0):
+                return ("a publish sent again is stored once",
+                        f"publish {q} is in the committed log {n} times (logged again "
+                        f"from under a snapshot {self.again.get(q, 0)} times)")
+        return None
+
+
 class Client:
     """Proposes queue commands to the leader, from what the leader has applied."""
 
@@ -167,7 +282,10 @@ class Client:
             self.n += 1
             hdr = keyed(rng.choice("ab")) if rng.random() < 0.5 else PLAIN
             out = not available and rng.random() < 0.5     # a consumer waits: fast path
-            return ["enq", "", "q", hdr, f"m{self.n}".encode(), None, False, ts, out]
+            # a confirmed publish: it names its router and publish id (group.py
+            # enqueue_command), which rise, so that a leader finds it when it is sent again
+            return ["enq", "", "q", hdr, f"m{self.n}".encode(), None, False, ts, out, WRITER,
+                    self.n]
         marked = [i for i in out if i in m.marked]
         if x < 0.45 and marked:
             return ["unout", [rng.choice(marked)]]
@@ -214,6 +332,8 @@ def replay_into_classic(applied: list[tuple]) -> tuple[tuple, tuple] | str:
             e = q.enqueue(data[1], data[2], data[3], data[4], data[5])
             if e is None:
                 return f"enq at {index} refused"
+            if data[6]:                     # sent again: the message may have been seen
+                e.redelivered = True
             by_index[index] = e
             if len(data) > 8 and data[8]:   # delivered as enqueued
                 if not _acquire(q, e):
