@@ -6,7 +6,9 @@ commit (8), len(vote) (2), vote (UTF-8), CRC-32 of the rest (4)`` at the slot's 
 write spoils one slot; the other still holds the state before it. The newest whole slot
 wins. A change of term or vote is fdatasynced before any message depending on it leaves
 (``sync``); the commit index alone is written without a sync: a member that forgets some of
-it relearns it from its leader.
+it relearns it from its leader. Except where it covers a membership change: a restart takes
+the configuration at the commit index on disk, so that one is synced before the change is
+applied (replica.py ``write``).
 
 ``base.json``: where the log starts (what Raft calls the snapshot: a stream's retention cut it
 there, or a follower was reset to it): the log index and term of the last entry before the
@@ -69,8 +71,14 @@ class HardStateFile:
         self._slot = 1 - self._slot
         self.state = hs
 
+    def sync_next(self) -> None:
+        """Make the next :meth:`sync` fdatasync whatever was written (the commit index of a
+        membership change about to be applied)."""
+        self._dirty_sync = True
+
     def sync(self) -> None:
-        """fdatasync when a term or vote was written since the last sync."""
+        """fdatasync when a term or vote was written since the last sync, or when asked
+        (:meth:`sync_next`)."""
         if self._dirty_sync:
             os.fdatasync(self.fd)
             self._dirty_sync = False

@@ -409,6 +409,12 @@ class StreamReplica:
                         self.wanted_ops.append([e.index, list(e.data[1])])
         if rd.hard_state is not None:
             self.hs_file.write(rd.hard_state)
+        if any(e.kind == CONF for e in rd.committed):
+            # A restart takes the configuration at the commit index on disk, which is
+            # otherwise written without a sync: a membership change about to be applied must
+            # not be forgotten, or a restarted member may name only voters that were wiped
+            # since and never elect again (tests/node/streams/stream_sim.py, seed 427).
+            self.hs_file.sync_next()
         return rd
 
     def sync(self) -> None:

@@ -16,7 +16,13 @@ pending fdatasync (a member may sit between a write and its sync, taking nothing
 retention on one member (segments of a few chunks, so it bites); a publish sent again (the
 writer ``w``, as a router, sends a publish whose leader lost the lead before confirming it to
 a leader it sees now: node/streams/hosting.py's rule, found in the log with
-``find_publish`` or stored with its sequence in the chunk's trailer).
+``find_publish`` or stored with its sequence in the chunk's trailer); a wiped disk (a member's
+process killed and its directory deleted: it comes back empty under a new member id,
+``node@d<n>``, and the leader replaces the old id with it one change at a time, as
+node/streams/members.py ``repair`` does with membership.py's ``repair``: the new id a learner
+that catches up from the leader's segments, the old id removed, the new one promoted; only
+while every member is up and every configuration settled, so that a majority of intact voters
+remains, as the quorum queues' simulator).
 
 The checker, after every step:
 
@@ -38,9 +44,8 @@ The checker, after every step:
 * **liveness**: once the faults stop and every member is back, a leader confirms a final
   publish and every member commits it, within QUIET_STEPS steps.
 
-A wiped disk is not among the faults: a member that lost its disk must come back under a
-new member id through a membership change (membership.py), as the quorum queues' simulator
-covers; the stream's host does not do that yet (docs/streams.md).
+Members are named by node (``m0``...); messages travel to member ids, and one addressed to
+an id its node no longer has (wiped) is dropped, as the node's peer link drops it.
 """
 from __future__ import annotations
 
@@ -55,6 +60,7 @@ from pathlib import Path
 
 import msgpack
 
+from shoal.node.replication import membership
 from shoal.node.replication.raft import LEADER, Message
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.offsets import OFFSET
@@ -69,6 +75,9 @@ FINAL = b"final"
 NO_SYNC = "no_sync"
 #: Another: the leader never looks for a publish sent again (every resend is stored).
 NO_DEDUP = "no_dedup"
+#: Another: a wiped member comes back under its old id, a voter that forgot its votes and log.
+WIPE_KEEPS_ID = "wipe_keeps_id"
+VARIANTS = (NO_SYNC, NO_DEDUP, WIPE_KEEPS_ID)
 
 
 class Violation(AssertionError):
@@ -129,6 +138,14 @@ class DiskModel:
             os.fsync, os.fdatasync, os.replace = self._saved
             self._saved = ()
 
+    def forget(self, root: Path) -> None:
+        """A directory deleted for good (a wiped disk): nothing under it comes back."""
+        top = str(root)
+        for path in [f for f in self.files if f == top or f.startswith(top + os.sep)]:
+            del self.files[path]
+        for d in [d for d in self.dirs if d == top or d.startswith(top + os.sep)]:
+            del self.dirs[d]
+
     def crash(self, root: Path) -> None:
         rng = self.rng
         torn = rng.random() < 0.5
@@ -172,10 +189,12 @@ class Member:
     """A member's directory, its replica (None while crashed), the Ready written and not
     synced yet, and its reader's position."""
 
-    def __init__(self, sim: "Sim", mid: str, voters: list[str]) -> None:
+    def __init__(self, sim: "Sim", node: str, voters: list[str]) -> None:
         self.sim = sim
-        self.id = mid
-        self.dir = sim.root / mid
+        self.node = node
+        self.gen = 0
+        self.id = membership.member_id(node, "d0")
+        self.dir = sim.root / self.id
         self.pending = None
         self.read_offset = 0
         self.rep: StreamReplica | None = None
@@ -200,6 +219,24 @@ class Member:
         self.pending = None
         self.sim.disk.crash(self.dir)
 
+    def wipe(self) -> None:
+        """Killed, its directory deleted; it comes back empty under a new member id."""
+        if self.sim.roamer is not None and self.sim.roamer[0] == self.id:
+            self.sim.roamer = None
+        if self.rep is not None:
+            self.rep.close()
+        self.rep = None
+        self.sim.disk.forget(self.dir)
+        shutil.rmtree(self.dir)
+        self.read_offset = 0
+        if self.sim.variant == WIPE_KEEPS_ID:   # bootstrapped again, as a new stream's
+            self.open(sorted(m.id for m in self.sim.members.values()))
+            return
+        self.gen += 1
+        self.id = membership.member_id(self.node, f"d{self.gen}")
+        self.dir = self.sim.root / self.id
+        self.open()
+
 
 class Sim:
     def __init__(self, seed: int, trace: bool = False, variant: str | None = None) -> None:
@@ -208,7 +245,8 @@ class Sim:
         #: what the schedule exercised: crashes, snapshots installed (a member reset to a
         #: leader's start), logs cut (a divergent tail), segments removed by retention
         self.stats = {"crashes": 0, "resets": 0, "cuts": 0, "retained": 0, "roams": 0,
-                      "roams_to_leader": 0, "resent": 0, "resent_found": 0}
+                      "roams_to_leader": 0, "resent": 0, "resent_found": 0, "wipes": 0,
+                      "conf_changes": 0}
         self.rng = rng = random.Random(seed)
         self.trace_on = trace
         self.trace: list[str] = []
@@ -223,11 +261,14 @@ class Sim:
         self.p_crash = rng.choice((0.0, 0.005, 0.02))
         self.p_part = rng.choice((0.0, 0.01, 0.03))
         self.p_delay_sync = rng.choice((0.0, 0.3))
-        ids = [f"m{i}" for i in range(n)]
+        self.p_wipe = 0.01 if variant == WIPE_KEEPS_ID else rng.choice((0.0, 0.002, 0.006))
+        nodes = [f"m{i}" for i in range(n)]
+        ids = [membership.member_id(node, "d0") for node in nodes]
         self.disk = DiskModel(rng, no_sync=variant == NO_SYNC)
         self.disk.install()
         try:
-            self.members = {m: Member(self, m, ids) for m in ids}
+            #: node -> its member (whose id changes when its disk is wiped)
+            self.members = {node: Member(self, node, ids) for node in nodes}
         except BaseException:
             self.disk.uninstall()
             raise
@@ -264,6 +305,37 @@ class Sim:
 
     def alive(self) -> list[Member]:
         return [m for m in self.members.values() if m.rep is not None]
+
+    def by_id(self, mid: str) -> Member | None:
+        """The member whose id is ``mid`` now (None: its node's disk was wiped since)."""
+        m = self.members.get(membership.node_of(mid))
+        return m if m is not None and m.id == mid else None
+
+    def settled(self) -> bool:
+        """Every member up, idle, and in its applied configuration every member's current
+        id a voter and nothing else, no change in its log past that: a wipe now leaves a
+        majority of intact voters in any configuration that can follow (sim.py's rule)."""
+        want = {m.id for m in self.members.values()}
+        for m in self.members.values():
+            if m.rep is None or m.pending is not None:
+                return False
+            r = m.rep.raft
+            if set(r.voters) != want or r.learners or \
+                    any(c[0] > r.log.applied for c in m.rep.confs):
+                return False
+        return True
+
+    def repair(self, m: Member) -> None:
+        """As leader: the next membership change toward every node's current member id
+        (node/streams/members.py ``repair``)."""
+        r = m.rep.raft
+        if m.pending is not None or not m.rep.is_leader:
+            return
+        current = {x.node: x.id for x in self.alive()}
+        change = membership.repair(r, current)
+        if change is not None and r.propose_conf(*change) is not None:
+            self.stats["conf_changes"] += 1
+            self.log(f"{m.id} proposes {change[0]} {change[1]}")
 
     def send(self, msgs: list[Message]) -> None:
         for m in msgs:
@@ -370,7 +442,7 @@ class Sim:
         except BehindLeader:
             self.stats["roams_to_leader"] += 1
             newest = max(self.leaders, default=None)
-            m = self.members[self.leaders[newest]] if newest is not None else None
+            m = self.by_id(self.leaders[newest]) if newest is not None else None
             if m is None or m.rep is None or not m.rep.is_leader or \
                     m.rep.raft.term != newest:
                 self.roamer = None
@@ -455,8 +527,8 @@ class Sim:
         (router/quorum.py); the leader stores only those its log does not hold."""
         leaders = [m for m in self.alive() if m.rep.is_leader and m.pending is None]
         lost = [q for q, (_, mid, term) in self.unanswered.items()
-                if self.members[mid].rep is None or not self.members[mid].rep.is_leader
-                or self.members[mid].rep.raft.term != term]
+                if (x := self.by_id(mid)) is None or x.rep is None or not x.rep.is_leader
+                or x.rep.raft.term != term]
         if not leaders or not lost:
             return
         m = self.rng.choice(leaders)
@@ -498,9 +570,10 @@ class Sim:
             del self.net[k]
         if r >= self.p_dup and r < self.p_dup + self.p_drop:
             return
-        m = self.members[to]
-        if m.rep is None or m.pending is not None or (frm, to) in self.cut:
-            if m.pending is not None and (frm, to) not in self.cut and m.rep is not None:
+        m = self.by_id(to)
+        cut = (membership.node_of(frm), membership.node_of(to)) in self.cut
+        if m is None or m.rep is None or m.pending is not None or cut:
+            if m is not None and m.pending is not None and not cut and m.rep is not None:
                 self.net.append((frm, to, raw))     # busy: later
             return
         m.rep.step(Message.from_wire(msgpack.unpackb(raw)))
@@ -509,6 +582,7 @@ class Sim:
     def tick(self, m: Member) -> None:
         if m.rep is not None and m.pending is None:
             m.rep.tick()
+            self.repair(m)
             self.drive(m)
 
     def step(self, quiet: bool) -> None:
@@ -529,10 +603,18 @@ class Sim:
                 self.cut = set()
                 self.log("heal")
             else:
-                side = set(rng.sample([m.id for m in ms], rng.randint(1, len(ms) // 2)))
-                self.cut = {(a.id, b.id) for a in ms for b in ms
-                            if (a.id in side) != (b.id in side)}
+                side = set(rng.sample([m.node for m in ms], rng.randint(1, len(ms) // 2)))
+                self.cut = {(a.node, b.node) for a in ms for b in ms
+                            if (a.node in side) != (b.node in side)}
                 self.log(f"partition {sorted(side)}")
+            return
+        if not quiet and x < self.p_crash + self.p_part + self.p_wipe:
+            if self.variant == WIPE_KEEPS_ID or self.settled():
+                m = rng.choice(ms)
+                old = m.id
+                self.stats["wipes"] += 1
+                m.wipe()
+                self.log(f"wipe {old}: back empty as {m.id}")
             return
         x = rng.random()
         if quiet:       # a calm network: messages arrive well within an election timeout
@@ -609,8 +691,8 @@ class Sim:
             return True
         if FINAL in self.confirmed.values():
             return False
-        m = self.members[self.final_by[0]]
-        return m.rep is None or not m.rep.is_leader or m.rep.raft.term != self.final_by[1]
+        m = self.by_id(self.final_by[0])
+        return m is None or m.rep is None or not m.rep.is_leader or m.rep.raft.term != self.final_by[1]
 
     def done(self) -> bool:
         if FINAL not in self.confirmed.values():
@@ -641,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schedules", type=int, default=200)
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--replay", type=int, metavar="SEED")
-    p.add_argument("--variant", choices=(NO_SYNC, NO_DEDUP),
+    p.add_argument("--variant", choices=VARIANTS,
                    help="a deliberately unsafe host (the checker must catch it)")
     a = p.parse_args(argv)
     if a.replay is not None:

@@ -1,15 +1,17 @@
 """A replicated stream's member (node/streams/replica.py) driven by hand: publishes confirmed
 at commit, a restart that keeps the log, its commit and its configuration, a member that
-joins after retention and gets the log from the leader's segments, and the hard state file's
-torn-write rule. The simulator (stream_sim.py, test_stream_sim.py) covers faults."""
+joins after retention and gets the log from the leader's segments, the hard state file's
+torn-write rule, and a membership change that a crash does not make a member forget. The simulator (stream_sim.py, test_stream_sim.py) covers faults."""
 from __future__ import annotations
 
+import os
 import random
 import struct
+from pathlib import Path
 
 import msgpack
 
-from shoal.node.replication.log import ADD_VOTER
+from shoal.node.replication.log import ADD_LEARNER, ADD_VOTER
 from shoal.node.replication.messages import HardState, Message
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.raftstate import SLOT, HardStateFile
@@ -179,3 +181,34 @@ def test_a_publish_is_found_in_the_log_by_its_writer_and_sequence(tmp_path):
         # out of order (r4's 9, then its 5): the look stops at the 5, and a 9 sent again
         # would be stored twice, never lost
         assert r.find_publish("r4", 9) is None
+
+
+def test_a_membership_change_applied_survives_a_crash_that_loses_unsynced_writes(
+        tmp_path, monkeypatch):
+    """The commit index is written without a sync (raftstate.py), and a restart takes the
+    configuration at the commit index on disk: the one that covers a membership change is
+    synced before the change is applied. Otherwise a member restarted after a crash could
+    name voters whose disks were wiped since, and never elect again (stream_sim.py)."""
+    synced: dict[str, bytes] = {}
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        real(fd)
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.endswith("raft.state"):
+            synced[path] = Path(path).read_bytes()      # what a crash keeps
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    c = Cluster(tmp_path, ["a", "b", "c"])
+    c.elect("a")
+    c.join("d")
+    assert c.m["a"].raft.propose_conf(ADD_LEARNER, "d") is not None
+    c.drive()
+    c.tick(2)                           # heartbeats carry the commit to the followers
+    b = c.m["b"]
+    assert sorted(b.raft.learners) == ["d"]
+    b.close()
+    state = tmp_path / "b" / "raft.state"
+    state.write_bytes(synced[str(state)])       # the crash: unsynced writes lost
+    again = StreamReplica("b", tmp_path / "b", rng=random.Random(1), election_ticks=3)
+    assert sorted(again.raft.voters) == ["a", "b", "c"]
+    assert sorted(again.raft.learners) == ["d"]

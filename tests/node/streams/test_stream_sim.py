@@ -1,7 +1,9 @@
 """The replicated stream simulator (stream_sim.py) in CI: a fixed range of seeds must keep
-every invariant, a seed must replay exactly, and a host that does not fdatasync must be
-caught (the checker has teeth). ``python3 tests/node/streams/stream_sim.py --schedules N``
-runs more seeds; its docstring lists the faults and the invariants."""
+every invariant, a seed must replay exactly, and deliberately unsafe hosts must be caught
+(the checker has teeth): one whose fdatasync does nothing, a leader that stores every
+publish sent again, a wiped member that comes back under its old id.
+``python3 tests/node/streams/stream_sim.py --schedules N`` runs more seeds; its docstring
+lists the faults and the invariants."""
 from __future__ import annotations
 
 import os
@@ -16,7 +18,8 @@ CI_SCHEDULES = 60
 
 def test_the_ci_schedules_keep_every_invariant():
     found = []
-    totals = {"resets": 0, "cuts": 0, "crashes": 0, "retained": 0, "resent_found": 0}
+    totals = {"resets": 0, "cuts": 0, "crashes": 0, "retained": 0, "resent_found": 0,
+              "wipes": 0, "conf_changes": 0}
     for seed in range(CI_SCHEDULES):
         try:
             st = stream_sim.Sim(seed).run()
@@ -27,7 +30,8 @@ def test_the_ci_schedules_keep_every_invariant():
             totals[k] += st[k]
     assert not found, "\n".join(found)
     # the faults that matter happened: members reset to a leader's start after retention,
-    # divergent tails cut, crashes, publishes sent again that the leader held already
+    # divergent tails cut, crashes, publishes sent again that the leader held already, disks
+    # wiped and their members replaced under new ids by membership changes
     assert all(totals.values()), totals
 
 
@@ -60,3 +64,20 @@ def test_the_checker_catches_a_host_whose_fdatasync_does_nothing():
 def test_the_checker_catches_a_leader_that_stores_every_publish_sent_again():
     kinds = _caught(stream_sim.NO_DEDUP)
     assert "a publish sent again is stored once" in kinds, kinds
+
+
+def test_the_checker_catches_a_wiped_member_that_comes_back_under_its_old_id():
+    """A member whose disk was wiped must rejoin under a new id (membership.py): under its
+    old one it is a voter that forgot its votes and its log."""
+    kinds = _caught(stream_sim.WIPE_KEEPS_ID)
+    assert kinds & {"same chunk at the same offset", "no offset with two messages",
+                    "no confirmed message lost", "election safety"}, kinds
+
+
+def test_regression_a_member_restarted_after_a_replacement_keeps_its_configuration():
+    """Seed 427: a wiped member replaced, a second one wiped, then a crash of a third that
+    lost its unsynced commit index: it came back with the configuration from before the
+    replacement (both of its other voters gone) and the stream never elected again. The
+    commit index covering a membership change is now synced before it is applied."""
+    st = stream_sim.Sim(427).run()
+    assert st["wipes"] >= 2 and st["conf_changes"] >= 3
