@@ -280,19 +280,9 @@ class Replication:
         current = {n: p[0] for n, p in self.peers.items() if self.online(n)}
         current[self.node_id] = self.member_id
         for g in self.groups.values():
-            if not g.raft.is_leader:
-                continue
-            if g.wanted and self.node_id not in g.wanted:   # delete_member / shrink of us
-                for m in sorted(g.raft.voters):
-                    if membership.node_of(m) in g.wanted and \
-                            self.transfer(g, membership.node_of(m)):
-                        break
-                continue
-            change = membership.repair(g.raft, current, set(g.wanted) or None)
-            if change is not None:
-                op, member = change
-                log.info("quorum queue '%s': %s %s", g.key[1], op, member)
-                g.raft.propose_conf(op, member)
+            step = membership.step_toward(g.raft, self.node_id, current, g.wanted)
+            if step is not None and step[0] != "transfer":
+                log.info("quorum queue '%s': %s %s", g.key[1], *step)
 
     # ---- the turn's Ready ------------------------------------------------------------------
     def process(self) -> None:

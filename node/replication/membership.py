@@ -59,3 +59,38 @@ def repair(raft: Raft, current: dict[str, str], wanted_nodes: set[str] | None = 
         if pr is not None and pr.match >= raft.log.committed:
             return (ADD_VOTER, m)
     return None
+
+
+def step_toward(raft: Raft, node_id: str, current: dict[str, str],
+                wanted: list[str] | None) -> tuple[str, str] | None:
+    """As leader of a group (a quorum queue or a stream) on node ``node_id``: begin the next
+    step toward the nodes an operator wants (``wanted``; None or empty: the nodes of the
+    present members). A leader whose own node is not wanted hands the lead to a voter whose
+    node is (returns ``("transfer", member)``); otherwise the change :func:`repair` names is
+    proposed (returns ``(op, member)``). None when there is nothing to do, or it cannot be
+    begun now. Called every 10 ticks by node/replication/manager.py and
+    node/streams/members.py, and by the simulators (tests/node/streams/stream_sim.py)."""
+    if not raft.is_leader:
+        return None
+    if wanted and node_id not in wanted:        # delete_member of this node: hand over first
+        for m in sorted(raft.voters):
+            if node_of(m) in wanted and raft.transfer_leadership(m):
+                return ("transfer", m)
+        return None
+    change = repair(raft, current, set(wanted) if wanted else None)
+    if change is not None and raft.propose_conf(*change) is not None:
+        return change
+    return None
+
+
+def wanted_after(wanted: list[str], op: str, node: str) -> list[str]:
+    """The nodes wanted after an operator's ``add_member`` or ``delete_member`` of ``node``
+    (rabbitmq-queues and rabbitmq-streams: add_member / add_replica, delete_member /
+    delete_replica), from those wanted now. Raises ValueError when it would leave none
+    (the caller answers 406, as RabbitMQ refuses to delete the last member)."""
+    out = [n for n in wanted if n != node]
+    if op == "add_member":
+        out.append(node)
+    elif not out:
+        raise ValueError(node)
+    return out

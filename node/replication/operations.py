@@ -67,12 +67,11 @@ def quorum_op(rep: Any, peer: bytes, req_id: int, op: str, vhost: str | None,
     if op in ("add_member", "delete_member"):
         if node not in rep.node_ids:
             raise soft_error(NOT_FOUND, f"no node '{node}' in the cluster")
-        wanted = [n for n in g.wanted if n != node]
-        if op == "add_member":
-            wanted.append(node)
-        elif not wanted:
+        try:
+            wanted = membership.wanted_after(g.wanted, op, node)
+        except ValueError:
             raise soft_error(PRECONDITION_FAILED, f"cannot delete the last member of "
-                                                  f"quorum queue '{name}'")
+                                                  f"quorum queue '{name}'") from None
         if g.propose(["wanted", wanted],
                      lambda result: requests.reply(rep, peer, req_id, sorted(wanted))):
             return DEFERRED

@@ -262,12 +262,11 @@ class StreamMembers:
                                                   f"'{name}' in vhost '{vhost}'")
         if node not in self.rep.node_ids:
             raise soft_error(NOT_FOUND, f"no node '{node}' in the cluster")
-        wanted = [n for n in (m.rep.wanted or m.members()) if n != node]
-        if op == "add_member":
-            wanted.append(node)
-        elif not wanted:                # rabbit_stream_coordinator: last_stream_member
+        try:
+            wanted = membership.wanted_after(m.rep.wanted or m.members(), op, node)
+        except ValueError:              # rabbit_stream_coordinator: last_stream_member
             raise soft_error(PRECONDITION_FAILED, f"cannot delete the last member of stream "
-                                                  f"'{name}' in vhost '{vhost}'")
+                                                  f"'{name}' in vhost '{vhost}'") from None
         index = m.rep.propose_wanted(wanted)
         if index is None:
             raise AMQPError(MOVED, f"stream '{name}' lost its leader")
@@ -282,20 +281,12 @@ class StreamMembers:
         current = {n: p[0] for n, p in self.rep.peers.items() if self.rep.online(n)}
         current[self.node_id] = self.rep.member_id
         for m in self.members.values():
-            r = m.rep.raft
             if not m.leading:
                 continue
-            wanted = m.rep.wanted
-            if wanted and self.node_id not in wanted:
-                for v in sorted(r.voters):
-                    if node_of(v) in wanted and r.transfer_leadership(v):
-                        break
-                continue
-            change = membership.repair(r, current, set(wanted) if wanted else None)
-            if change is not None:
+            step = membership.step_toward(m.rep.raft, self.node_id, current, m.rep.wanted)
+            if step is not None and step[0] != "transfer":
                 log.info("stream '%s' in vhost '%s': %s %s", m.stream.name, m.stream.vhost,
-                         *change)
-                r.propose_conf(*change)
+                         *step)
 
     def reconcile(self) -> None:
         """Every second, as a quorum queue's member (reconcile.py): a member that has known

@@ -33,7 +33,7 @@ import msgpack
 from shoal.node.replication.log import ADD_LEARNER, ADD_VOTER, CONF, NORMAL, REMOVE, Entry, \
     Snapshot
 from shoal.node.replication.messages import Message, Ready
-from shoal.node.replication.raft import Raft, bootstrap
+from shoal.node.replication.raft import APP, HEARTBEAT, SNAP, Raft, bootstrap
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.raftstate import HardStateFile, read_base, write_base
 from shoal.node.streams.segments import DEFAULT_MAX_SEGMENT_BYTES, SegmentLog
@@ -42,6 +42,10 @@ from shoal.node.streams.segments import DEFAULT_MAX_SEGMENT_BYTES, SegmentLog
 APPEND_BYTES = 1 << 20
 #: How many chunks back from the log's end :meth:`StreamReplica.find_publish` looks.
 FIND_CHUNKS = 4096
+_FROM_LEADER = (APP, SNAP, HEARTBEAT)
+#: A member outside its own configuration that no leader has replicated to for this many
+#: ticks (2 s at the node's 100 ms) was removed: its host drops it (:attr:`removed`).
+REMOVED_TICKS = 20
 
 
 class SegmentReader:
@@ -163,8 +167,11 @@ class StreamReplica:
         self._pub_ts = self._tail_ts
         #: this leader's proposals waiting for commit: log index -> term proposed in
         self.proposed: dict[int, int] = {}
-        #: a membership change removing this member was applied
+        #: this member was removed: outside its own configuration, and no leader replicated
+        #: to it for REMOVED_TICKS (the host drops it)
         self.removed = False
+        #: ticks since a leader's APP, SNAP or heartbeat reached this member
+        self.silent_ticks = 0
         #: as leader: members whose removal was applied (the host tells them to go)
         self.dropped: list[str] = []
 
@@ -277,9 +284,20 @@ class StreamReplica:
         return self.raft.is_leader
 
     def tick(self) -> None:
+        """The clock. A member applying its own removal does not drop itself then: a member
+        added again (delete_member, then add_member, of the same node) replays that old
+        removal as it catches up, while its leader replicates to it. It is removed once it
+        is outside its own configuration and no leader has replicated to it for
+        REMOVED_TICKS (tests/node/streams/stream_sim.py found the replay)."""
         self.raft.tick()
+        self.silent_ticks += 1
+        if self.silent_ticks >= REMOVED_TICKS and not self.removed:
+            r = self.raft
+            self.removed = self.id not in r.voters and self.id not in r.learners
 
     def step(self, m: Message) -> None:
+        if m.type in _FROM_LEADER:
+            self.silent_ticks = 0
         self.raft.step(m)
 
     def publish(self, records: list[bytes], now_ms: int,
@@ -432,11 +450,9 @@ class StreamReplica:
                 confirmed.append(e.index)
             if _is_wanted(e.data):
                 self.wanted = list(e.data[1])
-            elif e.kind == CONF and e.data[0] == REMOVE:
-                if e.data[1] == self.id:
-                    self.removed = True     # the host drops this member
-                elif self.raft.is_leader:   # it may never learn its removal is committed:
-                    self.dropped.append(e.data[1])      # the host tells it
+            elif e.kind == CONF and e.data[0] == REMOVE and e.data[1] != self.id and \
+                    self.raft.is_leader and not self._added_after(e.data[1], e.index):
+                self.dropped.append(e.data[1])  # it may never learn it: the host tells it
         self.raft.advance(rd)
         log = self.raft.log
         if rd.committed or rd.snapshot is not None:
@@ -445,6 +461,11 @@ class StreamReplica:
             del self.proposed[i]            # replaced by another leader's entry
         log.release(min(log.applied, log.stable))
         return confirmed
+
+    def _added_after(self, member: str, index: int) -> bool:
+        """Whether this log adds ``member`` again after ``index`` (a removal applied from
+        the log's history, by a leader catching up on its own log, is not current)."""
+        return any(c[0] > index and c[2] == member and c[1] != REMOVE for c in self.confs)
 
     def lost_proposals(self) -> list[int]:
         """Once no longer leader: the proposals that may never be confirmed (the host

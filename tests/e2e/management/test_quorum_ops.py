@@ -190,3 +190,38 @@ def test_a_stream_declared_on_a_node_alone_gets_a_member_once_the_cluster_grows(
         conn.close()
     finally:
         stop_cluster(c)
+
+
+def stream_rows(cl, name: str) -> list[dict]:
+    out = ctl(cl, "stream_status", name, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_a_stream_member_deleted_and_added_back_catches_up_and_follows(qq3, uid):
+    """rabbitmq-streams delete_replica then add_replica of the same node: the member made
+    again replays the log's old removal of its node as it catches up, and must stay (it
+    dropped itself there, and its leader then counted a member that held nothing)."""
+    name = f"stream-readd-{uid}"
+    conn = pika.BlockingConnection(pika.ConnectionParameters(qq3.host, qq3.port))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+    for k in range(50):
+        ch.basic_publish("", name, b"m%d" % k, pika.BasicProperties(delivery_mode=2))
+
+    def caught_up(rows: list[dict], nodes: int, offset: int) -> bool:
+        return len(rows) == nodes and all(r["offset"] == offset for r in rows)
+    until(lambda: caught_up(stream_rows(qq3, name), 3, 49), "three members at offset 49")
+    other = next(r["node"] for r in stream_rows(qq3, name) if r["role"] != "writer")
+    out = ctl(qq3, "delete_member", name, other)
+    assert out.returncode == 0, out.stderr
+    until(lambda: other not in {r["node"] for r in stream_rows(qq3, name)}, f"{other} gone")
+    out = ctl(qq3, "add_member", name, other)
+    assert out.returncode == 0, out.stderr
+    until(lambda: caught_up(stream_rows(qq3, name), 3, 49), f"{other} back at offset 49")
+    for k in range(10):
+        ch.basic_publish("", name, b"n%d" % k, pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    # the member added back follows the new chunks too (it held nothing before the fix)
+    until(lambda: caught_up(stream_rows(qq3, name), 3, 59), f"{other} follows to 59")

@@ -21,8 +21,14 @@ process killed and its directory deleted: it comes back empty under a new member
 ``node@d<n>``, and the leader replaces the old id with it one change at a time, as
 node/streams/members.py ``repair`` does with membership.py's ``repair``: the new id a learner
 that catches up from the leader's segments, the old id removed, the new one promoted; only
-while every member is up and every configuration settled, so that a majority of intact voters
-remains, as the quorum queues' simulator).
+while every member is up and every configuration settled, with 3 members at least, so that a
+majority of intact voters remains, as the quorum queues' simulator); an operator's
+``delete_member`` or ``add_member`` at the leader while the membership is settled
+(membership.py ``wanted_after``; each leader then steps toward the nodes wanted with
+``step_toward``, as the node does: a leader whose node goes hands the lead over first). A
+member removed is dropped by its host (its leader's STREAM_DELETE, or its own ``removed``:
+replica.py ``tick``), with what was sent to it; a node added again gets a member anew,
+empty, from the leader's first APP or SNAP (node/streams/members.py ``on_peer``).
 
 The checker, after every step:
 
@@ -61,7 +67,7 @@ from pathlib import Path
 import msgpack
 
 from shoal.node.replication import membership
-from shoal.node.replication.raft import LEADER, Message
+from shoal.node.replication.raft import APP, LEADER, SNAP, Message
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.offsets import OFFSET
 from shoal.node.streams.readers import BehindLeader, reader_start
@@ -198,6 +204,9 @@ class Member:
         self.pending = None
         self.read_offset = 0
         self.rep: StreamReplica | None = None
+        #: the node is up but holds no member of the stream (deleted by an operator's
+        #: delete_member, until a leader replicates to it again)
+        self.absent = False
         self.open(voters)
 
     def open(self, voters: list[str] | None = None) -> None:
@@ -219,15 +228,30 @@ class Member:
         self.pending = None
         self.sim.disk.crash(self.dir)
 
-    def wipe(self) -> None:
-        """Killed, its directory deleted; it comes back empty under a new member id."""
+    def delete(self) -> None:
+        """The member and its files go (the host's STREAM_DELETE, or its own removal
+        applied); the node stays up, and a leader that replicates to it again makes it
+        anew, empty (node/streams/members.py ``on_peer``). What was sent to it before goes
+        too: on the node's ordered link it arrived before the STREAM_DELETE, or before the
+        leader's message that told it of its removal."""
+        self._drop()
+        self.read_offset = 0
+        self.absent = True
+        self.sim.net = [x for x in self.sim.net if x[1] != self.id]
+
+    def _drop(self) -> None:
         if self.sim.roamer is not None and self.sim.roamer[0] == self.id:
             self.sim.roamer = None
         if self.rep is not None:
             self.rep.close()
         self.rep = None
+        self.pending = None
         self.sim.disk.forget(self.dir)
-        shutil.rmtree(self.dir)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def wipe(self) -> None:
+        """Killed, its directory deleted; it comes back empty under a new member id."""
+        self._drop()
         self.read_offset = 0
         if self.sim.variant == WIPE_KEEPS_ID:   # bootstrapped again, as a new stream's
             self.open(sorted(m.id for m in self.sim.members.values()))
@@ -246,7 +270,8 @@ class Sim:
         #: leader's start), logs cut (a divergent tail), segments removed by retention
         self.stats = {"crashes": 0, "resets": 0, "cuts": 0, "retained": 0, "roams": 0,
                       "roams_to_leader": 0, "resent": 0, "resent_found": 0, "wipes": 0,
-                      "conf_changes": 0}
+                      "conf_changes": 0, "operator_ops": 0, "transfers": 0, "deleted": 0,
+                      "rejoined": 0}
         self.rng = rng = random.Random(seed)
         self.trace_on = trace
         self.trace: list[str] = []
@@ -262,6 +287,9 @@ class Sim:
         self.p_part = rng.choice((0.0, 0.01, 0.03))
         self.p_delay_sync = rng.choice((0.0, 0.3))
         self.p_wipe = 0.01 if variant == WIPE_KEEPS_ID else rng.choice((0.0, 0.002, 0.006))
+        # from a Random of its own: with p_op 0 a seed's schedule is the one it had before
+        # operators' changes were simulated (a regression seed keeps replaying)
+        self.p_op = random.Random(f"ops/{seed}").choice((0.0, 0.003, 0.01))
         nodes = [f"m{i}" for i in range(n)]
         ids = [membership.member_id(node, "d0") for node in nodes]
         self.disk = DiskModel(rng, no_sync=variant == NO_SYNC)
@@ -315,27 +343,56 @@ class Sim:
         """Every member up, idle, and in its applied configuration every member's current
         id a voter and nothing else, no change in its log past that: a wipe now leaves a
         majority of intact voters in any configuration that can follow (sim.py's rule)."""
-        want = {m.id for m in self.members.values()}
-        for m in self.members.values():
+        present = [m for m in self.members.values() if not m.absent]
+        want = {m.id for m in present}
+        nodes = {m.node for m in present}
+        for m in present:
             if m.rep is None or m.pending is not None:
                 return False
-            r = m.rep.raft
+            r, rep = m.rep.raft, m.rep
             if set(r.voters) != want or r.learners or \
-                    any(c[0] > r.log.applied for c in m.rep.confs):
+                    any(c[0] > r.log.applied for c in rep.confs) or \
+                    any(w[0] > r.log.applied for w in rep.wanted_ops) or \
+                    (rep.wanted is not None and set(rep.wanted) != nodes):
                 return False
         return True
 
     def repair(self, m: Member) -> None:
-        """As leader: the next membership change toward every node's current member id
-        (node/streams/members.py ``repair``)."""
-        r = m.rep.raft
+        """As leader: the next step toward the nodes wanted and every node's current member
+        id (membership.py ``step_toward``, as node/streams/members.py ``repair``): the
+        nodes up are those with a live member and those without one (absent)."""
         if m.pending is not None or not m.rep.is_leader:
             return
-        current = {x.node: x.id for x in self.alive()}
-        change = membership.repair(r, current)
-        if change is not None and r.propose_conf(*change) is not None:
-            self.stats["conf_changes"] += 1
-            self.log(f"{m.id} proposes {change[0]} {change[1]}")
+        current = {x.node: x.id for x in self.members.values()
+                   if x.rep is not None or x.absent}
+        step = membership.step_toward(m.rep.raft, m.node, current, m.rep.wanted)
+        if step is not None:
+            self.stats["transfers" if step[0] == "transfer" else "conf_changes"] += 1
+            self.log(f"{m.id} begins {step[0]} {step[1]}")
+
+    def operate(self) -> None:
+        """An operator's add_member or delete_member (rabbitmq-streams add_replica,
+        delete_replica; node/streams/members.py ``operate``) at the leader, while the
+        membership is settled: the nodes wanted are logged, and the leader's repair does the
+        rest. Deleting the leader's own node hands the lead over first."""
+        leaders = [m for m in self.alive() if m.rep.is_leader and m.pending is None]
+        if not leaders or not self.settled():
+            return
+        m = leaders[0]
+        voters = sorted(membership.node_of(v) for v in m.rep.raft.voters)
+        absent = [x.node for x in self.members.values() if x.absent]
+        if absent and self.rng.random() < 0.6:
+            op, node = "add_member", self.rng.choice(absent)
+        else:
+            op, node = "delete_member", self.rng.choice(voters)
+        try:
+            wanted = membership.wanted_after(m.rep.wanted or voters, op, node)
+        except ValueError:
+            return                          # the last member: refused (406)
+        if m.rep.propose_wanted(wanted) is not None:
+            self.stats["operator_ops"] += 1
+            self.log(f"operator: {op} {node} at {m.id}: wanted {wanted}")
+            self.drive(m)
 
     def send(self, msgs: list[Message]) -> None:
         for m in msgs:
@@ -366,6 +423,19 @@ class Sim:
         for index in rep.finish(rd):
             for off, body in self.proposals.pop((m.id, index), []):
                 self.confirm(off, body)
+        if rep.dropped:                     # as leader: tell the removed (members.py)
+            dropped, rep.dropped = rep.dropped, []
+            for v in dropped:
+                x = self.by_id(v)
+                if x is not None and not x.absent:
+                    self.stats["deleted"] += 1
+                    self.log(f"{m.id} drops {v}")
+                    x.delete()
+        if rep.removed:                     # its own removal applied: the host drops it
+            self.stats["deleted"] += 1
+            self.log(f"{m.id} was removed")
+            m.delete()
+            return
         if self.after:
             keep = []
             for a in self.after:
@@ -572,6 +642,14 @@ class Sim:
             return
         m = self.by_id(to)
         cut = (membership.node_of(frm), membership.node_of(to)) in self.cut
+        if m is not None and m.absent and not cut:
+            msg = Message.from_wire(msgpack.unpackb(raw))
+            if msg.type not in (APP, SNAP):
+                return
+            m.absent = False                # a leader replicates to it: a member anew
+            m.open()
+            self.stats["rejoined"] += 1
+            self.log(f"{m.id} joins again, empty")
         if m is None or m.rep is None or m.pending is not None or cut:
             if m is not None and m.pending is not None and not cut and m.rep is not None:
                 self.net.append((frm, to, raw))     # busy: later
@@ -582,6 +660,11 @@ class Sim:
     def tick(self, m: Member) -> None:
         if m.rep is not None and m.pending is None:
             m.rep.tick()
+            if m.rep.removed:               # the host drops it (members.py process)
+                self.stats["deleted"] += 1
+                self.log(f"{m.id} was removed")
+                m.delete()
+                return
             self.repair(m)
             self.drive(m)
 
@@ -609,19 +692,24 @@ class Sim:
                 self.log(f"partition {sorted(side)}")
             return
         if not quiet and x < self.p_crash + self.p_part + self.p_wipe:
-            if self.variant == WIPE_KEEPS_ID or self.settled():
-                m = rng.choice(ms)
+            present = [x for x in ms if not x.absent]
+            # a majority of intact voters must remain: 3 members at least
+            if self.variant == WIPE_KEEPS_ID or (len(present) >= 3 and self.settled()):
+                m = rng.choice(present)
                 old = m.id
                 self.stats["wipes"] += 1
                 m.wipe()
                 self.log(f"wipe {old}: back empty as {m.id}")
+            return
+        if not quiet and x < self.p_crash + self.p_part + self.p_wipe + self.p_op:
+            self.operate()
             return
         x = rng.random()
         if quiet:       # a calm network: messages arrive well within an election timeout
             x = x * 0.4 if rng.random() < 0.15 else 0.4 + x * 0.6
         if x < 0.03:
             for m in ms:
-                if m.rep is None and (quiet or rng.random() < 0.3):
+                if m.rep is None and not m.absent and (quiet or rng.random() < 0.3):
                     self.log(f"restart {m.id}")
                     m.open()
                     self.drive(m)
@@ -699,10 +787,12 @@ class Sim:
             return False
         final = next(o for o, b in self.confirmed.items() if b == FINAL)
         return all(m.rep is not None and m.rep.committed_offset > final
-                   for m in self.members.values())
+                   for m in self.members.values() if not m.absent)
 
     def check_end(self) -> None:
         for m in self.members.values():
+            if m.absent:
+                continue
             seg = m.rep.segments
             for off, body in self.confirmed.items():
                 if off < seg.first_offset:

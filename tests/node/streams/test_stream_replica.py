@@ -1,21 +1,23 @@
 """A replicated stream's member (node/streams/replica.py) driven by hand: publishes confirmed
 at commit, a restart that keeps the log, its commit and its configuration, a member that
 joins after retention and gets the log from the leader's segments, the hard state file's
-torn-write rule, and a membership change that a crash does not make a member forget. The simulator (stream_sim.py, test_stream_sim.py) covers faults."""
+torn-write rule, a membership change that a crash does not make a member forget, and a
+member removed and added again that stays. The simulator (stream_sim.py, test_stream_sim.py) covers faults."""
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import struct
 from pathlib import Path
 
 import msgpack
 
-from shoal.node.replication.log import ADD_LEARNER, ADD_VOTER
+from shoal.node.replication.log import ADD_LEARNER, ADD_VOTER, REMOVE
 from shoal.node.replication.messages import HardState, Message
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.raftstate import SLOT, HardStateFile
-from shoal.node.streams.replica import StreamReplica
+from shoal.node.streams.replica import REMOVED_TICKS, StreamReplica
 from shoal.node.streams.stream import StreamReader
 
 
@@ -212,3 +214,44 @@ def test_a_membership_change_applied_survives_a_crash_that_loses_unsynced_writes
     again = StreamReplica("b", tmp_path / "b", rng=random.Random(1), election_ticks=3)
     assert sorted(again.raft.voters) == ["a", "b", "c"]
     assert sorted(again.raft.learners) == ["d"]
+
+
+def test_a_member_removed_and_added_again_replays_its_old_removal_and_stays(tmp_path):
+    """delete_member, then add_member, of the same node: the member made again (empty, the
+    same id) applies the log's old removal of itself as it catches up, and is not removed
+    while its leader replicates to it. A member removed for good is, once no leader has
+    replicated to it for REMOVED_TICKS."""
+    c = Cluster(tmp_path, ["a", "b", "c"])
+    c.elect("a")
+    a = c.m["a"]
+    for k in range(3):
+        a.publish([rec(b"m%d" % k)], 1000 + k)
+        c.drive()
+    assert a.raft.propose_conf(REMOVE, "c") is not None
+    c.drive()
+    c.tick(2)
+    assert "c" not in a.raft.voters and a.dropped == ["c"]
+    a.dropped.clear()
+    gone = c.m.pop("c")                 # the host drops it (STREAM_DELETE)
+    gone.close()
+    shutil.rmtree(tmp_path / "c")
+    a.publish([rec(b"m3")], 1003)
+    c.drive()
+    c.join("c")                         # add_member: the node makes it again on the APP
+    assert a.raft.propose_conf(ADD_LEARNER, "c") is not None
+    c.drive()
+    c.tick(REMOVED_TICKS + 5)
+    again = c.m["c"]
+    assert not again.removed and "c" in again.raft.learners
+    assert bodies(again) == [b"m0", b"m1", b"m2", b"m3"]
+    assert a.dropped == []              # the leader's replay of it is not current either
+    # removed for good: outside its configuration, and no leader replicates to it
+    assert a.raft.propose_conf(REMOVE, "c") is not None
+    c.drive()
+    c.tick(2)
+    del c.m["c"]                        # its STREAM_DELETE lost: nothing reaches it now
+    again.tick()
+    assert not again.removed            # not at once
+    for _ in range(REMOVED_TICKS):
+        again.tick()
+    assert again.removed
