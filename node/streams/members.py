@@ -36,7 +36,7 @@ from shoal.shared.wire import EV_QUEUE_LEADER, MOVED, TAG_TOPOLOGY_EVENT, T
 
 from shoal.node.peers import DEFERRED
 from shoal.node.replication import membership, reconcile
-from shoal.node.replication.group import ELECTION_TICKS, HEARTBEAT_TICKS
+from shoal.node.replication.group import ELECTION_TICKS, HEARTBEAT_TICKS, TICK_MS
 from shoal.node.replication.membership import node_of
 from shoal.node.replication.raft import APP, SNAP, Message
 from shoal.node.replication.requests import STARTUP_TICKS
@@ -51,6 +51,9 @@ STREAM_RAFT, STREAM_CREATE, STREAM_DELETE = (int(T.STREAM_RAFT), int(T.STREAM_CR
                                              int(T.STREAM_DELETE))
 #: RabbitMQ's default member count for a stream, at most the nodes there are.
 DEFAULT_CLUSTER_SIZE = 3
+#: Ticks without a leader's message after which a member asks whether it is still one
+#: (reconcile.GRACE_MS: 10 s).
+SILENT_TICKS = reconcile.GRACE_MS // TICK_MS
 
 
 class Member:
@@ -72,9 +75,7 @@ class Member:
         #: [log index, barrier]: publishes sent again and found stored (replica.py
         #: find_publish) in a chunk not yet committed, confirmed once it is
         self.after: list[list] = []
-        #: reconciliation (node/replication/reconcile.py): since when (ms) this member has
-        #: known no leader, and the other members' answers
-        self.leaderless_since: float | None = None
+        #: reconciliation (node/replication/reconcile.py): the other members' answers
         self.answers: dict[str, str] = {}
         #: who reads from which member (readers.py); the voters last announced
         self.readers = Readers()
@@ -289,18 +290,23 @@ class StreamMembers:
                          *step)
 
     def reconcile(self) -> None:
-        """Every second, as a quorum queue's member (reconcile.py): a member that has known
-        no leader for GRACE_MS asks the other voters' nodes whether the stream still has
-        it (it was down while the stream was deleted, or its member removed)."""
-        now = self.rep.now()
-        for m in self.members.values():
+        """Every second, as a quorum queue's member (reconcile.py): a member that no leader
+        has replicated to for GRACE_MS (:data:`SILENT_TICKS`) asks the other voters' nodes
+        whether the stream still has it (it was down while the stream was deleted, or its
+        member was removed: it may still name the leader that removed it)."""
+        for m in list(self.members.values()):
             r = m.rep.raft
-            if m.leading or r.leader is not None or not r.voters:
-                m.leaderless_since = None
+            if m.leading or m.rep.silent_ticks < SILENT_TICKS:
                 m.answers.clear()
-            elif m.leaderless_since is None:
-                m.leaderless_since = now
-            elif now - m.leaderless_since >= reconcile.GRACE_MS:
+            elif not r.voters and not r.learners:
+                # made for a leader's message and never given the stream's start: it holds
+                # nothing (a leader that stopped counting it, or a late message of an older
+                # one, made it); its leader makes it again if it still wants it
+                log.info("stream '%s' in vhost '%s': no leader replicated to this new member "
+                         "for %d s: dropped", m.stream.name, m.stream.vhost,
+                         reconcile.GRACE_MS // 1000)
+                self.streams.delete(m.stream, tell=False)
+            else:
                 reconcile.ask(self.rep, (m.stream.vhost, m.stream.name), m.uid, r)
 
     def answered(self, vhost: str, name: str, uid: str, member: str, status: str) -> None:
@@ -308,7 +314,7 @@ class StreamMembers:
         goes on without this member, the member and its files go here, quietly (the name
         may be another stream's now)."""
         m = self.members.get((vhost, name))
-        if m is None or m.uid != uid or m.leading or m.rep.raft.leader is not None:
+        if m is None or m.uid != uid or m.leading or m.rep.silent_ticks < SILENT_TICKS:
             return
         m.answers[member] = status
         if reconcile.gone_here(m.answers, m.rep.raft.voters):
@@ -386,11 +392,6 @@ class StreamMembers:
                 for v in dropped:
                     self.rep.to_peer(node_of(v), [STREAM_DELETE, m.stream.vhost,
                                                   m.stream.name, m.uid, v])
-            if rep.removed:
-                log.info("stream '%s' in vhost '%s': this member was removed",
-                         m.stream.name, m.stream.vhost)
-                self.streams.delete(m.stream, tell=False)
-                continue
             if rep.committed_offset != before:
                 moved.append(m.stream)
         if links is not None:

@@ -43,9 +43,6 @@ APPEND_BYTES = 1 << 20
 #: How many chunks back from the log's end :meth:`StreamReplica.find_publish` looks.
 FIND_CHUNKS = 4096
 _FROM_LEADER = (APP, SNAP, HEARTBEAT)
-#: A member outside its own configuration that no leader has replicated to for this many
-#: ticks (2 s at the node's 100 ms) was removed: its host drops it (:attr:`removed`).
-REMOVED_TICKS = 20
 
 
 class SegmentReader:
@@ -167,10 +164,8 @@ class StreamReplica:
         self._pub_ts = self._tail_ts
         #: this leader's proposals waiting for commit: log index -> term proposed in
         self.proposed: dict[int, int] = {}
-        #: this member was removed: outside its own configuration, and no leader replicated
-        #: to it for REMOVED_TICKS (the host drops it)
-        self.removed = False
-        #: ticks since a leader's APP, SNAP or heartbeat reached this member
+        #: ticks since a leader's APP, SNAP or heartbeat reached this member (the host's
+        #: reconciliation asks the other members about one silent too long: members.py)
         self.silent_ticks = 0
         #: as leader: members whose removal was applied (the host tells them to go)
         self.dropped: list[str] = []
@@ -284,16 +279,14 @@ class StreamReplica:
         return self.raft.is_leader
 
     def tick(self) -> None:
-        """The clock. A member applying its own removal does not drop itself then: a member
+        """The clock. A member that applies its own removal does not drop itself: a member
         added again (delete_member, then add_member, of the same node) replays that old
-        removal as it catches up, while its leader replicates to it. It is removed once it
-        is outside its own configuration and no leader has replicated to it for
-        REMOVED_TICKS (tests/node/streams/stream_sim.py found the replay)."""
+        removal as it catches up, while its leader counts it (tests/node/streams/
+        stream_sim.py found it). A member removed goes when its leader tells its host
+        (:attr:`dropped`), or when the host's reconciliation finds a majority of the other
+        voters no longer counts it (node/streams/members.py ``reconcile``)."""
         self.raft.tick()
         self.silent_ticks += 1
-        if self.silent_ticks >= REMOVED_TICKS and not self.removed:
-            r = self.raft
-            self.removed = self.id not in r.voters and self.id not in r.learners
 
     def step(self, m: Message) -> None:
         if m.type in _FROM_LEADER:

@@ -26,9 +26,10 @@ majority of intact voters remains, as the quorum queues' simulator); an operator
 ``delete_member`` or ``add_member`` at the leader while the membership is settled
 (membership.py ``wanted_after``; each leader then steps toward the nodes wanted with
 ``step_toward``, as the node does: a leader whose node goes hands the lead over first). A
-member removed is dropped by its host (its leader's STREAM_DELETE, or its own ``removed``:
-replica.py ``tick``), with what was sent to it; a node added again gets a member anew,
-empty, from the leader's first APP or SNAP (node/streams/members.py ``on_peer``).
+member removed is dropped by its host, with what was sent to it: on its leader's
+STREAM_DELETE, or (a node down then) by the reconciliation, modelled with reconcile.py's
+rule; a node added again gets a member anew, empty, from the leader's first APP or SNAP
+(node/streams/members.py ``on_peer``).
 
 The checker, after every step:
 
@@ -66,10 +67,11 @@ from pathlib import Path
 
 import msgpack
 
-from shoal.node.replication import membership
+from shoal.node.replication import membership, reconcile
 from shoal.node.replication.raft import APP, LEADER, SNAP, Message
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.offsets import OFFSET
+from shoal.node.streams.members import SILENT_TICKS
 from shoal.node.streams.readers import BehindLeader, reader_start
 from shoal.node.streams.replica import StreamReplica
 from shoal.node.streams.stream import StreamReader
@@ -389,7 +391,11 @@ class Sim:
             wanted = membership.wanted_after(m.rep.wanted or voters, op, node)
         except ValueError:
             return                          # the last member: refused (406)
-        if m.rep.propose_wanted(wanted) is not None:
+        index = m.rep.propose_wanted(wanted)
+        if index is not None:
+            # its answer comes from finish() too: no older publish of this member at that
+            # index (lost with an older term) may be taken for it
+            self.proposals.pop((m.id, index), None)
             self.stats["operator_ops"] += 1
             self.log(f"operator: {op} {node} at {m.id}: wanted {wanted}")
             self.drive(m)
@@ -427,12 +433,12 @@ class Sim:
             dropped, rep.dropped = rep.dropped, []
             for v in dropped:
                 x = self.by_id(v)
-                if x is not None and not x.absent:
+                if x is not None and x.rep is not None:     # a node down misses it
                     self.stats["deleted"] += 1
                     self.log(f"{m.id} drops {v}")
                     x.delete()
-        if rep.removed:                     # its own removal applied: the host drops it
-            self.stats["deleted"] += 1
+        if getattr(rep, "removed", False):  # a replica that drops itself (the node's old
+            self.stats["deleted"] += 1      # rule, kept for test_stream_sim.py's teeth)
             self.log(f"{m.id} was removed")
             m.delete()
             return
@@ -660,13 +666,42 @@ class Sim:
     def tick(self, m: Member) -> None:
         if m.rep is not None and m.pending is None:
             m.rep.tick()
-            if m.rep.removed:               # the host drops it (members.py process)
-                self.stats["deleted"] += 1
-                self.log(f"{m.id} was removed")
-                m.delete()
+            if self.reconcile(m):
                 return
             self.repair(m)
             self.drive(m)
+
+    def reconcile(self, m: Member) -> bool:
+        """node/streams/members.py ``reconcile`` with reconcile.py's rule: a member that no
+        leader has replicated to for SILENT_TICKS goes if it holds nothing (no configuration
+        yet), else asks the other voters it knows; each answers from its own configuration
+        (a node without the stream: none; one down: no answer), and a majority saying it
+        goes on without it drops it. True when dropped."""
+        r = m.rep.raft
+        if m.rep.is_leader or m.rep.silent_ticks < SILENT_TICKS:
+            return False
+        if not r.voters and not r.learners:     # made for a message, holding nothing
+            self.stats["deleted"] += 1
+            self.log(f"{m.id} reconciled: new, and no leader replicates to it")
+            m.delete()
+            return True
+        answers = {}
+        for v in r.voters:
+            x = self.members.get(membership.node_of(v))
+            if x is None or x is m:
+                continue
+            if x.absent:
+                answers[x.id] = reconcile.NONE
+            elif x.rep is not None:
+                y = x.rep.raft
+                answers[x.id] = reconcile.MEMBER if m.id in y.voters or m.id in y.learners \
+                    else reconcile.REMOVED
+        if not reconcile.gone_here(answers, r.voters):
+            return False
+        self.stats["deleted"] += 1
+        self.log(f"{m.id} reconciled: no longer a member")
+        m.delete()
+        return True
 
     def step(self, quiet: bool) -> None:
         rng = self.rng

@@ -13,6 +13,9 @@ import pytest
 
 from shoal.shared.wire import EV_QUEUE_LEADER, MOVED, T
 
+from shoal.node.replication.messages import Message
+from shoal.node.replication.raft import APP
+
 from tests.node.replication.test_quorum_nodes import Cluster
 
 STREAM = {"x-queue-type": "stream", "x-initial-cluster-size": 3}
@@ -391,3 +394,31 @@ def test_a_stream_of_one_member_keeps_a_publish_sent_again_after_a_restart_once(
     resend(c, "node-1", -1, 7, b"kept")
     assert c.take("node-1", T.PUBLISH_RESULT) == [[T.PUBLISH_RESULT, -1, 0, 1]]
     assert consume_all(c, "node-1", 2) == [(0, b"kept")]
+
+
+def test_a_member_made_for_a_late_message_holds_nothing_and_goes(c):
+    """A leader's append that reaches a node after the node's member was deleted (a late
+    message of a leader that had not applied the removal yet) makes the member again,
+    empty. No leader replicates to it after that, so after 10 s without a leader's message
+    it goes, though it knows no voters to ask (members.py ``reconcile``)."""
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    leader = stream_leader(c)
+    gone = next(n for n in c.ids if n != leader)
+    r = c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", gone)
+    assert r[2] == 0
+    for _ in range(40):
+        if ("/", "s") not in c.shards[gone].streams.streams:
+            break
+        c.tick()
+    assert ("/", "s") not in c.shards[gone].streams.streams
+    m = c.shards[leader].streams.streams[("/", "s")].replica
+    late = Message(APP, m.rep.raft.id, c.shards[gone].replication.member_id, m.rep.raft.term)
+    c.shards[gone].handle(f"peer:{leader}".encode(),
+                          [T.STREAM_RAFT, "/", "s", m.uid, late.to_wire()], c.now)
+    assert ("/", "s") in c.shards[gone].streams.streams     # made again, empty
+    for _ in range(150):
+        if ("/", "s") not in c.shards[gone].streams.streams:
+            break
+        c.tick()
+    assert ("/", "s") not in c.shards[gone].streams.streams
+    assert m.members() == sorted(n for n in c.ids if n != gone)

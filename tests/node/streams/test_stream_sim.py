@@ -89,8 +89,9 @@ def test_regression_a_member_restarted_after_a_replacement_keeps_its_configurati
 
 def test_the_checker_catches_a_member_that_drops_itself_on_an_old_removal(monkeypatch):
     """A member added again after its node's member was deleted replays that old removal
-    as it catches up; a member that drops itself there (as the node did before) never
-    catches up, and its leader counts a member that holds nothing."""
+    as it catches up; a member that drops itself there (the node's rule before: the sim
+    honours a replica's ``removed`` flag) never catches up, and its leader counts a member
+    that holds nothing."""
     from shoal.node.replication.log import CONF, REMOVE
     from shoal.node.streams.replica import StreamReplica
     finish = StreamReplica.finish
