@@ -99,14 +99,18 @@ def on_ask(rep: Any, msg: list) -> None:
         mem = rep.shard.streams.members
         g = mem.members.get((vhost, name)) if mem is not None else None
     raft = g.raft if isinstance(g, QuorumGroup) else g.rep.raft if g is not None else None
-    if g is None or g.uid != uid:
-        status = NONE
-    elif asker in raft.voters or asker in raft.learners:
-        status = MEMBER
-    else:
-        status = REMOVED
+    status = answer_for(raft if g is not None and g.uid == uid else None, asker)
     rep.to_peer(membership.node_of(asker), [_ANSWER, vhost, name, uid, rep.member_id,
                                             status])
+
+
+def answer_for(raft: Any, asker: str) -> str:
+    """What a member whose Raft is ``raft`` (None: this node has no such group) answers
+    ``asker``'s GROUP_ASK: MEMBER while its configuration counts the asker, else REMOVED;
+    NONE without the group. The stream simulator answers with it too."""
+    if raft is None:
+        return NONE
+    return MEMBER if asker in raft.voters or asker in raft.learners else REMOVED
 
 
 def on_answer(rep: Any, msg: list) -> None:

@@ -597,12 +597,8 @@ class Sim:
             x = self.members.get(membership.node_of(v))
             if x is None or x is m:
                 continue
-            if x.absent:
-                answers[x.id] = reconcile.NONE
-            elif x.rep is not None:
-                y = x.rep.raft
-                answers[x.id] = reconcile.MEMBER if m.id in y.voters or m.id in y.learners \
-                    else reconcile.REMOVED
+            if x.absent or x.rep is not None:       # a node down does not answer
+                answers[x.id] = reconcile.answer_for(None if x.absent else x.rep.raft, m.id)
         if not reconcile.gone_here(answers, r.voters):
             return False
         self.stats["deleted"] += 1
