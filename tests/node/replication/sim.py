@@ -693,11 +693,9 @@ class Sim:
         r.tick()
         if r.state == LEADER and h.pending is None:
             current = {x.node: x.id for x in self.hosts.values() if x.raft is not None}
-            change = membership.repair(r, current)
-            if change is not None:
-                index = r.propose_conf(*change)
-                if self.trace is not None:
-                    self._note(f"   {h.id} proposes {change} at {index}")
+            change = membership.step_toward(r, h.node, current, None)     # as manager.py
+            if change is not None and self.trace is not None:
+                self._note(f"   {h.id} proposes {change} at {r.log.last_index}")
         self._pump(h)
 
     def _propose(self, h: Host, data) -> int | None:
