@@ -31,7 +31,11 @@ check-quorum (each on for 80% of the seeds), and the probabilities below. A step
   wiped disk (the node restarts empty under a new member id and is brought back by
   :func:`membership.repair`, which whichever node leads calls on its ticks, as the real node
   will; only when every configuration is settled, so that a majority of intact voters remains);
-  a spurious ``peer_lost`` (a link that flapped); a client's proposal to a leader;
+  a spurious ``peer_lost`` (a link that flapped); a client's proposal to a leader, which is
+  now and then an operator's ``delete_member`` or ``add_member`` (logged as the nodes
+  wanted; every leader steps toward them with ``membership.step_toward``, as the node does;
+  a removed member lingers with its old configuration, as on the node until its
+  reconciliation; only with pre-vote and check-quorum, which the node always runs);
 * a leadership transfer (the leader steps down and asks a caught-up voter to campaign, as
   manager.py does) or a member made to campaign by its host (as a group's creator is);
 * otherwise the delivery of a message (the oldest deliverable one, or any: reordering), which
@@ -65,8 +69,8 @@ After every step the checker verifies, over the whole history of the run:
 At the end of a schedule the faults stop, partitions heal, crashed nodes restart, messages are
 delivered in order and nothing is lost, and the cluster must (liveness, within
 :data:`QUIET_STEPS` steps) have a leader that has committed a final proposal on a majority of
-the nodes and whose configuration is every node's current member id as a voter (a wiped node has
-rejoined).
+the nodes wanted and whose configuration is every wanted node's current member id as a voter (a
+wiped node has rejoined, a deleted one is out).
 
 A violation raises :class:`Violation` naming the seed, the step, the invariant and the details.
 """
@@ -78,7 +82,7 @@ import traceback
 import msgpack
 
 from shoal.node.replication import membership, raft as raft_module
-from shoal.node.replication.log import ADD_VOTER, CONF, REMOVE, Entry, Snapshot
+from shoal.node.replication.log import ADD_VOTER, CONF, NORMAL, REMOVE, Entry, Snapshot
 from shoal.node.replication.raft import (CANDIDATE, LEADER, VOTE, VOTE_RESP, HardState, Message,
                                          Raft, bootstrap)
 
@@ -295,6 +299,14 @@ class Sim:
         qrng = random.Random(f"queue/{seed}")
         self.qargs = qrng.choice(CONFIGS)
         self.client = Client(qrng, self.qargs)
+        #: an operator's delete_member / add_member (its own Random: with p_op 0 the schedule
+        #: is the one it was before operators were simulated). Only with pre-vote and
+        #: check-quorum, as the node always runs: a removed member lingers until the node's
+        #: reconciliation drops it (10 s), and without them its elections would disrupt the
+        #: group all along (the dissertation's 4.2.3)
+        self.op_rng = random.Random(f"ops/{seed}")
+        self.p_op = self.op_rng.choice((0.0, 0.1, 0.3)) \
+            if self.pre_vote and self.check_quorum else 0.0
         self.publisher = Publisher(qrng, no_dedup=variant == NO_DEDUP)
         self.qdigests: dict[int, tuple] = {}        # index -> the queue's digest there
         # every other host's machine is lazy, as a member's that never led: their digests
@@ -316,7 +328,7 @@ class Sim:
         self.stats = {"steps": 0, "leaders": 0, "commits": 0, "snapshots_sent": 0,
                       "snapshots_installed": 0, "compactions": 0, "crashes": 0, "wipes": 0,
                       "conf_changes": 0, "lost_writes": 0, "quiet_steps": 0,
-                      "queue_commands": 0}
+                      "queue_commands": 0, "operator_ops": 0}
         snap = bootstrap([h.id for h in self.hosts.values()], ())
         for h in self.hosts.values():
             h.disk.snap = (snap.index, snap.term, snap.voters, snap.learners, ())
@@ -398,6 +410,11 @@ class Sim:
         for e in rd.committed:
             self._apply(h, e)
         r = h.raft
+        if r.state == LEADER:
+            # what it counted committed, before advance() applies a removal of itself and it
+            # steps down (a member removed while it did not know: it led its old
+            # configuration, whose majorities meet the new one's)
+            self._check_leader(h)
         r.advance(rd)
         if r.log.applied - r.log.snap_index > self.K:
             if h.hq.snapshot_digest() != h.hq.digest():
@@ -650,6 +667,23 @@ class Sim:
                 best = h
         return best
 
+    @staticmethod
+    def _wanted_of(h: Host) -> list[str] | None:
+        """The nodes an operator wants members on, as ``h`` applied it (its last
+        ``["wanted", nodes]`` entry, machine.py); None: those of the members."""
+        for x in reversed(h.sm):
+            d = x[3]
+            if x[2] == NORMAL and isinstance(d, (list, tuple)) and len(d) == 2 and \
+                    d[0] == "wanted":
+                return list(d[1])
+        return None
+
+    def wanted_nodes(self) -> set[str]:
+        """The nodes wanted as the host that applied the most says (all at first)."""
+        h = max(self.hosts.values(), key=lambda x: x.sm_index)
+        w = self._wanted_of(h)
+        return set(w) if w is not None else set(self.nodes)
+
     def _settled(self) -> bool:
         """Every node's current id is a voter and nothing else is, in every member's committed
         configuration (applied, for a live member; up to the commit index on its disk, for a
@@ -657,8 +691,14 @@ class Sim:
         intact voters in any configuration that can follow. (A wipe while a replacement is
         still a learner, or while its promotion is not committed, could leave a majority of
         the committed configuration gone for good: no Raft recovers from that.)"""
-        want = (set(h.id for h in self.hosts.values()), set())
+        nodes = self.wanted_nodes()
+        want = ({h.id for h in self.hosts.values() if h.node in nodes}, set())
         for h in self.hosts.values():
+            if h.node not in nodes:
+                continue                # removed: it lingers until reconciled
+            w = self._wanted_of(h)
+            if (set(w) if w is not None else set(self.nodes)) != nodes:
+                return False            # an operator's change not applied here yet
             r = h.raft
             if r is not None:       # applied (= committed, between steps) and the rest
                 committed = (set(r.voters), set(r.learners))
@@ -670,8 +710,10 @@ class Sim:
                 committed = _conf_after(set(h.disk.snap[2]), set(h.disk.snap[3]),
                                         [(e[2], e[3]) for e in h.disk.entries if e[1] <= commit])
                 rest = [(e[2], e[3]) for e in h.disk.entries if e[1] > commit]
-            if committed != want or _conf_after(*committed, rest) != want:
-                return False
+            if committed != want or _conf_after(*committed, rest) != want or \
+                    any(k == NORMAL and isinstance(d, (list, tuple)) and len(d) == 2 and
+                        d[0] == "wanted" for k, d in rest):
+                return False            # a change, or an operator's, logged and not applied
         return True
 
     def _deliver(self, k: int) -> Host | None:
@@ -693,10 +735,31 @@ class Sim:
         r.tick()
         if r.state == LEADER and h.pending is None:
             current = {x.node: x.id for x in self.hosts.values() if x.raft is not None}
-            change = membership.step_toward(r, h.node, current, None)     # as manager.py
+            change = membership.step_toward(r, h.node, current, self._wanted_of(h))
             if change is not None and self.trace is not None:
                 self._note(f"   {h.id} proposes {change} at {r.log.last_index}")
         self._pump(h)
+
+    def _operate(self, h: Host) -> list | None:
+        """Maybe an operator's delete_member or add_member at leader ``h`` while the
+        membership is settled (node/replication/operations.py: ``membership.wanted_after``,
+        logged as ``["wanted", nodes]``)."""
+        if not self.p_op or self.op_rng.random() >= self.p_op or not self._settled():
+            return None
+        now = self._wanted_of(h) or sorted(membership.node_of(m) for m in h.raft.voters)
+        out = [n for n in self.nodes if n not in now]
+        if out and self.op_rng.random() < 0.6:
+            op, node = "add_member", self.op_rng.choice(out)
+        else:
+            op, node = "delete_member", self.op_rng.choice(sorted(now))
+        try:
+            wanted = membership.wanted_after(now, op, node)
+        except ValueError:
+            return None
+        self.stats["operator_ops"] += 1
+        if self.trace is not None:
+            self._note(f"operator: {op} {node} at {h.id}")
+        return ["wanted", wanted]
 
     def _propose(self, h: Host, data) -> int | None:
         index = h.raft.propose(data)
@@ -735,7 +798,8 @@ class Sim:
                     if leaders:
                         action = fault
                 elif fault == "wipe":
-                    if self.variant == WIPE_KEEPS_ID or self._settled():
+                    if self.variant == WIPE_KEEPS_ID or (len(self.wanted_nodes()) >= 3 and
+                                                         self._settled()):
                         action = fault
                 elif can[fault]:
                     action = fault
@@ -784,13 +848,14 @@ class Sim:
             self.proposals += 1
             h = rng.choice(leaders)
             r = h.raft
-            again, err = self.publisher.resend(h)
+            op = self._operate(h)
+            again, err = (None, None) if op is not None else self.publisher.resend(h)
             if err:
                 self.fail("a publish sent again is stored once", err)
-            cmd = again if again is not None else \
+            cmd = op if op is not None else again if again is not None else \
                 self.client.command(h.id, r.term, r.log, h.hq, self.step)
             index = self._propose(h, cmd if cmd is not None else f"p{self.proposals}")
-            if cmd is not None and index is not None:
+            if cmd is not None and index is not None and op is None:
                 if again is None:
                     self.client.last[(h.id, r.term)] = index
                 self.publisher.logged(cmd, h, index)
@@ -845,7 +910,8 @@ class Sim:
                 self._note(f"restart {self._state(h)}")
             return [h]
         if action == "wipe":
-            h = rng.choice(list(self.hosts.values()))
+            nodes = self.wanted_nodes()
+            h = rng.choice([x for x in self.hosts.values() if x.node in nodes])
             if h.raft is not None:
                 self._crash(h, "lose")
             old = h.id
@@ -917,7 +983,6 @@ class Sim:
                     self._note(f"restart {self._state(h)}")
                 self._check(h)
         proposed = set()
-        majority = self.n // 2 + 1
         for _ in range(QUIET_STEPS):
             self.step += 1
             self.stats["quiet_steps"] += 1
@@ -944,8 +1009,10 @@ class Sim:
                 if self._propose(lead, FINAL) is not None:
                     proposed.add((lead.id, r.term))
                 self._check(lead)
-            if sum(h.final for h in self.hosts.values()) >= majority and \
-                    r.voters == {h.id for h in self.hosts.values()} and not r.learners:
+            nodes = self.wanted_nodes()
+            want = {h.id for h in self.hosts.values() if h.node in nodes}
+            if sum(h.final for h in self.hosts.values() if h.id in want) >= \
+                    len(want) // 2 + 1 and r.voters == want and not r.learners:
                 if self.trace is not None:
                     self._note(f"--- live: {self._state(lead)} voters {sorted(r.voters)}")
                 return

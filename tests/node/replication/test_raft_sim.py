@@ -250,3 +250,15 @@ def test_the_checker_catches_a_confirm_sent_before_the_publish_is_committed(monk
     monkeypatch.setattr(sim_queue.Publisher, "logged", confirmed_at_once)
     v = _first_violation(range(300))
     assert v.invariant == "no confirmed publish lost", str(v)
+
+
+def test_the_checker_catches_a_leader_that_ignores_the_nodes_wanted(monkeypatch):
+    """An operator's delete_member / add_member is logged as the nodes wanted, and each
+    leader steps toward them (membership.step_toward). A repair that ignores them never
+    removes the member deleted: the quiet phase never sees the configuration wanted."""
+    from shoal.node.replication import membership
+    repair = membership.repair
+    monkeypatch.setattr(membership, "repair",
+                        lambda raft, current, wanted_nodes=None: repair(raft, current))
+    v = _first_violation(range(300))
+    assert v.invariant == "liveness", str(v)
