@@ -70,7 +70,7 @@ import msgpack
 from shoal.node.replication import membership, reconcile
 from shoal.node.replication.raft import APP, LEADER, SNAP, Message
 from shoal.node.streams import chunk as chunks
-from shoal.node.streams.members import SILENT_TICKS
+from shoal.node.streams import members
 from shoal.node.streams.offsets import OFFSET
 from shoal.node.streams.readers import BehindLeader, reader_start
 from shoal.node.streams.replica import StreamReplica
@@ -584,10 +584,11 @@ class Sim:
         yet), else asks the other voters it knows; each answers from its own configuration
         (a node without the stream: none; one down: no answer), and a majority saying it
         goes on without it drops it. True when dropped."""
-        r = m.rep.raft
-        if m.rep.is_leader or m.rep.silent_ticks < SILENT_TICKS:
+        action = members.reconcile_action(m.rep, m.rep.is_leader)
+        if action is None:
             return False
-        if not r.voters and not r.learners:     # made for a message, holding nothing
+        r = m.rep.raft
+        if action == members.DROP:              # made for a message, holding nothing
             self.stats["deleted"] += 1
             self.log(f"{m.id} reconciled: new, and no leader replicates to it")
             m.delete()
