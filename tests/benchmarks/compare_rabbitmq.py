@@ -187,9 +187,11 @@ class Shoal:
         self.proc = None
 
 
-def window_cpu(proc: subprocess.Popen, run_dir: Path, pids: list[int], time_s: float) -> float:
+def window_cpu(proc: subprocess.Popen, run_dir: Path, pids: list[int], time_s: float,
+               per_pid: dict[int, float] | None = None) -> float:
     """Broker CPU seconds during the sending window only: from ``start_ns`` (run.json is
-    written when every worker is connected) to ``start_ns + time_s``."""
+    written when every worker is connected) to ``start_ns + time_s``. ``per_pid``, when
+    given, is filled with each process's own seconds over the same window."""
     deadline = time.monotonic() + 90
     start_ns = None
     while start_ns is None and proc.poll() is None and time.monotonic() < deadline:
@@ -200,9 +202,12 @@ def window_cpu(proc: subprocess.Popen, run_dir: Path, pids: list[int], time_s: f
     if start_ns is None:
         return 0.0
     time.sleep(max(0.0, (start_ns - time.time_ns()) / 1e9))
-    cpu0 = cpu_seconds(pids)
+    each0 = {pid: cpu_seconds([pid]) for pid in pids}
     time.sleep(max(0.0, (start_ns + time_s * 1e9 - time.time_ns()) / 1e9))
-    return cpu_seconds(pids) - cpu0
+    each = {pid: cpu_seconds([pid]) - each0[pid] for pid in pids}
+    if per_pid is not None:
+        per_pid.update(each)
+    return sum(each.values())
 
 
 def median_second_p99(run_dir: Path, time_s: float) -> float | None:

@@ -137,6 +137,8 @@ class ShoalK:
         self.url = f"amqp://guest:guest@127.0.0.1:{m.group(1)}/"
         info = json.loads((data / "cluster.json").read_text())
         self.child_pids = [r["pid"] for r in info["routers"]] + [n["pid"] for n in info["nodes"]]
+        self.names = [f"router-{i}" for i in range(len(info["routers"]))] \
+            + [f"node-{i}" for i in range(len(info["nodes"]))]
         if len(self.child_pids) <= self.k:      # one emulated core per process
             return [self.cg.group(f"k{self.k}-{i}", self.quota, [pid])
                     for i, pid in enumerate(self.child_pids)]
@@ -144,6 +146,9 @@ class ShoalK:
 
     def pids(self) -> list[int]:
         return self.child_pids
+
+    def name_of(self, pid: int) -> str:
+        return self.names[self.child_pids.index(pid)]
 
     def stop(self) -> None:
         stop_serve(self.proc)
@@ -173,6 +178,9 @@ class RabbitK:
 
     def pids(self) -> list[int]:
         return [self.rabbit.pid]
+
+    def name_of(self, pid: int) -> str:
+        return "beam.smp"
 
     def stop(self) -> None:
         self.cg.release()
@@ -220,9 +228,11 @@ def run_load(broker, load: str, time_s: float, out: Path) -> dict:
     proc = None
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        cpu = window_cpu(proc, run_dir, broker.pids(), time_s)
+        per_pid: dict[int, float] = {}
+        cpu = window_cpu(proc, run_dir, broker.pids(), time_s, per_pid)
         stdout, stderr = proc.communicate(timeout=time_s + 300)
-        throttled = sum(CpuGroups.throttled(g) for g in groups)
+        by_group = {g.name: CpuGroups.throttled(g) for g in groups}
+        throttled = sum(by_group.values())
         if proc.returncode == 0:
             left = left_in_queues(broker.url, pattern, 16)
     finally:
@@ -231,7 +241,11 @@ def run_load(broker, load: str, time_s: float, out: Path) -> dict:
             proc.wait(10)
         broker.stop()
     rec = {"k": broker.k, "broker": broker.label, "load": load, "rc": proc.returncode,
-           "cpu_s": round(cpu, 2), "nr_throttled": throttled, "run_dir": str(run_dir)}
+           "cpu_s": round(cpu, 2), "nr_throttled": throttled, "run_dir": str(run_dir),
+           # Where the quota went: each process's CPU seconds in the window, and the periods
+           # each cgroup was throttled in (a process at its quota is the ceiling).
+           "cpu_s_by_process": {broker.name_of(pid): round(c, 2) for pid, c in per_pid.items()},
+           "nr_throttled_by_group": by_group}
     if proc.returncode == 0:
         rec.update(json.loads((run_dir / "run.json").read_text())["summary"])
         rec["left"] = left
@@ -241,7 +255,8 @@ def run_load(broker, load: str, time_s: float, out: Path) -> dict:
     log(f"K={broker.k} {broker.label:<22} {load:<19} -> "
         + (f"recv {rec['receive_rate']:.0f} msg/s, sent {rec['send_rate']:.0f}, still queued "
            f"{left}, lost {rec['lost_for_good']}, dup {rec['duplicates']}, cpu {cpu:.2f} s, "
-           f"throttled {throttled}"
+           f"throttled {throttled}; by process "
+           + ", ".join(f"{n} {c:.2f} s" for n, c in rec["cpu_s_by_process"].items())
            if proc.returncode == 0 else f"FAILED: {rec['error']}"))
     return rec
 

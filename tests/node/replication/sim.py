@@ -42,7 +42,7 @@ check-quorum (each on for 80% of the seeds), and the probabilities below. A step
   may instead be lost, delayed, or delivered and kept in flight to arrive again (duplicated),
   or the completion of a pending fsync; when there is nothing to deliver, time passes.
 
-After every step the checker verifies, over the whole history of the run:
+After every step the checker (sim_checker.py) verifies, over the whole history of the run:
 
 * election safety: at most one leader per term;
 * vote safety: a member grants at most one vote per term (paper 5.2; a vote that left a member
@@ -83,14 +83,19 @@ import msgpack
 
 from shoal.node.replication import membership, raft as raft_module
 from shoal.node.replication.log import ADD_VOTER, CONF, NORMAL, REMOVE, Entry, Snapshot
-from shoal.node.replication.raft import (CANDIDATE, LEADER, VOTE, VOTE_RESP, HardState, Message,
-                                         Raft, bootstrap)
+from shoal.node.replication.raft import (LEADER, VOTE, VOTE_RESP, HardState, Message, Raft,
+                                         bootstrap)
 
 try:
-    from .sim_queue import CONFIGS, Client, HostQueue, Publisher, replay_into_classic
+    from .sim_checker import SAFETY, Checker, Violation
+    from .sim_queue import CONFIGS, Client, HostQueue, Publisher
 except ImportError:         # imported by path (raft_sim.py, test_raft_sim.py's subprocess)
-    from sim_queue import (CONFIGS, Client, HostQueue, Publisher,  # type: ignore
-                           replay_into_classic)
+    from sim_checker import SAFETY, Checker, Violation  # type: ignore
+    from sim_queue import CONFIGS, Client, HostQueue, Publisher  # type: ignore
+
+# SAFETY and Violation are the checker's, named here for the simulator's callers
+__all__ = ["FINAL", "NO_DEDUP", "QUIET_STEPS", "SAFETY", "SEND_BEFORE_FSYNC", "VARIANTS",
+           "WIPE_KEEPS_ID", "Sim", "Violation", "run_seed", "trace_of"]
 
 #: The unsafe hosts of the checker's own tests (test_raft_sim.py): each must be caught.
 WIPE_KEEPS_ID = "wipe_keeps_id"          # a wiped node comes back under its old member id
@@ -98,35 +103,9 @@ SEND_BEFORE_FSYNC = "send_before_fsync"  # a Ready's messages leave before its f
 NO_DEDUP = "no_dedup"                    # a leader logs every publish sent again
 VARIANTS = (WIPE_KEEPS_ID, SEND_BEFORE_FSYNC, NO_DEDUP)
 
-#: Invariants about safety (``liveness`` is the other kind).
-SAFETY = ("election safety", "vote safety", "log matching", "leader completeness",
-          "state machine safety", "commit safety", "monotonic commit", "monotonic apply",
-          "durable state", "disk", "core exception", "queue state", "queue replay",
-          "publish answer", "a publish sent again is stored once",
-          "no confirmed publish lost")
-
 FINAL = "final"
 #: The quiet phase's bound (steps) for a leader, the final commit and a repaired membership.
 QUIET_STEPS = 4000
-
-
-class Violation(AssertionError):
-    """An invariant broke: ``seed``, ``step``, ``invariant`` (one of :data:`SAFETY` or
-    ``"liveness"``) and ``details``."""
-
-    def __init__(self, seed: int, step: int, invariant: str, details: str) -> None:
-        self.seed, self.step, self.invariant, self.details = seed, step, invariant, details
-        super().__init__(f"seed {seed} step {step}: {invariant}: {details} (replay: python3 "
-                         f"tests/node/replication/raft_sim.py --replay {seed})")
-
-
-def freeze(data):
-    """Entry data as a comparable value (a CONF entry's [op, member] comes back as a list)."""
-    return tuple(data) if isinstance(data, list) else data
-
-
-def entry_key(e: Entry) -> tuple:
-    return (e.term, e.kind, freeze(e.data))
 
 
 def _unpack(raw: bytes, frm: str, to: str):
@@ -234,7 +213,7 @@ class Sim:
     """One schedule: ``Sim(seed).run()`` returns its statistics or raises :class:`Violation`.
     ``steps``: the length of the faulty phase (default: chosen by the seed). ``variant``: one of
     :data:`VARIANTS` (a deliberately unsafe host) or None. ``paranoid``: also compare every
-    pair of logs literally after every step (:meth:`check_pairs`; otherwise only at the end)."""
+    pair of logs literally after every step (``Checker.pairs``; otherwise only at the end)."""
 
     def __init__(self, seed: int, *, trace: bool = False, variant: str | None = None,
                  steps: int | None = None, paranoid: bool = False) -> None:
@@ -308,7 +287,6 @@ class Sim:
         self.p_op = self.op_rng.choice((0.0, 0.1, 0.3)) \
             if self.pre_vote and self.check_quorum else 0.0
         self.publisher = Publisher(qrng, no_dedup=variant == NO_DEDUP)
-        self.qdigests: dict[int, tuple] = {}        # index -> the queue's digest there
         # every other host's machine is lazy, as a member's that never led: their digests
         # agree with the others' only if its records become the same entries
         self.hosts = {node: Host(node, HostQueue(self.qargs, qrng.uniform(-5000, 5000),
@@ -318,17 +296,13 @@ class Sim:
         self.net: list[list] = []       # [deliver_at, from node, to member, packed message]
         self.blocked: set[tuple[str, str]] = set()
         self.proposals = 0
-        # --- the checker's history ---
-        self.leaders: dict[int, str] = {}                       # term -> member
-        self.votes: dict[tuple[str, int], str] = {}             # (member, term) -> candidate
-        self.entries: dict[tuple[int, int], tuple] = {}         # (index, term) -> entry, prev
-        self.applied: dict[int, tuple] = {}                     # index -> (term, kind, data)
-        self.commit_term: dict[int, int] = {1: 0}               # index -> lowest commit term
-        self.durable_term: dict[str, int] = {}                  # member -> synced term
         self.stats = {"steps": 0, "leaders": 0, "commits": 0, "snapshots_sent": 0,
                       "snapshots_installed": 0, "compactions": 0, "crashes": 0, "wipes": 0,
                       "conf_changes": 0, "lost_writes": 0, "quiet_steps": 0,
                       "queue_commands": 0, "operator_ops": 0}
+        #: the checker's history and invariants (sim_checker.py)
+        self.checker = Checker(self.fail, self.hosts, self.stats,
+                               self._note if trace else None)
         snap = bootstrap([h.id for h in self.hosts.values()], ())
         for h in self.hosts.values():
             h.disk.snap = (snap.index, snap.term, snap.voters, snap.learners, ())
@@ -385,7 +359,7 @@ class Sim:
             if rd.snapshot is not None:
                 s = rd.snapshot
                 d.write(("snap", (s.index, s.term, tuple(s.voters), tuple(s.learners),
-                                  self._sm_data(h, s))))
+                                  self.checker.snapshot_data(h, s))))
             if rd.entries:
                 d.write(("ents", [[e.term, e.index, e.kind,
                                    list(e.data) if isinstance(e.data, list) else e.data]
@@ -414,7 +388,7 @@ class Sim:
             # what it counted committed, before advance() applies a removal of itself and it
             # steps down (a member removed while it did not know: it led its old
             # configuration, whose majorities meet the new one's)
-            self._check_leader(h)
+            self.checker.leader(h)
         r.advance(rd)
         if r.log.applied - r.log.snap_index > self.K:
             if h.hq.snapshot_digest() != h.hq.digest():
@@ -429,48 +403,20 @@ class Sim:
         err = h.disk.sync(keep)
         if err:
             self.fail("disk", f"{h.id}: {err}")
-        if h.disk.hs is not None:
-            term = h.disk.hs[0]
-            if term < self.durable_term.get(h.id, 0):
-                self.fail("durable state", f"{h.id}: synced term went back from "
-                          f"{self.durable_term[h.id]} to {term}")
-            self.durable_term[h.id] = term
+        self.checker.synced(h.id, h.disk.hs)
 
     def _send(self, h: Host, msgs: list[Message]) -> None:
         for m in msgs:
             if m.type == VOTE_RESP and not m.reject:
-                self._vote(m.frm, m.term, m.to)
+                self.checker.vote(m.frm, m.term, m.to)
             elif m.type == VOTE:
-                self._vote(m.frm, m.term, m.frm)
+                self.checker.vote(m.frm, m.term, m.frm)
             elif m.snapshot is not None:
                 self.stats["snapshots_sent"] += 1
             self.net.append([self.step, h.node, m.to, msgpack.packb(m.to_wire())])
 
-    def _vote(self, voter: str, term: int, cand: str) -> None:
-        prev = self.votes.setdefault((voter, term), cand)
-        if prev != cand:
-            self.fail("vote safety", f"{voter} voted for {prev} and for {cand} in term {term}")
-
-    def _sm_data(self, h: Host, s: Snapshot) -> tuple:
-        """A snapshot's data as the state machine it is (checked: indexes 2..s.index)."""
-        data = tuple((x[0], x[1], x[2], freeze(x[3])) for x in s.data or ())
-        if len(data) != s.index - 1 or any(x[0] != i + 2 for i, x in enumerate(data)):
-            self.fail("state machine safety", f"{h.id}: snapshot at {s.index} holds indexes "
-                      f"{[x[0] for x in data][:5]}...{[x[0] for x in data][-5:]}")
-        return data
-
     def _install(self, h: Host, s: Snapshot) -> None:
-        if s.index <= h.sm_index:
-            self.fail("monotonic apply", f"{h.id} installed a snapshot at {s.index} after "
-                      f"applying up to {h.sm_index}")
-        data = self._sm_data(h, s)
-        applied = self.applied
-        for x in data:
-            rec = x[1:]
-            old = applied.setdefault(x[0], rec)
-            if old != rec:
-                self.fail("state machine safety", f"{h.id}: snapshot has {rec} at {x[0]}, "
-                          f"another node applied {old}")
+        data = self.checker.installing(h, s)
         h.sm = list(data)
         h.sm_index = s.index
         h.final = any(x[3] == FINAL for x in data)
@@ -480,18 +426,12 @@ class Sim:
             self._note(f"   {h.id} installs snapshot {s.index}/{s.term} {s.voters} {s.learners}")
 
     def _apply(self, h: Host, e: Entry) -> None:
-        if e.index != h.sm_index + 1:
-            self.fail("monotonic apply", f"{h.id} applies {e.index} after {h.sm_index}")
-        rec = entry_key(e)
-        old = self.applied.setdefault(e.index, rec)
-        if old != rec:
-            self.fail("state machine safety", f"{h.id} applies {rec} at {e.index}, another "
-                      f"node applied {old}")
+        rec = self.checker.applying(h, e)
         h.sm.append((e.index,) + rec)
         h.sm_index = e.index
         if h.hq.apply(e.index, e.kind, e.data):
             self.stats["queue_commands"] += 1
-            self._check_queue(h, e.index)
+            self.checker.queue_at(h, e.index)
         if e.data == FINAL:
             h.final = True
         if e.kind == CONF:
@@ -503,27 +443,7 @@ class Sim:
         """``h``'s queue from its state machine's entries (a snapshot, a restart)."""
         h.hq.rebuild(h.sm)
         if h.sm:
-            self._check_queue(h, h.sm_index)
-
-    def _check_queue(self, h: Host, index: int) -> None:
-        """The same queue at the same applied index on every host (sim_queue.py)."""
-        d = h.hq.digest()
-        old = self.qdigests.setdefault(index, d)
-        if old != d:
-            self.fail("queue state", f"{h.id}'s queue at {index} is {d}, another host's was "
-                      f"{old}")
-
-    def check_queue_replay(self) -> None:
-        """The committed log replayed on one plain classic queue ends as the quorum queue
-        (sim_queue.py)."""
-        h = max(self.hosts.values(), key=lambda x: x.sm_index)
-        ref = replay_into_classic(h.sm)
-        if isinstance(ref, str):
-            self.fail("queue replay", f"a classic queue refuses the log: {ref}")
-        msgs, out, discards, _ = h.hq.digest()
-        mine = (tuple(x[:4] for x in msgs), out, discards)
-        if mine != ref:
-            self.fail("queue replay", f"{h.id}'s quorum queue {mine} != a classic queue's {ref}")
+            self.checker.queue_at(h, h.sm_index)
 
     def _crash(self, h: Host, mode: str) -> None:
         unsynced = len(h.disk.unsynced)
@@ -541,116 +461,6 @@ class Sim:
         if self.trace is not None:
             self._note(f"crash {h.id} ({mode}, {unsynced} unsynced writes, kept "
                        f"{unsynced if keep is None else keep})")
-
-    # ---- the checker ---------------------------------------------------------------------------
-    def _check(self, h: Host) -> None:
-        """The invariants that a step of ``h`` could break (see the module docstring)."""
-        r = h.raft
-        if r is None:
-            return
-        log = r.log
-        if r.commit < h.last_commit:
-            self.fail("monotonic commit", f"{h.id} commit went back from {h.last_commit} to "
-                      f"{r.commit}")
-        h.last_commit = r.commit
-        if r.commit > log.last_index or log.applied > r.commit:
-            self.fail("monotonic commit", f"{h.id}: applied {log.applied} commit {r.commit} "
-                      f"last {log.last_index}")
-        if r.commit > len(self.commit_term) and r.state != LEADER:
-            self.fail("commit safety", f"{h.id} commits up to {r.commit} but leaders counted "
-                      f"only up to {len(self.commit_term)}")
-        # log matching, incrementally: (index, term) -> (kind, data, term before it)
-        known = self.entries
-        prev = log.snap_term
-        for e in log.entries:
-            rec = (e.kind, freeze(e.data), prev)
-            old = known.setdefault((e.index, e.term), rec)
-            if old != rec:
-                self.fail("log matching", f"{h.id} holds entry {e.index}/{e.term} as {rec} "
-                          f"(data, previous term), another log held it as {old}")
-            prev = e.term
-        if r.state == LEADER:
-            self._check_leader(h)
-        elif r.state == CANDIDATE and r.vote != r.id:
-            self.fail("vote safety", f"candidate {h.id} voted for {r.vote} in term {r.term}")
-
-    def check_pairs(self) -> None:
-        """Log matching as paper 5.3 states it, literally, for every pair of live nodes: if
-        both logs hold an entry with the same index and term, they are identical up to it
-        (over the indexes both still hold, that is after both snapshots)."""
-        logs = [(h.id, h.raft.log) for h in self.live()]
-        for k, (a, la) in enumerate(logs):
-            for b, lb in logs[k + 1:]:
-                lo = max(la.snap_index, lb.snap_index)
-                hi = min(la.last_index, lb.last_index)
-                top = next((i for i in range(hi, lo - 1, -1)
-                            if la.term(i) is not None and la.term(i) == lb.term(i)), None)
-                if top is None:
-                    continue
-                for i in range(lo + 1, top + 1):
-                    ea, eb = la.entry(i), lb.entry(i)
-                    if entry_key(ea) != entry_key(eb):
-                        self.fail("log matching", f"{a} and {b} both hold {top}/{la.term(top)} "
-                                  f"but differ at {i}: {entry_key(ea)} != {entry_key(eb)}")
-
-    def _holds(self, r: Raft, index: int) -> bool:
-        log = r.log
-        if index <= log.snap_index:
-            return True             # covered by its snapshot (whose data was checked)
-        if index > log.last_index:
-            return False
-        e = log.entry(index)
-        return e.index == index and entry_key(e) == self.applied.get(index, entry_key(e))
-
-    def _check_leader(self, h: Host) -> None:
-        r = h.raft
-        term = r.term
-        other = self.leaders.setdefault(term, h.id)
-        if other != h.id:
-            self.fail("election safety", f"{h.id} and {other} both lead term {term}")
-        if h.lead_term != term:     # newly elected: it must hold what earlier terms committed
-            h.lead_term, h.lead_commit = term, 0
-            self.stats["leaders"] += 1
-            if self.trace is not None:
-                self._note(f"   {h.id} leads term {term}")
-            for i in range(r.log.snap_index + 1, len(self.commit_term) + 1):
-                if self.commit_term[i] < term and not self._holds(r, i):
-                    self.fail("leader completeness", f"{h.id} leads term {term} without entry "
-                              f"{i} {self.applied.get(i)} committed in term "
-                              f"{self.commit_term[i]}")
-        if r.commit <= h.lead_commit:
-            return
-        # entries this leader knows committed: committed in a term <= its own
-        fresh = []
-        log = r.log
-        for i in range(h.lead_commit + 1, r.commit + 1):
-            if i > log.snap_index:
-                e = log.entry(i)
-                rec = entry_key(e)
-                old = self.applied.setdefault(i, rec)
-                if old != rec:
-                    self.fail("state machine safety", f"leader {h.id} commits {rec} at {i}, "
-                              f"another node applied {old}")
-            old_term = self.commit_term.get(i)
-            if old_term is None:
-                if i != len(self.commit_term) + 1:
-                    self.fail("leader completeness", f"{h.id} commits {i} but the known "
-                              f"commits end at {len(self.commit_term)}")
-                self.commit_term[i] = term
-                fresh.append(i)
-                self.stats["commits"] += 1
-            elif term < old_term:
-                self.commit_term[i] = term
-                fresh.append(i)
-        h.lead_commit = r.commit
-        if fresh:
-            for x in self.hosts.values():
-                xr = x.raft
-                if xr is not None and xr.state == LEADER and xr.term > term:
-                    for i in fresh:
-                        if not self._holds(xr, i):
-                            self.fail("leader completeness", f"{x.id} leads term {xr.term} "
-                                      f"without entry {i} that {h.id} committed in term {term}")
 
     # ---- the schedule --------------------------------------------------------------------------
     def live(self) -> list[Host]:
@@ -975,13 +785,13 @@ class Sim:
                 rd, h.pending = h.pending, None
                 self._finish(h, rd)
                 self._pump(h)
-                self._check(h)
+                self.checker.check(h)
         for h in self.hosts.values():
             if h.raft is None:
                 self._start(h)
                 if self.trace is not None:
                     self._note(f"restart {self._state(h)}")
-                self._check(h)
+                self.checker.check(h)
         proposed = set()
         for _ in range(QUIET_STEPS):
             self.step += 1
@@ -996,9 +806,9 @@ class Sim:
                 if self.trace is not None:
                     self._note("tick all -> " + " ".join(self._state(h) for h in touched))
             for h in touched:
-                self._check(h)
+                self.checker.check(h)
             if self.paranoid:
-                self.check_pairs()
+                self.checker.pairs()
             lead = self.leader()
             if lead is None:
                 continue
@@ -1008,7 +818,7 @@ class Sim:
                 # way), as the router does when a publish is answered PUBLISH_MOVED
                 if self._propose(lead, FINAL) is not None:
                     proposed.add((lead.id, r.term))
-                self._check(lead)
+                self.checker.check(lead)
             nodes = self.wanted_nodes()
             want = {h.id for h in self.hosts.values() if h.node in nodes}
             if sum(h.final for h in self.hosts.values() if h.id in want) >= \
@@ -1036,19 +846,19 @@ class Sim:
         saved, raft_module.MAX_APPEND = raft_module.MAX_APPEND, self.max_append
         try:
             for h in self.hosts.values():
-                self._check(h)
+                self.checker.check(h)
             for self.step in range(1, self.steps + 1):
                 for h in self._fault_step():
-                    self._check(h)
+                    self.checker.check(h)
                 err = self.publisher.answers(LEADER)
                 if err:
                     self.fail("publish answer", err)
                 if self.paranoid:
-                    self.check_pairs()
-            self.check_pairs()
+                    self.checker.pairs()
+            self.checker.pairs()
             self._quiet()
-            self.check_pairs()
-            self.check_queue_replay()
+            self.checker.pairs()
+            self.checker.queue_replay()
             err = self.publisher.answers(LEADER)
             if err:
                 self.fail("publish answer", err)

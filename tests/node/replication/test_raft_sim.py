@@ -84,7 +84,7 @@ def test_the_pairwise_check_catches_two_logs_that_agree_on_an_entry_but_not_befo
     for h, data in ((a, "x"), (b, "y")):
         h.raft.log.append([Entry(1, 2, NORMAL, data), Entry(1, 3, NORMAL, "z")])
     with pytest.raises(Violation, match="log matching: .* both hold 3/1 but differ at 2"):
-        sim.check_pairs()
+        sim.checker.pairs()
 
 
 def test_a_seed_replays_to_the_same_trace():
