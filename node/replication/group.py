@@ -102,9 +102,9 @@ class QuorumGroup:
         self._lease_until = float("-inf")
         self._lease_term = -1
         self._lease_conf = -1
-        #: membership reconciliation (reconcile.py): since when (ms) this member has known
-        #: no leader, and the other members' answers (member id -> member, removed, none)
-        self.leaderless_since: float | None = None
+        #: membership reconciliation (reconcile.py): ticks since a leader last replicated to
+        #: this member, and the other members' answers (member id -> member, removed, none)
+        self.silent_ticks = 0
         self.answers: dict[str, str] = {}
         #: at-least-once dead-lettering (dead_letters.py), None when the queue has not it
         self.dlx = DeadLetters(self) if at_least_once(header[2] or {}, queue.cfg) else None

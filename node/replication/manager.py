@@ -26,6 +26,7 @@ from shoal.node.replication.group import QuorumGroup, new_raft
 from shoal.node.replication.links import PeerLinks
 from shoal.node.replication.log import Snapshot
 from shoal.node.replication.machine import LAZY_MAX, QueueMachine
+from shoal.node.replication.messages import FROM_LEADER
 from shoal.node.replication.raft import APP, SNAP, Message
 from shoal.node.replication.store import RaftStore
 
@@ -159,6 +160,8 @@ class Replication:
                     return
             if m.to != g.raft.id:
                 return
+            if m.type in FROM_LEADER:
+                g.silent_ticks = 0
             g.raft.step(m)
             g.check_role()
             if g.heard(m.frm, m.term):
@@ -254,6 +257,7 @@ class Replication:
                 self.retiring.remove(g)
         for g in list(self.groups.values()):
             g.raft.tick()
+            g.silent_ticks += 1
             g.check_role()
             if g.leading:
                 g.check_expiry()

@@ -11,6 +11,9 @@ from shoal.node.replication.log import Entry, Snapshot
 # Message types.
 APP, APP_RESP, VOTE, VOTE_RESP, PRE_VOTE, PRE_VOTE_RESP, HEARTBEAT, HEARTBEAT_RESP, SNAP, \
     TIMEOUT_NOW = range(1, 11)
+#: What only a leader sends: a member that gets none of these for a while has no leader that
+#: counts it (reconcile.py's silence).
+FROM_LEADER = frozenset((APP, SNAP, HEARTBEAT))
 _NAMES = {APP: "app", APP_RESP: "app_resp", VOTE: "vote", VOTE_RESP: "vote_resp",
           PRE_VOTE: "pre_vote", PRE_VOTE_RESP: "pre_vote_resp", HEARTBEAT: "heartbeat",
           HEARTBEAT_RESP: "heartbeat_resp", SNAP: "snap", TIMEOUT_NOW: "timeout_now"}

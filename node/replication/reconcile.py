@@ -4,8 +4,11 @@ ever answer are removed after a grace period, with no operator action.
 
 - **A member whose queue no longer exists.** A node that was down while its quorum queue was
   deleted (or while its member was removed by ``delete_member``/``shrink``) comes back with
-  the group and no leader: the others dropped it, so nobody answers its elections. After
-  ``GRACE_MS`` without a leader it asks the nodes of the other voters it knows (GROUP_ASK).
+  the group and no leader: the others dropped it, so nobody answers its elections. A member
+  removed while it was up may instead have applied its own removal, and then it still names
+  the leader that removed it, but no leader replicates to it any more. So after ``GRACE_MS``
+  in which no leader replicated to it (:data:`SILENT_TICKS` ticks without an APP, SNAP or
+  HEARTBEAT) it asks the nodes of the other voters it knows (GROUP_ASK).
   When a majority of its voters say the group is gone (``none``) or goes on without it
   (``removed``), and none says it is a member, it drops the group and its copy of the queue,
   quietly: the queue's name may already belong to a new queue elsewhere, which routers must
@@ -27,33 +30,31 @@ from typing import Any
 from shoal.shared.wire import T
 
 from shoal.node.replication import membership
-from shoal.node.replication.group import QuorumGroup
+from shoal.node.replication.group import TICK_MS, QuorumGroup
 
 log = logging.getLogger("shoal.node.replication")
 
-#: How long (ms) a member waits without a leader, and a leader waits for a node that left
-#: the configuration to come back, before reconciling.
+#: How long (ms) a member waits without a leader replicating to it, and a leader waits for a
+#: node that left the configuration to come back, before reconciling.
 GRACE_MS = 10_000
+#: GRACE_MS in Raft ticks: a member's ``silent_ticks`` (quorum queues' QuorumGroup, streams'
+#: StreamReplica) count the ticks since a leader last replicated to it.
+SILENT_TICKS = GRACE_MS // TICK_MS
 
 _ASK, _ANSWER = int(T.GROUP_ASK), int(T.GROUP_ANSWER)
 MEMBER, REMOVED, NONE = "member", "removed", "none"
 
 
 def reconcile(rep: Any, now: float) -> None:
-    """Every second: leaders drop departed nodes from ``wanted``; members without a leader
-    for GRACE_MS ask whether their group still has them."""
+    """Every second: leaders drop departed nodes from ``wanted``; members that no leader
+    replicated to for GRACE_MS ask whether their group still has them."""
     known = set(rep.node_ids)
     for g in list(rep.groups.values()):
         if g.leading:
             _departed(rep, g, known, now)
-            continue
-        if g.raft.leader is not None:
-            g.leaderless_since = None
+        elif g.silent_ticks < SILENT_TICKS:
             g.answers.clear()
-            continue
-        if g.leaderless_since is None:
-            g.leaderless_since = now
-        elif now - g.leaderless_since >= GRACE_MS:
+        else:
             ask(rep, g.key, g.uid, g.raft)
 
 
@@ -125,7 +126,7 @@ def on_answer(rep: Any, msg: list) -> None:
         if mem is not None:
             mem.answered(vhost, name, uid, member, status)
         return
-    if g.uid != uid or g.leading or g.raft.leader is not None:
+    if g.uid != uid or g.leading or g.silent_ticks < SILENT_TICKS:
         return
     g.answers[member] = status
     if gone_here(g.answers, g.raft.voters):

@@ -36,7 +36,7 @@ from shoal.shared.wire import EV_QUEUE_LEADER, MOVED, TAG_TOPOLOGY_EVENT, T
 
 from shoal.node.peers import DEFERRED
 from shoal.node.replication import membership, reconcile
-from shoal.node.replication.group import ELECTION_TICKS, HEARTBEAT_TICKS, TICK_MS
+from shoal.node.replication.group import ELECTION_TICKS, HEARTBEAT_TICKS
 from shoal.node.replication.membership import node_of
 from shoal.node.replication.raft import APP, SNAP, Message
 from shoal.node.replication.requests import STARTUP_TICKS
@@ -53,7 +53,7 @@ STREAM_RAFT, STREAM_CREATE, STREAM_DELETE = (int(T.STREAM_RAFT), int(T.STREAM_CR
 DEFAULT_CLUSTER_SIZE = 3
 #: Ticks without a leader's message after which a member asks whether it is still one
 #: (reconcile.GRACE_MS: 10 s).
-SILENT_TICKS = reconcile.GRACE_MS // TICK_MS
+SILENT_TICKS = reconcile.SILENT_TICKS
 #: What a member's reconciliation does (:func:`reconcile_action`).
 DROP, ASK = "drop", "ask"
 

@@ -32,8 +32,8 @@ import msgpack
 
 from shoal.node.replication.log import ADD_LEARNER, ADD_VOTER, CONF, NORMAL, REMOVE, Entry, \
     Snapshot
-from shoal.node.replication.messages import Message, Ready
-from shoal.node.replication.raft import APP, HEARTBEAT, SNAP, Raft, bootstrap
+from shoal.node.replication.messages import FROM_LEADER, Message, Ready
+from shoal.node.replication.raft import Raft, bootstrap
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.raftstate import HardStateFile, read_base, write_base
 from shoal.node.streams.segments import DEFAULT_MAX_SEGMENT_BYTES, SegmentLog
@@ -42,7 +42,6 @@ from shoal.node.streams.segments import DEFAULT_MAX_SEGMENT_BYTES, SegmentLog
 APPEND_BYTES = 1 << 20
 #: How many chunks back from the log's end :meth:`StreamReplica.find_publish` looks.
 FIND_CHUNKS = 4096
-_FROM_LEADER = (APP, SNAP, HEARTBEAT)
 
 
 class SegmentReader:
@@ -289,7 +288,7 @@ class StreamReplica:
         self.silent_ticks += 1
 
     def step(self, m: Message) -> None:
-        if m.type in _FROM_LEADER:
+        if m.type in FROM_LEADER:
             self.silent_ticks = 0
         self.raft.step(m)
 

@@ -240,6 +240,32 @@ def test_a_member_down_while_its_queue_was_deleted_drops_it_when_back(tmp_path):
     assert ("/", "q") not in c.shards["node-2"].replication.groups
 
 
+def test_a_member_removed_while_up_drops_its_group_even_when_it_applied_its_removal(tmp_path):
+    """``delete_member`` of a live follower, the slower of the two: the leader commits the
+    removal on the other's answer and sends this member the commit index, so it applies its
+    own removal and still names the leader, which no longer replicates to it. It used to keep
+    the group (its queue, its log) for good: the reconciliation waited for it to know no
+    leader. Now 10 s without a leader's message make it ask, and the others say it is out."""
+    c = Cluster(tmp_path)
+    declare(c)
+    lead = c.leader()
+    other = [n for n in c.ids if n != lead][-1]       # its answers come second
+    g = c.shards[other].replication.groups[("/", "q")]
+    c.shards[lead].handle(b"router", [T.QUORUM_OP, 98, "delete_member", "/", "q", other],
+                          c.now)
+    seq = 1
+    while g.raft.id in g.raft.voters and seq < 40:    # publishing, as a loaded queue is
+        send(c, lead, seq, b"m", props())
+        seq += 1
+        c.tick()
+    assert g.raft.id not in g.raft.voters and g.raft.leader is not None     # the case
+    c.tick(130)                                       # 10 s of silence, then the asks
+    assert ("/", "q") not in c.shards[other].replication.groups
+    assert ("/", "q") not in c.shards[other].queues
+    assert ("/", "q") in c.shards[lead].replication.groups      # the queue goes on
+    assert len(c.shards[lead].replication.groups[("/", "q")].raft.voters) == 2
+
+
 def test_a_member_on_a_node_that_left_the_cluster_is_removed(tmp_path):
     c = Cluster(tmp_path)
     declare(c)
