@@ -43,6 +43,20 @@ SILENT_TICKS = GRACE_MS // TICK_MS
 
 _ASK, _ANSWER = int(T.GROUP_ASK), int(T.GROUP_ANSWER)
 MEMBER, REMOVED, NONE = "member", "removed", "none"
+#: What a member's reconciliation does now (:func:`action`).
+DROP, ASK = "drop", "ask"
+
+
+def action(raft: Any, silent_ticks: int, leading: bool) -> str | None:
+    """What the reconciliation does now with a member (a quorum queue's or a replicated
+    stream's) whose Raft is ``raft`` and that no leader replicated to for ``silent_ticks``:
+    None while it leads or a leader replicated to it within SILENT_TICKS; DROP when it knows
+    no configuration (made for a leader's message and never given the group's snapshot: it
+    holds nothing, and a leader that still wants it makes it again); else ASK the other
+    voters' nodes whether the group still has it. Both simulators decide with it too."""
+    if leading or silent_ticks < SILENT_TICKS:
+        return None
+    return DROP if not raft.voters and not raft.learners else ASK
 
 
 def reconcile(rep: Any, now: float) -> None:
@@ -52,8 +66,14 @@ def reconcile(rep: Any, now: float) -> None:
     for g in list(rep.groups.values()):
         if g.leading:
             _departed(rep, g, known, now)
-        elif g.silent_ticks < SILENT_TICKS:
+            continue
+        act = action(g.raft, g.silent_ticks, False)
+        if act is None:
             g.answers.clear()
+        elif act == DROP:
+            log.info("quorum queue '%s' in vhost '%s': no leader replicated to this new member "
+                     "for %d s: dropped", g.key[1], g.key[0], GRACE_MS // 1000)
+            rep.forget(g)
         else:
             ask(rep, g.key, g.uid, g.raft)
 

@@ -54,21 +54,6 @@ DEFAULT_CLUSTER_SIZE = 3
 #: Ticks without a leader's message after which a member asks whether it is still one
 #: (reconcile.GRACE_MS: 10 s).
 SILENT_TICKS = reconcile.SILENT_TICKS
-#: What a member's reconciliation does (:func:`reconcile_action`).
-DROP, ASK = "drop", "ask"
-
-
-def reconcile_action(rep: StreamReplica, leading: bool) -> str | None:
-    """What the reconciliation does now with a member whose replica is ``rep``: None while
-    it leads or a leader replicated to it within SILENT_TICKS; DROP when it knows no
-    configuration (made for a leader's message and never given the stream's start: it
-    holds nothing, and its leader makes it again if it still wants it); else ASK the other
-    voters' nodes whether the stream still has it (reconcile.py). The stream simulator
-    decides with it too (tests/node/streams/stream_sim.py)."""
-    if leading or rep.silent_ticks < SILENT_TICKS:
-        return None
-    r = rep.raft
-    return DROP if not r.voters and not r.learners else ASK
 
 
 class Member:
@@ -310,10 +295,10 @@ class StreamMembers:
         whether the stream still has it (it was down while the stream was deleted, or its
         member was removed: it may still name the leader that removed it)."""
         for m in list(self.members.values()):
-            action = reconcile_action(m.rep, m.leading)
+            action = reconcile.action(m.rep.raft, m.rep.silent_ticks, m.leading)
             if action is None:
                 m.answers.clear()
-            elif action == DROP:
+            elif action == reconcile.DROP:
                 log.info("stream '%s' in vhost '%s': no leader replicated to this new member "
                          "for %d s: dropped", m.stream.name, m.stream.vhost,
                          reconcile.GRACE_MS // 1000)

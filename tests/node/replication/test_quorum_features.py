@@ -9,6 +9,7 @@ from __future__ import annotations
 from pamqp import commands, header
 
 from shoal.node.replication import checkouts
+from shoal.node.replication.raft import APP, Message
 from shoal.shared.errors import RESOURCE_ERROR
 from shoal.shared.wire import OUTCOME_REJECT, OUTCOME_REQUEUE, T
 
@@ -264,6 +265,21 @@ def test_a_member_removed_while_up_drops_its_group_even_when_it_applied_its_remo
     assert ("/", "q") not in c.shards[other].queues
     assert ("/", "q") in c.shards[lead].replication.groups      # the queue goes on
     assert len(c.shards[lead].replication.groups[("/", "q")].raft.voters) == 2
+
+
+def test_a_member_made_for_a_late_message_that_nothing_follows_is_dropped(tmp_path):
+    """A leader's APP for a group this node does not have makes an empty member, to which
+    the leader's snapshot would follow (manager.py ``_join``). When none does (the leader
+    removed it meanwhile), the member knows no configuration, so nobody can tell it it is
+    out: after 10 s without a leader's message it goes by itself (reconcile.py ``action``)."""
+    c = Cluster(tmp_path)
+    rep = c.shards["node-2"].replication
+    late = Message(APP, "node-0@old", rep.member_id, 3, 0, 5, [], 5)
+    c.shards["node-2"].handle(b"peer:node-0", [T.RAFT, "/", "gone", "u1", late.to_wire()],
+                              c.now)
+    assert ("/", "gone") in rep.groups
+    c.tick(130)
+    assert ("/", "gone") not in rep.groups
 
 
 def test_a_member_on_a_node_that_left_the_cluster_is_removed(tmp_path):

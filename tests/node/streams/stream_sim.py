@@ -70,7 +70,6 @@ import msgpack
 from shoal.node.replication import membership, reconcile
 from shoal.node.replication.raft import APP, LEADER, SNAP, Message
 from shoal.node.streams import chunk as chunks
-from shoal.node.streams import members
 from shoal.node.streams.offsets import OFFSET
 from shoal.node.streams.readers import BehindLeader, reader_start
 from shoal.node.streams.replica import StreamReplica
@@ -579,16 +578,16 @@ class Sim:
             self.drive(m)
 
     def reconcile(self, m: Member) -> bool:
-        """node/streams/members.py ``reconcile`` with reconcile.py's rule: a member that no
+        """node/streams/members.py ``reconcile`` with reconcile.py's ``action``: a member that no
         leader has replicated to for SILENT_TICKS goes if it holds nothing (no configuration
         yet), else asks the other voters it knows; each answers from its own configuration
         (a node without the stream: none; one down: no answer), and a majority saying it
         goes on without it drops it. True when dropped."""
-        action = members.reconcile_action(m.rep, m.rep.is_leader)
+        action = reconcile.action(m.rep.raft, m.rep.silent_ticks, m.rep.is_leader)
         if action is None:
             return False
         r = m.rep.raft
-        if action == members.DROP:              # made for a message, holding nothing
+        if action == reconcile.DROP:              # made for a message, holding nothing
             self.stats["deleted"] += 1
             self.log(f"{m.id} reconciled: new, and no leader replicates to it")
             m.delete()
