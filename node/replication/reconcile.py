@@ -31,6 +31,7 @@ from shoal.shared.wire import T
 
 from shoal.node.replication import membership
 from shoal.node.replication.group import TICK_MS, QuorumGroup
+from shoal.node.replication.log import CONF, REMOVE
 
 log = logging.getLogger("shoal.node.replication")
 
@@ -78,12 +79,35 @@ def reconcile(rep: Any, now: float) -> None:
             ask(rep, g.key, g.uid, g.raft)
 
 
-def gone_here(answers: dict[str, str], voters: set[str]) -> bool:
+def gone_here(answers: dict[str, str], voters: set[str], me: str | None = None,
+              out_in_log: bool = False) -> bool:
     """Whether a majority of ``voters`` answered that the group is gone or goes on without
-    the asker, and none that it is a member."""
+    the asker, and none that it is a member. The asker ``me`` counts itself among them when
+    its own log holds its removal (``out_in_log``: :func:`removed_in_log`), committed or not:
+    the removal of a voter of a group of two is committed only once both hold it, so the
+    other's answer and its own log are the majority that the other's answer alone never
+    is (a queue shrunk to one member left the other for good)."""
     if MEMBER in answers.values():
         return False
-    return sum(1 for m in voters if answers.get(m) in (NONE, REMOVED)) > len(voters) // 2
+    said = sum(1 for m in voters if answers.get(m) in (NONE, REMOVED))
+    if out_in_log and me in voters and me not in answers:
+        said += 1
+    return said > len(voters) // 2
+
+
+def removed_in_log(changes: Any, me: str) -> bool:
+    """Whether the last of a log's membership ``changes`` (``(op, member)`` in log order)
+    that names ``me`` removes it."""
+    last = None
+    for op, member in changes:
+        if member == me:
+            last = op
+    return last == REMOVE
+
+
+def conf_changes(raft: Any) -> Any:
+    """A quorum member's membership changes held in its log (``(op, member)``)."""
+    return ((e.data[0], e.data[1]) for e in raft.log.entries if e.kind == CONF)
 
 
 def ask(rep: Any, key: tuple[str, str], uid: str, raft: Any) -> None:
@@ -149,7 +173,8 @@ def on_answer(rep: Any, msg: list) -> None:
     if g.uid != uid or g.leading or g.silent_ticks < SILENT_TICKS:
         return
     g.answers[member] = status
-    if gone_here(g.answers, g.raft.voters):
+    r = g.raft
+    if gone_here(g.answers, r.voters, r.id, removed_in_log(conf_changes(r), r.id)):
         log.warning("quorum queue '%s' in vhost '%s': the other members no longer have "
                     "this node's member (the queue was deleted, or the member removed, while "
                     "it was down): removed here", name, vhost)

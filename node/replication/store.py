@@ -8,7 +8,11 @@ kind, data]`` with ``kind``:
   group's whole log;
 - ``"compact"``: a snapshot this member took of its own state; entries after it stay;
 - ``"ents"``: entries (``Entry.to_wire``), which cut the group's log from the first one's index;
-- ``"del"``: the group is gone.
+- ``"del"``: the group is gone. Its value, when not None, is the member's last ``[term,
+  vote]`` (a *tombstone*: the member was dropped by the reconciliation, and a leader may add
+  this node back under the same member id; it must then go on from that term and vote, or it
+  could vote twice in one term, as a disk wiped under its old id would. Raft's persistent
+  state, paper 5.2 and figure 2). A rewrite keeps the tombstones.
 
 A turn's records go in one ``write`` and one ``fsync`` (:meth:`RaftStore.sync`): the group
 commit of every quorum queue of the node. Reading stops at the first damaged record: that is a
@@ -22,6 +26,7 @@ hence new member ids (node/replication/membership.py).
 """
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import uuid
@@ -35,6 +40,8 @@ import msgpack
 from shoal.node.durability.compact import fsync_dir
 from shoal.node.replication.log import Entry, Snapshot
 from shoal.node.replication.raft import HardState
+
+log = logging.getLogger("shoal.node.replication")
 
 _HEAD = struct.Struct("<II")
 #: Never rewrite a log smaller than this (bytes).
@@ -74,6 +81,8 @@ class RaftStore:
         self._rewritten_at = 0
         self.disk_id = uuid.uuid4().hex[:10]
         self.fsyncs = 0
+        #: ((vhost, name), uid) -> (term, vote) of a member dropped by the reconciliation
+        self.tombstones: dict[tuple[tuple[str, str], str], tuple[int, str | None]] = {}
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
             id_file = self.directory / "disk_id"
@@ -109,7 +118,7 @@ class RaftStore:
                 except Exception:  # noqa: BLE001 - damage: stop reading here
                     break
                 good = off
-                _replay(groups, (vhost, name), uid, kind, value)
+                _replay(groups, (vhost, name), uid, kind, value, self.tombstones)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         os.ftruncate(self._fd, good)
         os.lseek(self._fd, good, os.SEEK_SET)
@@ -123,6 +132,19 @@ class RaftStore:
         body = msgpack.packb([key[0], key[1], uid, kind, value], use_bin_type=True)
         self._buf.append(_HEAD.pack(len(body), zlib.crc32(body)))
         self._buf.append(body)
+
+    def bury(self, key: tuple[str, str], uid: str, hs: HardState) -> None:
+        """A member of group ``uid`` (a quorum queue's, or a replicated stream's) is dropped
+        from this node: keep its tombstone (its last term and vote), synced, for the member a
+        leader may make again under the same member id. A failed write is logged; the
+        caller drops the member all the same (a quorum queue's is asked again after a
+        restart, as the drop was not written either)."""
+        self.tombstones[(key, uid)] = (hs.term, hs.vote)
+        self.append(key, uid, "del", [hs.term, hs.vote])
+        try:
+            self.sync()
+        except OSError as exc:
+            log.error("cannot write the Raft log: %s", exc)
 
     def sync(self) -> None:
         """Write the queued records and fsync them: on return they survive a crash.
@@ -145,11 +167,19 @@ class RaftStore:
 
     def rewrite(self, groups: Iterable[tuple[tuple[str, str], str, HardState,
                                              Snapshot | None, list[Entry]]]) -> None:
-        """Replace the file by one holding only each group's current state."""
+        """Replace the file by one holding only each group's current state, after the
+        tombstones of groups that are not live again."""
         if self.path is None:
             return
         tmp = self.path.with_suffix(".tmp")
+        groups = list(groups)
+        live = {(key, uid) for key, uid, *_ in groups}
         parts = []
+        for (key, uid), (term, vote) in self.tombstones.items():
+            if (key, uid) not in live:
+                body = msgpack.packb([key[0], key[1], uid, "del", [term, vote]],
+                                     use_bin_type=True)
+                parts += [_HEAD.pack(len(body), zlib.crc32(body)), body]
         for key, uid, hs, snap, entries in groups:
             for kind, value in (("compact", snap.to_wire() if snap else None),
                                 ("ents", [e.to_wire() for e in entries]),
@@ -173,11 +203,14 @@ class RaftStore:
             self._fd = None
 
 
-def _replay(groups: dict, key: tuple[str, str], uid: str, kind: str, value: Any) -> None:
+def _replay(groups: dict, key: tuple[str, str], uid: str, kind: str, value: Any,
+            tombstones: dict) -> None:
     if kind == "del":
         g = groups.get(key)
         if g is not None and g.uid == uid:
             del groups[key]
+        if value:
+            tombstones[(key, uid)] = (value[0], value[1])
         return
     g = groups.get(key)
     if g is None or g.uid != uid:

@@ -45,10 +45,12 @@ from shoal.shared.errors import (NOT_IMPLEMENTED, PRECONDITION_FAILED, RESOURCE_
 from shoal.shared.wire import TAG_DELIVER, T
 
 from shoal.node.queues.header_table import Long, add_header
+from shoal.node.replication.messages import HardState
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.answers import Barrier
 from shoal.node.streams.members import StreamMembers, new_replica
 from shoal.node.streams.offsets import parse_offset_spec
+from shoal.node.streams.raftstate import start_at
 from shoal.node.streams.readers import BehindLeader, reader_start
 from shoal.node.streams.stream import StreamError, StreamReader, parse_stream_arguments
 from shoal.node.streams.stream_queue import StreamConsumer, StreamQueue, filter_value, rs as _rs
@@ -154,12 +156,16 @@ class Streams:
         return s
 
     def create_member(self, vhost: str, name: str, arguments: dict, uid: str,
-                      voters: list[str] | None) -> StreamQueue:
+                      voters: list[str] | None, hard_state: HardState | None = None
+                      ) -> StreamQueue:
         """A member of a replicated stream on this node: a first one (``voters``: its
         creator's, or STREAM_CREATE from it), or one that joins empty (None: added later;
-        its arguments come with the leader's snapshot, :meth:`learned`)."""
+        its arguments come with the leader's snapshot, :meth:`learned`), starting from
+        ``hard_state`` (the term and vote of a member of this node dropped before)."""
         cfg = parse_stream_arguments(vhost, name, arguments, True, False, False)
         d = self._new_dir(vhost, name, arguments, uid)
+        if hard_state is not None:
+            start_at(d / "raft.state", hard_state)
         r = new_replica(self.members.rep.member_id, d, voters, [vhost, name, arguments, uid],
                         cfg.max_segment_bytes)
         s = StreamQueue(vhost, name, arguments, cfg, d, r)

@@ -38,7 +38,7 @@ from shoal.node.peers import DEFERRED
 from shoal.node.replication import membership, reconcile
 from shoal.node.replication.group import ELECTION_TICKS, HEARTBEAT_TICKS
 from shoal.node.replication.membership import node_of
-from shoal.node.replication.raft import APP, SNAP, Message
+from shoal.node.replication.raft import APP, SNAP, HardState, Message
 from shoal.node.replication.requests import STARTUP_TICKS
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.answers import Reply, done_upto
@@ -191,9 +191,13 @@ class StreamMembers:
                 # a leader replicates to this member, which has nothing of the stream (added
                 # by add_member, or this node's disk was wiped): join, empty; the leader's
                 # start (a snapshot, with the declaration) follows
+                # a member dropped here and added back goes on from its term and vote
+                # (node/replication/store.py's tombstones)
+                tomb = self.rep.store.tombstones.pop(((vhost, name), uid), None)
                 try:
-                    s = self.streams.create_member(vhost, name, {"x-queue-type": "stream"},
-                                                   uid, None)
+                    s = self.streams.create_member(
+                        vhost, name, {"x-queue-type": "stream"}, uid, None,
+                        HardState(tomb[0], tomb[1], 0) if tomb is not None else None)
                 except Exception:  # noqa: BLE001 - must not stop the node
                     log.exception("cannot join stream '%s' in vhost '%s'", name, vhost)
                     return
@@ -240,6 +244,10 @@ class StreamMembers:
             for v in m.rep.raft.voters | m.rep.raft.learners:
                 if v != self.rep.member_id:
                     self.rep.to_peer(node_of(v), [STREAM_DELETE, s.vhost, s.name, m.uid])
+        else:
+            # removed (or the stream deleted by its leader): a leader may add this node back
+            # under the same member id, which must not vote twice in a term
+            self.rep.store.bury((s.vhost, s.name), m.uid, m.rep.raft.hard_state())
         self._fail(m)
         m.rep.close()
 
@@ -314,7 +322,9 @@ class StreamMembers:
         if m is None or m.uid != uid or m.leading or m.rep.silent_ticks < SILENT_TICKS:
             return
         m.answers[member] = status
-        if reconcile.gone_here(m.answers, m.rep.raft.voters):
+        r = m.rep.raft
+        if reconcile.gone_here(m.answers, r.voters, r.id, reconcile.removed_in_log(
+                ((op, who) for _, op, who in m.rep.confs), r.id)):
             log.warning("stream '%s' in vhost '%s': the other members no longer have this "
                         "node's member (the stream was deleted, or the member removed, while "
                         "it was down): removed here", name, vhost)

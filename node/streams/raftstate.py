@@ -89,6 +89,18 @@ class HardStateFile:
             self.fd = None
 
 
+def start_at(path: str | os.PathLike, hs: HardState) -> None:
+    """A member about to be made in ``path``'s directory starts from ``hs``, synced: the term
+    and vote of a member of this node dropped before under the same id (the tombstones of
+    node/replication/store.py). Raises OSError."""
+    f = HardStateFile(path)
+    try:
+        f.write(hs)
+        f.sync()
+    finally:
+        f.close()
+
+
 def _decode(slot: bytes) -> tuple[int, HardState] | None:
     if len(slot) < SLOT:
         return None

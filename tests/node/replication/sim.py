@@ -81,10 +81,12 @@ import traceback
 
 import msgpack
 
-from shoal.node.replication import membership, raft as raft_module
+from shoal.node.replication import membership, raft as raft_module, reconcile
+from shoal.node.replication.group import ELECTION_TICKS
+from shoal.node.replication.messages import FROM_LEADER
 from shoal.node.replication.log import ADD_VOTER, CONF, NORMAL, REMOVE, Entry, Snapshot
-from shoal.node.replication.raft import (LEADER, VOTE, VOTE_RESP, HardState, Message, Raft,
-                                         bootstrap)
+from shoal.node.replication.raft import (APP, LEADER, SNAP, VOTE, VOTE_RESP, HardState,
+                                         Message, Raft, bootstrap)
 
 try:
     from .sim_checker import SAFETY, Checker, Violation
@@ -101,7 +103,8 @@ __all__ = ["FINAL", "NO_DEDUP", "QUIET_STEPS", "SAFETY", "SEND_BEFORE_FSYNC", "V
 WIPE_KEEPS_ID = "wipe_keeps_id"          # a wiped node comes back under its old member id
 SEND_BEFORE_FSYNC = "send_before_fsync"  # a Ready's messages leave before its fsync
 NO_DEDUP = "no_dedup"                    # a leader logs every publish sent again
-VARIANTS = (WIPE_KEEPS_ID, SEND_BEFORE_FSYNC, NO_DEDUP)
+LEADER_RULE = "leader_rule"              # reconciliation waits while a leader is known
+VARIANTS = (WIPE_KEEPS_ID, SEND_BEFORE_FSYNC, NO_DEDUP, LEADER_RULE)
 
 FINAL = "final"
 #: The quiet phase's bound (steps) for a leader, the final commit and a repaired membership.
@@ -191,7 +194,8 @@ class Host:
     not yet fsynced (``pending``), and its state machine."""
 
     __slots__ = ("node", "gen", "id", "disk", "raft", "pending", "sm", "sm_index",
-                 "last_commit", "final", "lead_term", "lead_commit", "hq")
+                 "last_commit", "final", "lead_term", "lead_commit", "hq", "silent", "absent",
+                 "tomb")
 
     def __init__(self, node: str, hq: HostQueue) -> None:
         self.hq = hq                    # the quorum queue's state machine (sim_queue.py)
@@ -207,6 +211,11 @@ class Host:
         self.final = False
         self.lead_term = 0              # the term this incarnation was last seen leading
         self.lead_commit = 0            # its commit index when last checked as that leader
+        self.silent = 0                 # ticks since a leader's APP, SNAP or HEARTBEAT
+        #: the node is up and holds no member (dropped by the reconciliation) until a
+        #: leader's APP or SNAP makes it again; ``tomb``: the dropped member's (term, vote)
+        self.absent = False
+        self.tomb: tuple | None = None
 
 
 class Sim:
@@ -299,7 +308,7 @@ class Sim:
         self.stats = {"steps": 0, "leaders": 0, "commits": 0, "snapshots_sent": 0,
                       "snapshots_installed": 0, "compactions": 0, "crashes": 0, "wipes": 0,
                       "conf_changes": 0, "lost_writes": 0, "quiet_steps": 0,
-                      "queue_commands": 0, "operator_ops": 0}
+                      "queue_commands": 0, "operator_ops": 0, "dropped": 0, "rejoined": 0}
         #: the checker's history and invariants (sim_checker.py)
         self.checker = Checker(self.fail, self.hosts, self.stats,
                                self._note if trace else None)
@@ -342,6 +351,7 @@ class Sim:
         h.final = any(x[3] == FINAL for x in h.sm)
         h.last_commit = h.raft.commit
         h.lead_term = h.lead_commit = 0
+        h.silent = 0
         self._pump(h)
 
     def _pump(self, h: Host) -> None:
@@ -530,10 +540,15 @@ class Sim:
         _, frm, to, raw = self.net.pop(k)
         h = self.by_id.get(to)
         m = _unpack(raw, frm, to)
+        if h is not None and h.absent and (frm, h.node) not in self.blocked and \
+                m.type in (APP, SNAP):
+            self._rejoin(h)
         if h is None or h.raft is None or (frm, h.node) in self.blocked:
             if self.trace is not None:
                 self._note(f"lost {m!r}")
             return None
+        if m.type in FROM_LEADER:
+            h.silent = 0
         h.raft.step(m)
         self._pump(h)
         if self.trace is not None:
@@ -543,12 +558,67 @@ class Sim:
     def _tick(self, h: Host) -> None:
         r = h.raft
         r.tick()
+        h.silent += 1
+        if self.variant == LEADER_RULE and r.leader is not None:
+            h.silent = 0                # the old rule: wait while it knows a leader
         if r.state == LEADER and h.pending is None:
-            current = {x.node: x.id for x in self.hosts.values() if x.raft is not None}
+            current = {x.node: x.id for x in self.hosts.values()
+                       if x.raft is not None or x.absent}       # the node is up
             change = membership.step_toward(r, h.node, current, self._wanted_of(h))
             if change is not None and self.trace is not None:
                 self._note(f"   {h.id} proposes {change} at {r.log.last_index}")
+        elif self._reconcile(h):
+            return
         self._pump(h)
+
+    def _reconcile(self, h: Host) -> bool:
+        """node/replication/reconcile.py on ``h``'s tick, with its own ``action`` and answer
+        rule: a member no leader replicated to for the grace period (10 election timeouts,
+        as the node's 10 s) goes if it knows no configuration, else asks the other voters'
+        nodes, each answering from its own configuration at once (a crashed node or a cut
+        link: no answer; a node that dropped its member: none). A majority saying it is
+        gone or goes on without it drops it. True when dropped."""
+        r = h.raft
+        act = reconcile.action(r, h.silent * ELECTION_TICKS // self.election_ticks, False)
+        if act is None:
+            return False
+        if act == reconcile.ASK:
+            answers = {}
+            for v in r.voters:
+                x = self.hosts.get(membership.node_of(v))
+                if x is None or x is h or (h.node, x.node) in self.blocked or \
+                        (x.node, h.node) in self.blocked:
+                    continue
+                if x.absent:
+                    answers[x.id] = reconcile.NONE
+                elif x.raft is not None:
+                    answers[x.id] = reconcile.answer_for(x.raft, h.id)
+            if not reconcile.gone_here(answers, r.voters, r.id, reconcile.removed_in_log(
+                    reconcile.conf_changes(r), r.id)):
+                return False
+        hs = r.hard_state()
+        h.tomb = (hs.term, hs.vote)     # the node keeps them (store.py's tombstones)
+        h.raft = None
+        h.absent = True
+        h.disk = Disk()
+        h.sm, h.sm_index, h.final = [], 0, False
+        h.hq.rebuild([])
+        self.stats["dropped"] += 1
+        if self.trace is not None:
+            self._note(f"{h.id} reconciled ({act}): dropped, term {hs.term} vote {hs.vote}")
+        return True
+
+    def _rejoin(self, h: Host) -> None:
+        """A leader's APP or SNAP reaches a node that dropped its member: the member is made
+        again, empty (manager.py ``_join``), from the dropped one's term and vote."""
+        h.absent = False
+        h.disk = Disk()
+        if h.tomb is not None:
+            h.disk.hs = (h.tomb[0], h.tomb[1], 0)
+        self.stats["rejoined"] += 1
+        self._start(h)
+        if self.trace is not None:
+            self._note(f"{h.id} joins again, empty: {self._state(h)}")
 
     def _operate(self, h: Host) -> list | None:
         """Maybe an operator's delete_member or add_member at leader ``h`` while the
@@ -597,7 +667,8 @@ class Sim:
         live = self.live()
         idle = self.idle()
         can = {"partition": True, "one_way": True, "heal": bool(self.blocked),
-               "crash": bool(live), "restart": len(live) < self.n, "flap": len(live) >= 2,
+               "crash": bool(live), "flap": len(live) >= 2,
+               "restart": any(h.raft is None and not h.absent for h in self.hosts.values()),
                "transfer": self.leader() is not None, "campaign": bool(idle)}
         x = rng.random()
         action = None
@@ -714,7 +785,7 @@ class Sim:
                     self._note(f"   peer_lost({h.id}) on {[s.id for s in touched]}")
             return touched
         if action == "restart":
-            h = rng.choice([h for h in self.hosts.values() if h.raft is None])
+            h = rng.choice([h for h in self.hosts.values() if h.raft is None and not h.absent])
             self._start(h)
             if self.trace is not None:
                 self._note(f"restart {self._state(h)}")
@@ -731,6 +802,7 @@ class Sim:
                 h.id = membership.member_id(h.node, f"d{h.gen}")
             self.by_id[h.id] = h
             h.disk = Disk()
+            h.absent, h.tomb = False, None
             self._start(h)
             self.stats["wipes"] += 1
             if self.trace is not None:
@@ -787,7 +859,7 @@ class Sim:
                 self._pump(h)
                 self.checker.check(h)
         for h in self.hosts.values():
-            if h.raft is None:
+            if h.raft is None and not h.absent:
                 self._start(h)
                 if self.trace is not None:
                     self._note(f"restart {self._state(h)}")
@@ -822,13 +894,15 @@ class Sim:
             nodes = self.wanted_nodes()
             want = {h.id for h in self.hosts.values() if h.node in nodes}
             if sum(h.final for h in self.hosts.values() if h.id in want) >= \
-                    len(want) // 2 + 1 and r.voters == want and not r.learners:
+                    len(want) // 2 + 1 and r.voters == want and not r.learners and \
+                    all(h.absent for h in self.hosts.values() if h.node not in nodes):
                 if self.trace is not None:
                     self._note(f"--- live: {self._state(lead)} voters {sorted(r.voters)}")
                 return
         lead = self.leader()
-        self.fail("liveness", f"no leader with the final proposal committed on a majority and "
-                  f"every node a voter after {QUIET_STEPS} quiet steps: "
+        self.fail("liveness", f"no leader with the final proposal committed on a majority, "
+                  f"every node wanted a voter and every other's member dropped after "
+                  f"{QUIET_STEPS} quiet steps: "
                   + " ".join(self._state(h) for h in self.hosts.values())
                   + (f"; leader voters {sorted(lead.raft.voters)} learners "
                      f"{sorted(lead.raft.learners)}" if lead else "; no leader"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pamqp import commands, header
 
 from shoal.node.replication import checkouts
-from shoal.node.replication.raft import APP, Message
+from shoal.node.replication.raft import APP, VOTE, VOTE_RESP, Message
 from shoal.shared.errors import RESOURCE_ERROR
 from shoal.shared.wire import OUTCOME_REJECT, OUTCOME_REQUEUE, T
 
@@ -265,6 +265,75 @@ def test_a_member_removed_while_up_drops_its_group_even_when_it_applied_its_remo
     assert ("/", "q") not in c.shards[other].queues
     assert ("/", "q") in c.shards[lead].replication.groups      # the queue goes on
     assert len(c.shards[lead].replication.groups[("/", "q")].raft.voters) == 2
+
+
+def test_the_member_removed_from_a_group_of_two_drops_its_group(tmp_path):
+    """A queue shrunk from two members to one: the other voter's answer alone is not a
+    majority of the removed member's configuration of two. Its own log holds its removal,
+    and that counts, so it drops the group (it used to keep it for good)."""
+    c = Cluster(tmp_path)
+    declare(c)
+    lead = c.leader()
+    first, second = [n for n in c.ids if n != lead]
+    for node in (first, second):
+        g = c.shards[node].replication.groups[("/", "q")]
+        c.shards[lead].handle(b"router", [T.QUORUM_OP, 98, "delete_member", "/", "q", node],
+                              c.now)
+        for _ in range(40):
+            if g.raft.id not in c.shards[lead].replication.groups[("/", "q")].raft.voters:
+                break
+            c.tick()
+    assert len(c.shards[lead].replication.groups[("/", "q")].raft.voters) == 1
+    c.tick(150)
+    assert ("/", "q") not in c.shards[first].replication.groups
+    assert ("/", "q") not in c.shards[second].replication.groups
+    assert ("/", "q") not in c.shards[second].queues
+
+
+def test_a_member_dropped_and_added_back_never_votes_twice_in_a_term(tmp_path):
+    """Raft's persistent state outlives the drop: the member's last term and vote stay on its
+    node's disk (a tombstone, store.py), and the member made again when the leader adds the
+    node back goes on from them. Without them it came back at term 0 with no vote, and a
+    vote request of the current term, held up on a link while the member was removed,
+    dropped and added back, got a second vote from it: two leaders in one term."""
+    c = Cluster(tmp_path)
+    declare(c)
+    lead = c.leader()
+    other = [n for n in c.ids if n != lead][-1]
+    third = next(n for n in c.ids if n not in (lead, other))
+    g = c.shards[other].replication.groups[("/", "q")]
+    term, voted, uid = g.raft.term, g.raft.vote, g.uid
+    assert voted is not None
+    c.shards[lead].handle(b"router", [T.QUORUM_OP, 98, "delete_member", "/", "q", other],
+                          c.now)
+    seq = 1
+    while g.raft.id in g.raft.voters and seq < 40:
+        send(c, lead, seq, b"m", props())
+        seq += 1
+        c.tick()
+    c.tick(130)
+    assert ("/", "q") not in c.shards[other].replication.groups          # dropped
+    c.crash(other)
+    c.start(other)                                  # the tombstone is read back from disk
+    assert c.request(lead, T.QUORUM_OP, "add_member", "/", "q", other)[2] == 0
+    c.tick(20)
+    back = c.shards[other].replication.groups[("/", "q")]
+    assert back.raft.id in back.raft.voters and back.raft.term == term      # the same term
+    # the leader is heard no more (its link is cut), and a vote request of that term from
+    # the third member, held up until now, arrives
+    for _ in range(3 * back.raft.election_ticks):
+        back.raft.tick()
+    assert back.raft.term == term and back.raft.leader is None
+    rival = c.shards[third].replication.groups[("/", "q")].raft.id
+    ask = Message(VOTE, rival, back.raft.id, term, back.raft.log.last_term,
+                  back.raft.log.last_index + 100)
+    c.net.clear()
+    c.shards[other].handle(f"peer:{third}".encode(), [T.RAFT, "/", "q", uid, ask.to_wire()],
+                           c.now)
+    c.shards[other].replication.process()
+    sent = [Message.from_wire(m[4]) for src, dst, m in c.net if src == other and m[0] == T.RAFT]
+    answers = [a for a in sent if a.type == VOTE_RESP and a.to == rival]
+    assert answers and all(a.reject for a in answers)
 
 
 def test_a_member_made_for_a_late_message_that_nothing_follows_is_dropped(tmp_path):

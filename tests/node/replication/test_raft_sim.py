@@ -19,8 +19,8 @@ import pytest
 from shoal.node.replication.log import NORMAL, Entry
 
 from . import sim_queue
-from .sim import (NO_DEDUP, SAFETY, SEND_BEFORE_FSYNC, WIPE_KEEPS_ID, Sim, Violation,
-                  trace_of)
+from .sim import (LEADER_RULE, NO_DEDUP, SAFETY, SEND_BEFORE_FSYNC, WIPE_KEEPS_ID, Sim,
+                  Violation, trace_of)
 
 HERE = Path(__file__).resolve().parent
 CI_SCHEDULES = 2000
@@ -262,3 +262,11 @@ def test_the_checker_catches_a_leader_that_ignores_the_nodes_wanted(monkeypatch)
                         lambda raft, current, wanted_nodes=None: repair(raft, current))
     v = _first_violation(range(300))
     assert v.invariant == "liveness", str(v)
+
+
+def test_the_checker_catches_a_reconciliation_that_waits_while_a_leader_is_known():
+    """The reconciliation's old rule (ask after 10 s of knowing no leader) left a member that
+    applied its own removal, and still named the leader that removed it, with the group for
+    good: the quiet phase requires every member of a node no longer wanted dropped."""
+    v = _first_violation(range(60), variant=LEADER_RULE)
+    assert v.invariant == "liveness" and "dropped" in v.details, str(v)

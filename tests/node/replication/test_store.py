@@ -89,6 +89,28 @@ def test_a_rewrite_keeps_each_groups_state(tmp_path):
     assert g.hard_state.commit == 5
 
 
+def test_a_dropped_members_term_and_vote_outlive_restarts_and_rewrites(tmp_path):
+    """The tombstone of a member dropped by the reconciliation (its last term and vote) comes
+    back after a restart and a rewrite, and a rewrite leaves it out once the group is live
+    again under the same uid."""
+    s = RaftStore(tmp_path)
+    s.load()
+    s.append(K, "u1", "ents", ents((1, 2)))
+    s.append(K, "u1", "del", [4, "n1@a"])
+    s.sync()
+    s.close()
+    s = RaftStore(tmp_path)
+    assert s.load() == {} and s.tombstones == {(K, "u1"): (4, "n1@a")}
+    s.rewrite([])
+    s.close()
+    s = RaftStore(tmp_path)
+    assert s.load() == {} and s.tombstones == {(K, "u1"): (4, "n1@a")}
+    s.rewrite([(K, "u1", HardState(5, "n1@a", 0), None, [])])     # added back
+    s.close()
+    s = RaftStore(tmp_path)
+    assert s.load()[K].hard_state.term == 5 and s.tombstones == {}
+
+
 def test_the_disk_id_lasts_as_long_as_the_directory(tmp_path):
     a = RaftStore(tmp_path / "d").disk_id
     assert RaftStore(tmp_path / "d").disk_id == a

@@ -34,6 +34,8 @@ rule; a node added again gets a member anew, empty, from the leader's first APP 
 The checker, after every step:
 
 * **election safety**: at most one leader per term;
+* **vote safety**: a member id grants at most one vote per term, across its deletion and
+  its making again under that id (paper 5.2);
 * **same chunk at the same offset**: whenever a member's commit moves, each chunk it now
   holds as committed is byte for byte the chunk every other member committed at that offset;
 * **no offset with two messages**: every message a member's reader delivers (a
@@ -68,10 +70,11 @@ from pathlib import Path
 import msgpack
 
 from shoal.node.replication import membership, reconcile
-from shoal.node.replication.raft import APP, LEADER, SNAP, Message
+from shoal.node.replication.raft import APP, LEADER, SNAP, VOTE, VOTE_RESP, HardState, Message
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.offsets import OFFSET
 from shoal.node.streams.readers import BehindLeader, reader_start
+from shoal.node.streams.raftstate import start_at
 from shoal.node.streams.replica import StreamReplica
 from shoal.node.streams.stream import StreamReader
 
@@ -115,6 +118,9 @@ class Member:
         #: the node is up but holds no member of the stream (deleted by an operator's
         #: delete_member, until a leader replicates to it again)
         self.absent = False
+        #: the deleted member's last (term, vote), which the node keeps for the member a
+        #: leader makes again under this id (node/replication/store.py's tombstones)
+        self.tomb: tuple | None = None
         self.open(voters)
 
     def open(self, voters: list[str] | None = None) -> None:
@@ -142,6 +148,9 @@ class Member:
         anew, empty (node/streams/members.py ``on_peer``). What was sent to it before goes
         too: on the node's ordered link it arrived before the STREAM_DELETE, or before the
         leader's message that told it of its removal."""
+        if self.rep is not None:
+            hs = self.rep.raft.hard_state()
+            self.tomb = (hs.term, hs.vote)
         self._drop()
         self.read_offset = 0
         self.absent = True
@@ -213,6 +222,7 @@ class Sim:
         self.step_no = 0
         self.now = 1_000
         self.leaders: dict[int, str] = {}
+        self.votes: dict[tuple[str, int], str] = {}     # (member id, term) -> candidate
         self.chunk_at: dict[int, bytes] = {}       # committed chunk bytes by chunk id
         self.seen: dict[int, bytes] = {}           # offset -> message delivered or confirmed
         self.confirmed: dict[int, bytes] = {}      # offset -> body, confirmed to a publisher
@@ -308,7 +318,17 @@ class Sim:
 
     def send(self, msgs: list[Message]) -> None:
         for m in msgs:
+            if m.type == VOTE_RESP and not m.reject:
+                self.vote(m.frm, m.term, m.to)
+            elif m.type == VOTE:
+                self.vote(m.frm, m.term, m.frm)
             self.net.append((m.frm, m.to, msgpack.packb(m.to_wire())))
+
+    def vote(self, voter: str, term: int, cand: str) -> None:
+        """Vote safety: a member id grants at most one vote per term, over all its lives."""
+        prev = self.votes.setdefault((voter, term), cand)
+        if prev != cand:
+            self.fail("vote safety", f"{voter} voted for {prev} and for {cand} in term {term}")
 
     def drive(self, m: Member) -> None:
         """The host protocol: while there is a Ready and no sync pending, write it, sync it
@@ -559,6 +579,9 @@ class Sim:
             if msg.type not in (APP, SNAP):
                 return
             m.absent = False                # a leader replicates to it: a member anew
+            if m.tomb is not None:
+                m.dir.mkdir(parents=True, exist_ok=True)
+                start_at(m.dir / "raft.state", HardState(m.tomb[0], m.tomb[1], 0))
             m.open()
             self.stats["rejoined"] += 1
             self.log(f"{m.id} joins again, empty")
@@ -599,7 +622,8 @@ class Sim:
                 continue
             if x.absent or x.rep is not None:       # a node down does not answer
                 answers[x.id] = reconcile.answer_for(None if x.absent else x.rep.raft, m.id)
-        if not reconcile.gone_here(answers, r.voters):
+        if not reconcile.gone_here(answers, r.voters, r.id, reconcile.removed_in_log(
+                ((op, who) for _, op, who in m.rep.confs), r.id)):
             return False
         self.stats["deleted"] += 1
         self.log(f"{m.id} reconciled: no longer a member")

@@ -14,7 +14,7 @@ import pytest
 from shoal.shared.wire import EV_QUEUE_LEADER, MOVED, T
 
 from shoal.node.replication.messages import Message
-from shoal.node.replication.raft import APP
+from shoal.node.replication.raft import APP, VOTE, VOTE_RESP
 
 from tests.node.replication.test_quorum_nodes import Cluster
 
@@ -422,3 +422,49 @@ def test_a_member_made_for_a_late_message_holds_nothing_and_goes(c):
         c.tick()
     assert ("/", "s") not in c.shards[gone].streams.streams
     assert m.members() == sorted(n for n in c.ids if n != gone)
+
+
+def test_a_member_deleted_and_added_back_never_votes_twice_in_a_term(c):
+    """The member's last term and vote outlive its deletion on its node (a tombstone in the
+    node's Raft log, node/replication/store.py); the member made again when the leader adds
+    the node back goes on from them. Without them it came back at term 0 with no vote, and a
+    vote request of the current term held up on a link got a second vote from it."""
+    c.request("node-0", T.QUEUE_DECLARE, "/", "s", 0, 1, 0, 0, STREAM, None)
+    leader = stream_leader(c)
+    gone = [n for n in c.ids if n != leader][-1]
+    third = next(n for n in c.ids if n not in (leader, gone))
+    r = c.shards[gone].streams.streams[("/", "s")].replica.rep.raft
+    term, uid = r.term, c.shards[gone].streams.streams[("/", "s")].replica.uid
+    assert r.vote is not None
+    assert c.request(leader, T.QUORUM_OP, "delete_member", "/", "s", gone)[2] == 0
+    for _ in range(40):
+        if ("/", "s") not in c.shards[gone].streams.streams:
+            break
+        c.tick()
+    assert ("/", "s") not in c.shards[gone].streams.streams
+    c.crash(gone)
+    c.start(gone)                                   # the tombstone is read back from disk
+    assert c.request(leader, T.QUORUM_OP, "add_member", "/", "s", gone)[2] == 0
+    for _ in range(40):
+        if ("/", "s") in c.shards[gone].streams.streams:
+            break
+        c.tick()
+    back = c.shards[gone].streams.streams[("/", "s")].replica.rep.raft
+    for _ in range(40):
+        if back.id in back.voters:
+            break
+        c.tick()
+    assert back.id in back.voters and back.term == term
+    for _ in range(3 * back.election_ticks):         # the leader is heard no more
+        back.tick()
+    rival = c.shards[third].streams.streams[("/", "s")].replica.rep.raft.id
+    assert back.leader is None
+    ask = Message(VOTE, rival, back.id, term, back.log.last_term, back.log.last_index + 100)
+    c.net.clear()
+    c.shards[gone].handle(f"peer:{third}".encode(),
+                          [T.STREAM_RAFT, "/", "s", uid, ask.to_wire()], c.now)
+    c.shards[gone].streams.process()
+    sent = [Message.from_wire(m[4]) for src, dst, m in c.net
+            if src == gone and m[0] == T.STREAM_RAFT]
+    answers = [a for a in sent if a.type == VOTE_RESP and a.to == rival]
+    assert answers and all(a.reject for a in answers)
