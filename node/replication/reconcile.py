@@ -176,6 +176,6 @@ def on_answer(rep: Any, msg: list) -> None:
     r = g.raft
     if gone_here(g.answers, r.voters, r.id, removed_in_log(conf_changes(r), r.id)):
         log.warning("quorum queue '%s' in vhost '%s': the other members no longer have "
-                    "this node's member (the queue was deleted, or the member removed, while "
-                    "it was down): removed here", name, vhost)
+                    "this node's member (the queue was deleted, or the member removed): "
+                    "removed here", name, vhost)
         rep.forget(g)

@@ -219,7 +219,7 @@ class StreamMembers:
         elif tag == STREAM_DELETE:
             member = msg[4] if len(msg) > 4 else None       # one member removed, or all
             if m is not None and m.uid == uid and member in (None, m.rep.raft.id):
-                self.streams.delete(m.stream, tell=False)
+                self._drop(m, bury=member is not None)
 
     def peer_lost(self, node: str) -> None:
         """The link to ``node`` closed: the streams it led elect a leader now."""
@@ -236,6 +236,15 @@ class StreamMembers:
                     if node_of(v) == node:
                         r.peer_lost(v)
 
+    def _drop(self, m: Member, bury: bool = True) -> None:
+        """This node's member goes, quietly (removed, or the stream deleted: the others
+        know). With ``bury``, its last term and vote stay in the node's Raft log for the
+        member a leader may make again under the same id, which must not vote twice in a
+        term (node/replication/store.py's tombstones); a stream deleted whole is not."""
+        if bury:
+            self.rep.store.bury((m.stream.vhost, m.stream.name), m.uid, m.rep.raft.hard_state())
+        self.streams.delete(m.stream, tell=False)
+
     def deleted(self, s: Any, tell: bool) -> None:
         m = self.members.pop((s.vhost, s.name), None)
         if m is None:
@@ -244,10 +253,6 @@ class StreamMembers:
             for v in m.rep.raft.voters | m.rep.raft.learners:
                 if v != self.rep.member_id:
                     self.rep.to_peer(node_of(v), [STREAM_DELETE, s.vhost, s.name, m.uid])
-        else:
-            # removed (or the stream deleted by its leader): a leader may add this node back
-            # under the same member id, which must not vote twice in a term
-            self.rep.store.bury((s.vhost, s.name), m.uid, m.rep.raft.hard_state())
         self._fail(m)
         m.rep.close()
 
@@ -310,7 +315,7 @@ class StreamMembers:
                 log.info("stream '%s' in vhost '%s': no leader replicated to this new member "
                          "for %d s: dropped", m.stream.name, m.stream.vhost,
                          reconcile.GRACE_MS // 1000)
-                self.streams.delete(m.stream, tell=False)
+                self._drop(m)
             else:
                 reconcile.ask(self.rep, (m.stream.vhost, m.stream.name), m.uid, m.rep.raft)
 
@@ -326,9 +331,9 @@ class StreamMembers:
         if reconcile.gone_here(m.answers, r.voters, r.id, reconcile.removed_in_log(
                 ((op, who) for _, op, who in m.rep.confs), r.id)):
             log.warning("stream '%s' in vhost '%s': the other members no longer have this "
-                        "node's member (the stream was deleted, or the member removed, while "
-                        "it was down): removed here", name, vhost)
-            self.streams.delete(m.stream, tell=False)
+                        "node's member (the stream was deleted, or the member removed): "
+                        "removed here", name, vhost)
+            self._drop(m)
 
     def tick(self) -> None:
         if self.rep.ticks % 10 == 0:

@@ -99,4 +99,6 @@ def test_load1_with_one_run_per_step_reads_each_run_alone():
     shoal = _Broker(SHOAL, {70000: [False]}, 60000)
     bench = _Bench()
     assert compare_rabbitmq.load1(bench, [shoal], runs=1) == {SHOAL: 59999}
-    assert len(bench.runs) == 7                  # one run per step of the search
+    # one run per step of the search: doubling to a failure, then bisecting to within 10 %
+    assert [rate for _, rate in bench.runs] == [5000, 10000, 20000, 40000, 80000, 60000,
+                                                70000, 65000]

@@ -207,6 +207,8 @@ def test_a_delete_reaches_every_member(c):
     assert c.request(leader, T.QUEUE_DELETE, "/", "s", 0, 0, None)[2] == 0
     c.pump()
     assert all(("/", "s") not in s.streams.streams for s in c.shards.values())
+    # nothing is kept of a stream deleted whole (no member of it is ever made again)
+    assert all(not s.replication.store.tombstones for s in c.shards.values())
 
 
 def test_add_and_delete_member_change_the_members_and_a_new_one_gets_the_log(c):
