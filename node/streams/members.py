@@ -328,8 +328,8 @@ class StreamMembers:
             return
         m.answers[member] = status
         r = m.rep.raft
-        if reconcile.gone_here(m.answers, r.voters, r.id, reconcile.removed_in_log(
-                ((op, who) for _, op, who in m.rep.confs), r.id)):
+        if reconcile.gone_here(m.answers, r.voters, r.id,
+                               reconcile.removed_in_log(m.rep.conf_changes(), r.id)):
             log.warning("stream '%s' in vhost '%s': the other members no longer have this "
                         "node's member (the stream was deleted, or the member removed): "
                         "removed here", name, vhost)

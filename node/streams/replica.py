@@ -454,6 +454,11 @@ class StreamReplica:
         log.release(min(log.applied, log.stable))
         return confirmed
 
+    def conf_changes(self) -> list[tuple[str, str]]:
+        """The membership changes held in the log, ``(op, member)`` in log order (as
+        reconcile.py's ``conf_changes`` of a quorum member)."""
+        return [(op, member) for _, op, member in self.confs]
+
     def _added_after(self, member: str, index: int) -> bool:
         """Whether this log adds ``member`` again after ``index`` (a removal applied from
         the log's history, by a leader catching up on its own log, is not current)."""

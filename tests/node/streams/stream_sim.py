@@ -622,8 +622,8 @@ class Sim:
                 continue
             if x.absent or x.rep is not None:       # a node down does not answer
                 answers[x.id] = reconcile.answer_for(None if x.absent else x.rep.raft, m.id)
-        if not reconcile.gone_here(answers, r.voters, r.id, reconcile.removed_in_log(
-                ((op, who) for _, op, who in m.rep.confs), r.id)):
+        if not reconcile.gone_here(answers, r.voters, r.id,
+                                   reconcile.removed_in_log(m.rep.conf_changes(), r.id)):
             return False
         self.stats["deleted"] += 1
         self.log(f"{m.id} reconciled: no longer a member")
