@@ -27,7 +27,7 @@ from shoal.node.replication.links import PeerLinks
 from shoal.node.replication.log import Snapshot
 from shoal.node.replication.machine import LAZY_MAX, QueueMachine
 from shoal.node.replication.messages import FROM_LEADER
-from shoal.node.replication.raft import APP, SNAP, HardState, Message
+from shoal.node.replication.raft import APP, SNAP, Message
 from shoal.node.replication.store import RaftStore
 
 log = logging.getLogger("shoal.node.replication")
@@ -206,10 +206,8 @@ class Replication:
         """An empty member of a group this node does not have: its queue is made when the
         leader's snapshot arrives (it carries the declaration)."""
         header = [vhost, name, {"x-queue-type": "quorum"}, uid]
-        tomb = self.store.tombstones.pop(((vhost, name), uid), None)
         # a member dropped here and added back goes on from its term and vote (store.py)
-        raft = new_raft(self.member_id, hard_state=HardState(tomb[0], tomb[1], 0)) \
-            if tomb is not None else new_raft(self.member_id)
+        raft = new_raft(self.member_id, hard_state=self.store.unbury((vhost, name), uid))
         return self.make_group(header, raft, [])
 
     def _heard(self, node: str, member: str, now_ms: float) -> None:

@@ -146,6 +146,12 @@ class RaftStore:
         except OSError as exc:
             log.error("cannot write the Raft log: %s", exc)
 
+    def unbury(self, key: tuple[str, str], uid: str) -> HardState | None:
+        """The hard state a member of group ``uid`` made again on this node starts from: the
+        term and vote of its tombstone (:meth:`bury`), which it takes; None without one."""
+        tomb = self.tombstones.pop((key, uid), None)
+        return HardState(tomb[0], tomb[1], 0) if tomb is not None else None
+
     def sync(self) -> None:
         """Write the queued records and fsync them: on return they survive a crash.
         Raises OSError (the node stops serving its quorum queues' publishes)."""

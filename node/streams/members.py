@@ -38,7 +38,7 @@ from shoal.node.peers import DEFERRED
 from shoal.node.replication import membership, reconcile
 from shoal.node.replication.group import ELECTION_TICKS, HEARTBEAT_TICKS
 from shoal.node.replication.membership import node_of
-from shoal.node.replication.raft import APP, SNAP, HardState, Message
+from shoal.node.replication.raft import APP, SNAP, Message
 from shoal.node.replication.requests import STARTUP_TICKS
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.answers import Reply, done_upto
@@ -190,14 +190,12 @@ class StreamMembers:
             if m is None and wm.to == self.rep.member_id and wm.type in (APP, SNAP):
                 # a leader replicates to this member, which has nothing of the stream (added
                 # by add_member, or this node's disk was wiped): join, empty; the leader's
-                # start (a snapshot, with the declaration) follows
-                # a member dropped here and added back goes on from its term and vote
-                # (node/replication/store.py's tombstones)
-                tomb = self.rep.store.tombstones.pop(((vhost, name), uid), None)
+                # start (a snapshot, with the declaration) follows; a member dropped here and
+                # added back goes on from its term and vote (store.py's tombstones)
+                hs = self.rep.store.unbury((vhost, name), uid)
                 try:
-                    s = self.streams.create_member(
-                        vhost, name, {"x-queue-type": "stream"}, uid, None,
-                        HardState(tomb[0], tomb[1], 0) if tomb is not None else None)
+                    s = self.streams.create_member(vhost, name, {"x-queue-type": "stream"},
+                                                   uid, None, hs)
                 except Exception:  # noqa: BLE001 - must not stop the node
                     log.exception("cannot join stream '%s' in vhost '%s'", name, vhost)
                     return

@@ -241,6 +241,25 @@ def test_a_member_down_while_its_queue_was_deleted_drops_it_when_back(tmp_path):
     assert ("/", "q") not in c.shards["node-2"].replication.groups
 
 
+def remove_the_slower_follower(c: Cluster) -> tuple[str, str, object]:
+    """``delete_member`` of the follower whose answers come second, publishing as a loaded
+    queue is: the leader commits the removal on the other's answer and sends this member
+    the commit index, so it applies its own removal and still names the leader. Returns
+    the leader's node, the removed member's node and its group."""
+    lead = c.leader()
+    other = [n for n in c.ids if n != lead][-1]
+    g = c.shards[other].replication.groups[("/", "q")]
+    c.shards[lead].handle(b"router", [T.QUORUM_OP, 98, "delete_member", "/", "q", other],
+                          c.now)
+    seq = 1
+    while g.raft.id in g.raft.voters and seq < 40:
+        send(c, lead, seq, b"m", props())
+        seq += 1
+        c.tick()
+    assert g.raft.id not in g.raft.voters and g.raft.leader is not None     # the case
+    return lead, other, g
+
+
 def test_a_member_removed_while_up_drops_its_group_even_when_it_applied_its_removal(tmp_path):
     """``delete_member`` of a live follower, the slower of the two: the leader commits the
     removal on the other's answer and sends this member the commit index, so it applies its
@@ -249,17 +268,7 @@ def test_a_member_removed_while_up_drops_its_group_even_when_it_applied_its_remo
     leader. Now 10 s without a leader's message make it ask, and the others say it is out."""
     c = Cluster(tmp_path)
     declare(c)
-    lead = c.leader()
-    other = [n for n in c.ids if n != lead][-1]       # its answers come second
-    g = c.shards[other].replication.groups[("/", "q")]
-    c.shards[lead].handle(b"router", [T.QUORUM_OP, 98, "delete_member", "/", "q", other],
-                          c.now)
-    seq = 1
-    while g.raft.id in g.raft.voters and seq < 40:    # publishing, as a loaded queue is
-        send(c, lead, seq, b"m", props())
-        seq += 1
-        c.tick()
-    assert g.raft.id not in g.raft.voters and g.raft.leader is not None     # the case
+    lead, other, _ = remove_the_slower_follower(c)
     c.tick(130)                                       # 10 s of silence, then the asks
     assert ("/", "q") not in c.shards[other].replication.groups
     assert ("/", "q") not in c.shards[other].queues
@@ -298,19 +307,10 @@ def test_a_member_dropped_and_added_back_never_votes_twice_in_a_term(tmp_path):
     dropped and added back, got a second vote from it: two leaders in one term."""
     c = Cluster(tmp_path)
     declare(c)
-    lead = c.leader()
-    other = [n for n in c.ids if n != lead][-1]
+    lead, other, g = remove_the_slower_follower(c)
     third = next(n for n in c.ids if n not in (lead, other))
-    g = c.shards[other].replication.groups[("/", "q")]
     term, voted, uid = g.raft.term, g.raft.vote, g.uid
     assert voted is not None
-    c.shards[lead].handle(b"router", [T.QUORUM_OP, 98, "delete_member", "/", "q", other],
-                          c.now)
-    seq = 1
-    while g.raft.id in g.raft.voters and seq < 40:
-        send(c, lead, seq, b"m", props())
-        seq += 1
-        c.tick()
     c.tick(130)
     assert ("/", "q") not in c.shards[other].replication.groups          # dropped
     c.crash(other)
