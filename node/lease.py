@@ -1,14 +1,21 @@
 """A node's side of delivery leases (docs/consumers.md, "Delivery leases"; wire LEASE_GRANT,
-LEASE_REVOKE, LEASED and LEASE_END).
+LEASE_TAKE, LEASE_TAKEN, LEASE_REVOKE, LEASED and LEASE_END).
 
-While a plain queue is empty and has exactly one consumer, the node lends that consumer's
-deliveries to the consumer's router: the router writes matching publishes to the client
-itself and sends a LEASED record for each, a few milliseconds later, which the node turns
-into an entry acquired by that consumer. The node stays the queue's owner: settlements,
-requeues, cancel and a lost router work on those entries as on any other. While a lease is
-out the node delivers nothing to that consumer (its interest is off), so the router's count
-of the consumer's credit stays exact; anything that makes the queue non-empty or shared
-revokes the lease, and what arrived waits for the router's LEASE_END, behind its records.
+While a plain queue is empty and its consumers are all on one router, the node lends their
+deliveries to that router: the router writes matching publishes to the clients itself and
+sends a LEASED record for each, a few milliseconds later, which the node turns into an entry
+acquired by that consumer. The node stays the queue's owner: settlements, requeues, cancel
+and a lost router work on those entries as on any other.
+
+Lending is a handshake, so that none of the router's earlier PUBLISHes to the queue is still
+on its way when it starts delivering itself. LEASE_GRANT only offers the lease; the node
+keeps delivering as before. The router answers LEASE_TAKE, behind every PUBLISH it sent
+(and holds its later publishes to the queue). When the node reaches the TAKE, those
+PUBLISHes are handled; if the rule still holds, the lease starts (LEASE_TAKEN), else it is
+refused (LEASE_REVOKE). While a lease is out the node delivers nothing to its consumers
+(their interest is off), so the router's count of their credit stays exact; anything that
+makes the queue non-empty or shared revokes the lease, and what arrived waits for the
+router's LEASE_END, behind its records.
 
 Why (docs/performance.md, "Why a delivery lease"): at moderate rates each burst otherwise wakes
 the node from idle and costs a second trip through the router before the consumer sees it.
@@ -18,13 +25,16 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shoal.shared.wire import TAG_LEASE_GRANT, TAG_LEASE_REVOKE
+from shoal.shared.errors import RESOURCE_ERROR
+from shoal.shared.wire import (TAG_LEASE_GRANT, TAG_LEASE_REVOKE, TAG_LEASE_TAKEN,
+                               TAG_PUBLISH_RESULT)
 
 from shoal.node.durability.journal import JournalUnavailable
 from shoal.node.queues.message import is_persistent
 
 if TYPE_CHECKING:
     from shoal.node.peers import RouterPeer
+    from shoal.node.queues.consumer import QueueConsumer
     from shoal.node.queues.queue import Queue
 
 log = logging.getLogger("shoal.node")
@@ -33,6 +43,8 @@ log = logging.getLogger("shoal.node")
 #: it needed the node's path (a confirm, no credit), and a queue another router publishes to
 #: would otherwise be granted and revoked for every burst.
 HOLD_OFF_MS = 100
+#: A queue with more consumers than this is not lent (LEASE_GRANT names every one).
+MAX_LENT = 64
 
 
 class ShardCore(Protocol):
@@ -45,57 +57,109 @@ class ShardCore(Protocol):
     def send(self, identity: bytes, msg: list) -> None: ...
 
 
-def maybe_grant(shard: "ShardCore", q: "Queue") -> None:
-    """Lend ``q`` to its consumer's router if the rule holds: a plain queue (no type, group,
-    TTL, length limit, delivery limit, consumer timeout or single active consumer), nothing
-    ready or held, one consumer, which acquires, has no filter and holds credit."""
+def lends(q: "Queue", c: "QueueConsumer") -> bool:
+    """Whether ``q`` is lent and ``c`` is one of the consumers lent."""
+    lent = q.lease
+    return lent is not None and c in lent
+
+
+def _lendable(shard: "ShardCore", q: "Queue") -> tuple | None:
+    """The consumers ``q`` may be lent with now, or None (the rule of :func:`maybe_grant`)."""
     if not shard.leases_on or q.lease is not None or q.available or q.held or q.deleted \
             or q.replica is not None \
             or not q.cfg.plain or q.cfg.max_returns is not None or q.groups is not None \
             or shard.timers.now < q.lease_hold_until:
+        return None
+    lent = tuple(q.qcm.all)
+    if not lent or len(lent) > MAX_LENT:
+        return None
+    first = lent[0]
+    peer = first.peer
+    if peer is None:
+        return None
+    credit = False
+    for c in lent:
+        if not c.plain or not c.acquires or c.timeout or c.peer is not peer \
+                or c.priority != first.priority:
+            return None
+        credit = credit or c.credit > 0
+    return lent if credit else None
+
+
+def maybe_grant(shard: "ShardCore", q: "Queue") -> None:
+    """Offer ``q``'s lease to its consumers' router if the rule holds and none is offered: a
+    plain queue (no type, group, TTL, length limit, delivery limit, consumer timeout or single
+    active consumer), nothing ready or held, and at most ``MAX_LENT`` consumers, all on one
+    router and of one priority, each acquiring, without a filter or a timeout; at least one
+    holds credit. The node goes on delivering until the router's LEASE_TAKE."""
+    if q.lease_offer is not None:
         return
-    qcm = q.qcm
-    if len(qcm.all) != 1:
+    lent = _lendable(shard, q)
+    if lent is not None:
+        q.lease_offer = lent
+        shard.send(lent[0].peer.identity, [TAG_LEASE_GRANT, [c.consumer_id for c in lent]])
+
+
+def on_lease_take(shard: "ShardCore", state: "RouterPeer", msg: list) -> None:
+    """LEASE_TAKE [consumer_id]: the router takes the lease offered (every PUBLISH it sent
+    before is handled). If the rule still holds for the same consumers, the lease starts:
+    their interest goes off and the router is told (LEASE_TAKEN); else LEASE_REVOKE. Unknown
+    or not offered: ignored."""
+    c = state.consumers.get(msg[1]) if type(msg[1]) is int else None
+    q = c.queue if c is not None else None
+    if q is None or q.lease_offer is None or c not in q.lease_offer:
         return
-    c = next(iter(qcm.all))
-    if not c.plain or not c.acquires or c.timeout or c.credit <= 0 or c.peer is None:
+    offered, q.lease_offer = q.lease_offer, None
+    lent = _lendable(shard, q)
+    if lent != offered:
+        q.lease_hold_until = shard.timers.now + HOLD_OFF_MS
+        shard.send(state.identity, [TAG_LEASE_REVOKE, msg[1]])
         return
-    q.lease = c
+    q.lease = lent
     q.lease_revoked = False
-    qcm.set_interest(c, False)          # the node delivers nothing to it while lent
-    shard.send(c.peer.identity, [TAG_LEASE_GRANT, c.consumer_id, c.peer.publishes])
+    for c in lent:
+        q.qcm.set_interest(c, False)    # the node delivers nothing to them while lent
+    shard.send(state.identity, [TAG_LEASE_TAKEN, msg[1]])
 
 
 def revoke(shard: "ShardCore", q: "Queue") -> None:
     """Something other than the lease holder made ``q`` non-empty or shared: ask for it back
-    (once). What arrived waits until LEASE_END."""
-    c = q.lease
-    if c is not None and not q.lease_revoked:
+    (once), naming its first consumer. What arrived waits until LEASE_END."""
+    lent = q.lease
+    if lent is not None and not q.lease_revoked:
         q.lease_revoked = True
+        c = lent[0]
         if c.peer is not None:
             shard.send(c.peer.identity, [TAG_LEASE_REVOKE, c.consumer_id])
 
 
 def end(q: "Queue", now_ms: float) -> None:
-    """The lease is over (LEASE_END, or its consumer left): the node delivers to the consumer
-    again. The caller then calls ``q.notify_work()``."""
-    c = q.lease
-    if c is None:
+    """The lease is over (LEASE_END, or one of its consumers left): the node delivers to the
+    consumers again. The caller then calls ``q.notify_work()``."""
+    lent = q.lease
+    if lent is None:
         return
     q.lease = None
     q.lease_revoked = False
     q.lease_hold_until = now_ms + HOLD_OFF_MS
-    if c.queue is q and c in q.qcm.all and c.credit > 0:
-        q.qcm.set_interest(c, True)
+    for c in lent:
+        if c.queue is q and c in q.qcm.all and c.credit > 0:
+            q.qcm.set_interest(c, True)
 
 
 def on_lease_end(shard: "ShardCore", state: "RouterPeer", msg: list) -> None:
-    """LEASE_END [consumer_id]: the router holds the lease no longer; deliver what waited.
-    Unknown or already ended: ignored."""
+    """LEASE_END [consumer_id]: the router holds the lease (of which this is one consumer) no
+    longer, or declines its offer; deliver what waited. Unknown or already ended: ignored."""
     c = state.consumers.get(msg[1]) if type(msg[1]) is int else None
-    if c is None or c.queue is None or c.queue.lease is not c:
+    if c is None or c.queue is None:
         return
     q = c.queue
+    if q.lease_offer is not None and c in q.lease_offer:      # declined
+        q.lease_offer = None
+        q.lease_hold_until = shard.timers.now + HOLD_OFF_MS
+        return
+    if not lends(q, c):
+        return
     end(q, shard.timers.now)
     q.notify_work()
 
@@ -107,23 +171,37 @@ def on_leased(shard: "ShardCore", state: "RouterPeer", msg: list) -> None:
     gone (or the record is malformed), it is dropped, as a publish to a deleted queue is, and
     the client's settlement of it finds nothing; if the lease ended under it, it is enqueued
     ready like any publish."""
-    _, cid, did, exchange, routing_key, header, body, publisher = msg
+    _, cid, did, exchange, routing_key, header, body, publisher = msg[:8]
+    pid = msg[8] if len(msg) > 8 else 0
     c = state.consumers.get(cid) if type(cid) is int else None
     q = c.queue if c is not None else None
     if q is None or q.deleted or type(did) is not int or type(header) is not bytes \
             or type(body) is not bytes:
         log.debug("dropping LEASED for consumer %r: no such consumer, queue or shape", cid)
+        if pid:
+            shard.send(state.identity, [TAG_PUBLISH_RESULT, pid, 0, 0])
         return
     e = q.enqueue(exchange, routing_key, header, body, publisher)
     if e is None:                       # x-overflow refused it: not a plain queue; cannot be
+        if pid:
+            shard.send(state.identity, [TAG_PUBLISH_RESULT, pid, RESOURCE_ERROR, 0])
         return
     q.stats[0] += 1
+    lsn = 0
+    code = 0
     if q.journaled and is_persistent(header):
         try:
-            shard.durable.enqueue(q, e, shard.timers.now)
+            lsn = shard.durable.enqueue(q, e, shard.timers.now)
         except JournalUnavailable as exc:   # delivered already: keep it in memory only
             log.warning("leased message for queue '%s' not journaled: %s", q.name, exc)
-    if q.lease is not c or not e.acquire(c):
+            code = RESOURCE_ERROR
+    if pid:
+        res = [TAG_PUBLISH_RESULT, pid, code, 0 if code else 1]
+        if lsn:
+            shard.durable.defer(lsn, state.identity, res)   # answered once on disk
+        else:
+            shard.send(state.identity, res)
+    if not lends(q, c) or not e.acquire(c):
         q.notify_work()                 # the lease ended under it: an ordinary message now
         return
     q.available -= 1

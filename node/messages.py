@@ -69,7 +69,6 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
     node's page files (node/queues/paging.py)."""
     _, seq, vhost, names, exchange, routing_key, header, body, publisher = msg \
         if len(msg) == 9 else msg[:9]
-    state.publishes += 1
     queues = shard.queues
     pages = shard.pages
     routed = 0
@@ -255,7 +254,7 @@ def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> int:
         q.drain(known)
         known.wants_work = False
         q.work_wanted.pop(known, None)
-        if q.lease is known:
+        if lease.lends(q, known):
             lease.revoke(shard, q)
         return q.message_count
     if q.exclusive_consumer is not None or (exclusive and q.consumer_count):
@@ -267,7 +266,7 @@ def on_consume(shard: ShardCore, state: RouterPeer, msg: list) -> int:
     q.add_consumer(c)
     state.consumers[cid] = c
     if q.lease is not None:
-        lease.revoke(shard, q)          # a second consumer: the node decides again
+        lease.revoke(shard, q)          # another consumer: the node decides again
     return q.message_count
 
 

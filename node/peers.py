@@ -36,12 +36,10 @@ class RouterPeer:
 
     ``identity``: its ZeroMQ identity (bytes). ``last_seen``: ms of its last message.
     ``consumers``: consumer_id -> QueueConsumer. ``unsettled``: delivery_id -> QueueEntry it
-    holds acquired (released when it goes away). ``publishes``: its PUBLISH messages handled
-    (LEASE_GRANT carries it: node/lease.py).
+    holds acquired (released when it goes away).
     """
 
-    __slots__ = ("identity", "router_id", "last_seen", "consumers", "unsettled", "report",
-                 "publishes")
+    __slots__ = ("identity", "router_id", "last_seen", "consumers", "unsettled", "report")
 
     def __init__(self, identity: bytes, router_id: str, now_ms: float) -> None:
         self.identity = identity
@@ -49,7 +47,6 @@ class RouterPeer:
         self.last_seen = now_ms
         self.consumers: dict[int, QueueConsumer] = {}
         self.unsettled: dict[int, QueueEntry] = {}
-        self.publishes = 0
         #: its latest ROUTER_REPORT and when it came (ms): node/stats.py
         self.report: tuple[Any, float] | None = None
 

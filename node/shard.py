@@ -39,7 +39,7 @@ from shoal.node import queue_requests as Q
 from shoal.node.access_store import AccessStore, on_access_get, on_access_set
 from shoal.node.queues.consumer import QueueConsumer
 from shoal.node.queues.deadletter import send_dead_letter
-from shoal.node.lease import on_lease_end, on_leased, revoke as revoke_lease
+from shoal.node.lease import on_lease_end, on_lease_take, on_leased, revoke as revoke_lease
 from shoal.node.durability.durable import DurableLog
 from shoal.node.queues.entry import QueueEntry
 from shoal.node.durability.journal import Journal
@@ -71,7 +71,7 @@ _D = (dict, type(None))     # optional table (arguments)
 _L = (list, type(None))     # optional list (CONSUME's qos)
 #: messages that may carry one more field than their spec's count: SETTLE's annotations,
 #: CONSUME's qos (shared/wire.py)
-_OPTIONAL_LAST = frozenset({int(T.SETTLE), int(T.CONSUME), int(T.PUBLISH)})
+_OPTIONAL_LAST = frozenset({int(T.SETTLE), int(T.CONSUME), int(T.PUBLISH), int(T.LEASED)})
 
 
 class Shard:
@@ -153,6 +153,7 @@ class Shard:
             T.GET: (6, (int, str, str, int, _S), M.on_get, True),
             T.LEASED: (8, None, on_leased, False),          # checked inside
             T.LEASE_END: (2, None, on_lease_end, False),
+            T.LEASE_TAKE: (2, None, on_lease_take, False),
             T.REPUBLISH_RESULT: (3, (int, bool), cls._on_republish_result, False),
         }
         faults = injected_faults("node")        # tests only: SHOAL_INJECT_FAULTS

@@ -241,28 +241,23 @@ class Broker:
 
     # ---- publishing --------------------------------------------------------------------------
     def publish(self, ch: BrokerChannel, seq: int, ev: Any, queues: set[str],
-                future: asyncio.Future | None = None) -> None:
+                future: asyncio.Future | None = None, count: bool = True) -> None:
         """Send a routed publish to the owner node of each queue (one PUBLISH per node).
 
         ``seq``: the channel's confirm sequence number (0 without confirms). ``future``: set
         to the finished PendingPublish once every node answered (tx.commit waits on it).
+        ``count``: count it in the routed statistics (not a copy of a publish to several
+        queues that a lease held, router/lease.py: that publish was counted).
         """
         want_result = seq or ev.mandatory or future is not None
-        if self.leases.held:
-            if not want_result:
-                if len(queues) == 1:
-                    if self.leases.deliver(ch, ev, next(iter(queues))):
-                        return
-                else:       # each leased queue as if published to alone; the rest below
-                    rest = self.leases.deliver_each(ch, ev, queues)
-                    if not rest:
-                        self.stats["routed"] += 1
-                        return
-                    queues = rest
-            self.leases.end_for(ch.vhost, queues)
+        if self.leases.held:            # delivered, held or partly delivered under leases?
+            queues = self.leases.route(ch, seq, ev, queues, future, count)
+            if queues is None:
+                return
         by_node = self._by_node(ch.vhost, queues)
         if not want_result:     # routed as far as the router knows (no node answer)
-            self.stats["routed" if queues else "unroutable"] += 1
+            if count:
+                self.stats["routed" if queues else "unroutable"] += 1
             for node_id, qs in by_node.items():
                 link = self.links[node_id]
                 if link.up:
@@ -286,6 +281,16 @@ class Broker:
             self.publishes[pid] = pending
         else:
             self._finish_publish(pending)
+
+    def pending_answer(self, pid: int, ch: BrokerChannel, seq: int, ev: Any, node_id: str,
+                       queue: str) -> None:
+        """Publish ``pid`` (from :meth:`next_publish_id`), with a confirm, is answered by
+        ``node_id`` for ``queue`` other than through :meth:`publish` (a leased delivery's
+        record, router/lease.py): PUBLISH_RESULT finishes it."""
+        pending = PendingPublish(ch, seq, ev, {node_id})
+        pending.pid = pid
+        pending.sent = {node_id: [queue]}
+        self.publishes[pid] = pending
 
     def _by_node(self, vhost: str, queues: Any) -> dict[str, list[str]]:
         """The queue names grouped by their owner node (one PUBLISH per node)."""
@@ -450,7 +455,9 @@ class Broker:
                 credit.on_drained(c, msg[2])
                 self.replenish_channel(ch)
         elif tag == T.LEASE_GRANT:
-            self.leases.on_grant(link, msg[1], msg[2])
+            self.leases.on_grant(link, msg[1])
+        elif tag == T.LEASE_TAKEN:
+            self.leases.on_taken(msg[1])
         elif tag == T.LEASE_REVOKE:
             self.leases.on_revoke(link, msg[1])
         elif tag == T.CONSUMER_CANCELLED:

@@ -59,9 +59,13 @@ class BrokerChannel(Protocol):
     closed: bool
     pool: CreditPool
     unacked: dict[int, Delivery]
+    lease_pace: Any                     #: router/lease.py's ConfirmPace, once it has one
 
     @property
     def client(self) -> BrokerClient: ...
+
+    @property
+    def unconfirmed_count(self) -> int: ...
 
     def send(self, method: Any) -> None: ...
 

@@ -55,7 +55,7 @@ class Queue:
                  "entries", "qcm", "available", "sink", "next_id", "deleted", "had_consumers",
                  "exclusive_consumer", "work_wanted", "cfg", "timers", "held", "ready_bytes",
                  "groups", "active", "last_used", "journaled", "stats", "lease",
-                 "lease_revoked", "lease_hold_until", "features", "replica")
+                 "lease_offer", "lease_revoked", "lease_hold_until", "features", "replica")
 
     def __init__(self, vhost: str, name: str, *, durable: bool = False,
                  exclusive_owner: str | None = None, auto_delete: bool = False,
@@ -97,9 +97,11 @@ class Queue:
         #: messages published to it, delivered or fetched from it, acknowledged (QUEUE_LIST:
         #: the management API's message_stats); [publish, deliver_get, ack]
         self.stats = [0, 0, 0]
-        #: the consumer whose router holds a delivery lease (node/lease.py), whether it was
+        #: the consumers whose router holds a delivery lease (node/lease.py), whether it was
         #: revoked, and the clock (ms) before which the queue is not lent again
-        self.lease: QueueConsumer | None = None
+        self.lease: tuple[QueueConsumer, ...] | None = None
+        #: the consumers a lease is offered with, until the router takes or declines it
+        self.lease_offer: tuple[QueueConsumer, ...] | None = None
         self.lease_revoked = False
         self.lease_hold_until = 0.0
         #: a quorum queue's group (node/replication/group.py), None for a classic queue
@@ -328,7 +330,7 @@ class Queue:
             e.delete()
         self.available = self.held = self.ready_bytes = 0
         self.deleted = True
-        self.lease = None
+        self.lease = self.lease_offer = None
         return consumers
 
     # --- consumers ---
@@ -351,8 +353,14 @@ class Queue:
         if not self.qcm.remove(consumer):
             return False
         self.work_wanted.pop(consumer, None)
-        if self.lease is consumer:
+        if self.lease_offer is not None and consumer in self.lease_offer:
+            self.lease_offer = None
+        lent = self.lease
+        if lent is not None and consumer in lent:   # the lease ends: the others are served
             self.lease = None
+            for c in lent:
+                if c is not consumer and c.credit > 0 and c in self.qcm.all:
+                    self.qcm.set_interest(c, True)
         self.touch()
         if self.replica is not None:
             self.replica.used()         # a quorum queue's leader logs it (x-expires)
@@ -373,7 +381,8 @@ class Queue:
     def add_credit(self, consumer: QueueConsumer, credit: int) -> None:
         """Give ``consumer`` more credit and let it pull what it can now."""
         consumer.credit += credit
-        if consumer.credit > 0 and consumer is not self.lease:  # lent: the router delivers
+        lent = self.lease               # lent: the router delivers to it
+        if consumer.credit > 0 and (lent is None or consumer not in lent):
             if not consumer.acquires:
                 self._pull(consumer)
                 return

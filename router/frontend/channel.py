@@ -55,6 +55,8 @@ class Channel:
         self._unconfirmed: deque[int] = deque()   # confirm seqs in publish order
         self._confirmed: dict[int, bool] = {}      # finished this turn: seq -> ack (else nack)
         self._confirm_sent: set[int] = set()       # confirmed out of order, still in the deque
+        #: when its leased publishes' confirms may wait (router/lease.py), once it has one
+        self.lease_pace: Any = None
         self.tx: Transaction | None = None         # tx.select: publishes/acks wait for commit
         self.last_queue = ""
         self.reply_queue: str | None = None      # direct reply-to (direct_reply.py)
@@ -190,6 +192,11 @@ class Channel:
         self.publish_seq += 1
         self._unconfirmed.append(self.publish_seq)
         return self.publish_seq
+
+    @property
+    def unconfirmed_count(self) -> int:
+        """Publishes of this channel whose confirm is not written yet."""
+        return len(self._unconfirmed)
 
     def confirmed(self, seq: int, ack: bool) -> None:
         """Publish ``seq`` is settled (every target queue accepted it, or one failed)."""

@@ -18,7 +18,7 @@ import zmq
 from shoal.shared import wire
 from shoal.shared.errors import AMQPError, NOT_FOUND
 from shoal.shared.wire import (T, TAG_CREDIT, TAG_GOODBYE, TAG_HEARTBEAT, TAG_HELLO_OK,
-                               TAG_PUBLISH, TAG_REPLY, TAG_SETTLE)
+                               TAG_REPLY, TAG_SETTLE)
 
 log = logging.getLogger("shoal.router.links.node_link")
 
@@ -93,7 +93,6 @@ class NodeLink:
         self._records: list[list] = []  # LEASED / LEASE_END: leave before everything else
         self._front = 0                 # unsent records and urgent messages heading _outbox
         self.leases = 0                 #: delivery leases this router holds on the node
-        self.publishes = 0              #: PUBLISH messages queued since the link came up
         self._flush_scheduled = False
         self._lazy_scheduled = False
         self._drain_scheduled = False
@@ -190,8 +189,6 @@ class NodeLink:
             self._urgent.append(msg)
         else:
             self._outbox.append(msg)
-            if msg[0] == TAG_PUBLISH:
-                self.publishes += 1
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._running_loop().call_soon(self._flush)
@@ -387,7 +384,6 @@ class NodeLink:
         if self.up and restarted:
             self._go_down()
         self.incarnation = incarnation
-        self.publishes = 0          # the node counts this router's PUBLISHes afresh
         self.up = True
         log.info("node %s is up at %s", self.node_id, self.endpoint)
         self._on_up(self, restarted)
@@ -399,7 +395,7 @@ class NodeLink:
         self._outbox.clear()
         self._urgent.clear()
         self._records.clear()
-        self.leases = self.publishes = self._front = 0
+        self.leases = self._front = 0
         self._lazy_settle.clear()
         self._lazy_credit.clear()
         if self.congested:

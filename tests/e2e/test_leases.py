@@ -195,3 +195,48 @@ def test_a_fanout_delivers_under_each_queues_lease_once_in_order(prom):
         pch.queue_delete(q)
     pch.exchange_delete(ex)
     pub.close()
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["transient", "persistent"])
+def test_a_work_queue_with_confirms_is_lent_to_its_consumers_and_loses_nothing(prom, durable):
+    """Three consumers on one router and a publisher waiting for each confirm, already
+    publishing when the consumers come (the lease is taken while its PUBLISHes are on their
+    way: LEASE_TAKE): the router delivers under the lease, round robin, every publish is
+    confirmed, and every message arrives once, each consumer's in publish order."""
+    q = f"lease-work-{uuid.uuid4().hex[:10]}"
+    pub = connect(prom.url)
+    pch = pub.channel()
+    pch.queue_declare(q, durable=durable)
+    pch.confirm_delivery()
+    props = pika.BasicProperties(delivery_mode=2 if durable else 1)
+    sent: list = []
+
+    def send(n):
+        for _ in range(n):
+            sent.append(f"m{len(sent)}".encode())
+            pch.basic_publish("", q, sent[-1], props)   # raises if nacked or returned
+    send(50)                                        # a backlog: no lease yet
+    subs = [connect(prom.url) for _ in range(3)]
+    got: list[list] = [[] for _ in subs]
+    for conn, g in zip(subs, got):
+        consumer(conn, q, g, prefetch=20)
+    before = leased(prom)
+    deadline = time.monotonic() + 30
+    while leased(prom) < before + 100 and time.monotonic() < deadline:
+        send(20)
+        for conn in subs:
+            conn.process_data_events(0)
+    assert leased(prom) >= before + 100, "the work queue was never lent"
+    send(300)
+    pump(pub, *subs, until=lambda: sum(map(len, got)) >= len(sent))
+    everything = [b for g in got for b, _ in g]
+    assert sorted(everything) == sorted(sent) and len(everything) == len(sent)
+    for g in got:
+        assert g, "a consumer got nothing: not round robin"
+        mine = [int(b[1:]) for b, _ in g]
+        assert mine == sorted(mine)
+    for conn in subs:
+        conn.close()
+    assert pch.queue_declare(q, passive=True).method.message_count == 0
+    pch.queue_delete(q)
+    pub.close()

@@ -1,6 +1,6 @@
 """Delivery leases, the node's side (node/lease.py; docs/consumers.md, "Delivery leases"):
-when an empty plain queue's only consumer is lent to its router, what revokes the lease, and
-what the node does with the router's records."""
+when an empty plain queue's consumers are offered to their router, how the router takes the
+offer, what revokes the lease, and what the node does with the router's records."""
 from __future__ import annotations
 
 from node_helpers import Net, bodies
@@ -21,32 +21,67 @@ def grants(msgs):
     return [m for m in msgs if m[0] == T.LEASE_GRANT]
 
 
+def lend(r, cid, credit=5):
+    """Credit for ``cid``: the node offers the lease, the router takes it."""
+    assert r.credit(cid, credit) == [[T.LEASE_GRANT, [cid]]]
+    r.send(T.LEASE_TAKE, cid)
+    assert r.take() == [[T.LEASE_TAKEN, cid]]
+
+
 def record(r, cid, did, body, hdr=b"hdr"):
     r.send(T.LEASED, cid, did, "ex", "rk", hdr, body, None)
 
 
-def test_an_empty_queue_is_lent_when_its_only_consumer_gets_credit():
+def test_an_empty_queue_is_offered_when_its_only_consumer_gets_credit_and_lent_when_taken():
     net, r, cid = lent()
     assert r.take() == []
-    assert r.credit(cid, 5) == [[T.LEASE_GRANT, cid, 0]]
-    assert net.shard.queues[("/", "q")].lease is not None
-    assert r.credit(cid, 5) == []                 # granted once
+    assert r.credit(cid, 5) == [[T.LEASE_GRANT, [cid]]]
+    q = net.shard.queues[("/", "q")]
+    assert q.lease is None                        # an offer: the node still delivers
+    assert r.credit(cid, 5) == []                 # offered once
+    r.send(T.LEASE_TAKE, cid)
+    assert r.take() == [[T.LEASE_TAKEN, cid]]
+    assert q.lease is not None
+    r.send(T.LEASE_TAKE, cid)                     # not offered (any more): ignored
+    assert r.take() == []
 
 
-def test_the_grant_counts_the_routers_publishes_the_node_has_handled():
-    net = Net(leases=True)
-    r = net.router("r1")
-    r.declare("q")
-    r.declare("other")
-    r.publish("other", b"x")
-    r.publish("other", b"y")
-    cid = r.consume("q")
-    assert r.credit(cid, 1) == [[T.LEASE_GRANT, cid, 2]]
+def test_publishes_sent_before_the_take_are_delivered_by_the_node_and_the_lease_still_starts():
+    """The router's PUBLISHes that crossed the offer reach the node before its TAKE: the node
+    delivers them, as without a lease, and lends the queue once it is empty again."""
+    net, r, cid = lent()
+    assert r.credit(cid, 5) == [[T.LEASE_GRANT, [cid]]]
+    r.publish("q", b"crossed")
+    assert bodies(r.take()) == [b"crossed"]
+    r.send(T.LEASE_TAKE, cid)
+    assert r.take() == [[T.LEASE_TAKEN, cid]]
+
+
+def test_a_take_is_refused_when_the_rule_no_longer_holds():
+    net, r, cid = lent()
+    assert r.credit(cid, 1) == [[T.LEASE_GRANT, [cid]]]
+    r.publish("q", b"m1")                         # uses the consumer's last credit
+    r.publish("q", b"m2")                         # and waits: the queue is not empty
+    assert bodies(r.take()) == [b"m1"]
+    r.send(T.LEASE_TAKE, cid)
+    assert r.take() == [[T.LEASE_REVOKE, cid]]
+    assert net.shard.queues[("/", "q")].lease is None
+    r.send(T.LEASE_END, cid)                      # the router's answer: nothing more happens
+    assert r.take() == []
+
+
+def test_a_declined_offer_is_not_made_again_for_a_while():
+    net, r, cid = lent()
+    assert r.credit(cid, 5) == [[T.LEASE_GRANT, [cid]]]
+    r.send(T.LEASE_END, cid)
+    assert r.credit(cid, 1) == []
+    net.now += HOLD_OFF_MS
+    assert r.credit(cid, 1) == [[T.LEASE_GRANT, [cid]]]
 
 
 def test_records_become_acquired_entries_settled_like_deliveries():
     net, r, cid = lent()
-    r.credit(cid, 5)
+    lend(r, cid)
     record(r, cid, -1, b"m1")
     record(r, cid, -2, b"m2")
     assert r.take() == []                         # nothing to deliver: the router did
@@ -62,7 +97,7 @@ def test_records_become_acquired_entries_settled_like_deliveries():
 
 def test_another_routers_publish_revokes_and_waits_for_lease_end():
     net, r, cid = lent()
-    r.credit(cid, 5)
+    lend(r, cid)
     record(r, cid, -1, b"m1")
     other = net.router("r2")
     other.publish("q", b"m2")
@@ -77,14 +112,14 @@ def test_another_routers_publish_revokes_and_waits_for_lease_end():
 
 def test_a_second_consumer_revokes():
     net, r, cid = lent()
-    r.credit(cid, 5)
+    lend(r, cid)
     r.consume("q")
     assert r.pending == [[T.LEASE_REVOKE, cid]]   # sent with CONSUME's reply
 
 
 def test_a_requeued_leased_delivery_revokes_and_comes_back_redelivered():
     net, r, cid = lent()
-    r.credit(cid, 5)
+    lend(r, cid)
     record(r, cid, -1, b"m1")
     r.send(T.SETTLE, OUTCOME_REQUEUE, [-1])
     assert r.take() == [[T.LEASE_REVOKE, cid]]
@@ -95,20 +130,57 @@ def test_a_requeued_leased_delivery_revokes_and_comes_back_redelivered():
 
 def test_no_new_lease_for_a_while_after_one_ends():
     net, r, cid = lent()
-    r.credit(cid, 5)
+    lend(r, cid)
     r.send(T.LEASE_END, cid)
     assert r.credit(cid, 1) == []                 # held off
     net.now += HOLD_OFF_MS
-    assert r.credit(cid, 1) == [[T.LEASE_GRANT, cid, 0]]
+    assert r.credit(cid, 1) == [[T.LEASE_GRANT, [cid]]]
 
 
-def test_no_lease_without_credit_for_a_second_consumer_or_a_non_plain_queue():
+def test_a_queues_consumers_on_one_router_are_lent_together():
     net = Net(leases=True)
     r = net.router("r1")
     r.declare("q")
     a = r.consume("q")
     b = r.consume("q")
+    assert grants(r.credit(a, 5) + r.credit(b, 5)) == [[T.LEASE_GRANT, [a, b]]]
+    r.send(T.LEASE_TAKE, a)
+    assert r.take() == [[T.LEASE_TAKEN, a]]
+    record(r, a, -1, b"m1")
+    record(r, b, -2, b"m2")
+    peer = net.shard.peers[b"r1"]
+    assert (peer.consumers[a].credit, peer.consumers[b].credit) == (4, 4)
+    assert sorted(peer.unsettled) == [-2, -1]
+    # one of them leaves: that lease ends, and the other is lent alone (a router that had
+    # sent PUBLISHes meanwhile declines: the grant's count)
+    r.request(T.CANCEL, a)
+    assert grants(r.pending) == [[T.LEASE_GRANT, [b]]]
+    r.send(T.LEASE_END, b)                        # declined: the node serves it
+    assert net.shard.queues[("/", "q")].lease is None
+    other = net.router("r2")
+    other.publish("q", b"m3")
+    assert [(m[1], m[7]) for m in r.take() if m[0] == T.DELIVER] == [(b, b"m3")]
+
+
+def test_no_lease_for_consumers_on_two_routers_or_of_two_priorities_or_without_credit():
+    net = Net(leases=True)
+    r, r2 = net.router("r1"), net.router("r2")
+    r.declare("q")
+    a = r.consume("q")
+    b = r2.consume("q")
+    assert grants(r.credit(a, 5) + r2.credit(b, 5)) == []
+    r.declare("p")
+    a = r.consume("p")
+    b = r.consume("p", args={"x-priority": 5})
     assert grants(r.credit(a, 5) + r.credit(b, 5)) == []
+    r.declare("empty")
+    a = r.consume("empty")
+    assert grants(r.credit(a, 0)) == []
+
+
+def test_no_lease_for_a_non_plain_queue_or_a_filter():
+    net = Net(leases=True)
+    r = net.router("r1")
     for args in ({"x-message-ttl": 1000}, {"x-max-priority": 5}, {"x-max-length": 10},
                  {"x-single-active-consumer": True}):
         name = f"q{len(str(args))}-{next(iter(args))}"
@@ -129,17 +201,17 @@ def test_the_setting_turns_leases_off():
 
 def test_cancel_ends_the_lease_and_the_next_consumer_can_have_one():
     net, r, cid = lent()
-    r.credit(cid, 5)
+    lend(r, cid)
     r.request(T.CANCEL, cid)
     assert net.shard.queues[("/", "q")].lease is None
     c2 = r.consume("q")
     net.now += HOLD_OFF_MS
-    assert r.credit(c2, 5) == [[T.LEASE_GRANT, c2, 0]]
+    assert r.credit(c2, 5) == [[T.LEASE_GRANT, [c2]]]
 
 
 def test_a_lost_router_releases_its_leased_deliveries():
     net, r, cid = lent()
-    r.credit(cid, 5)
+    lend(r, cid)
     record(r, cid, -1, b"m1")
     r.send(T.GOODBYE)
     other = net.router("r2")
@@ -152,7 +224,7 @@ def test_no_ack_records_are_done_at_once_and_bad_records_are_dropped():
     r = net.router("r1")
     r.declare("q")
     cid = r.consume("q", no_ack=True)
-    assert r.credit(cid, 5) == [[T.LEASE_GRANT, cid, 0]]
+    lend(r, cid)
     record(r, cid, -1, b"m1")
     assert net.shard.peers[b"r1"].unsettled == {}
     assert r.declare("q", passive=True)[4] == ["q", 0, 1]
@@ -161,3 +233,14 @@ def test_no_ack_records_are_done_at_once_and_bad_records_are_dropped():
     r.send(T.LEASE_END, 99)                       # unknown
     assert r.take() == []
     assert r.declare("q", passive=True)[4] == ["q", 0, 1]
+
+
+def test_a_record_with_a_publish_id_is_answered_as_a_publish_and_a_dropped_one_too():
+    net, r, cid = lent()
+    lend(r, cid)
+    r.send(T.LEASED, cid, -1, "ex", "rk", b"hdr", b"m1", None, 41)
+    assert r.take() == [[T.PUBLISH_RESULT, 41, 0, 1]]
+    assert r.declare("q", passive=True)[4] == ["q", 0, 1]
+    # its consumer gone by the time the record comes: the publisher still gets its answer
+    r.send(T.LEASED, 99, -2, "ex", "rk", b"hdr", b"m2", None, 42)
+    assert r.take() == [[T.PUBLISH_RESULT, 42, 0, 0]]

@@ -368,3 +368,25 @@ def test_node_server_blocks_on_enospc_and_resumes(tmp_path):
     j = Journal.open(tmp_path / "journal")                        # the message is on disk
     assert [m.body for m in j.recovered.messages[("/", "q")]] == [b"x"]
     j.close()
+
+
+def test_a_leased_persistent_message_is_confirmed_only_once_on_disk_and_survives(tmp_path):
+    """A router holding a delivery lease records a confirmed publish it delivered (LEASED
+    with a publish id, node/lease.py): its PUBLISH_RESULT waits for the group commit, as a
+    PUBLISH's does, and the unacked message comes back after a restart."""
+    n = Node(tmp_path, commit=False)
+    n.send(T.QUEUE_DECLARE, 99, "/", "q", False, True, False, False, {}, "r1/c1")
+    n.journal.commit()
+    n.end_turn()
+    n.take()
+    n.consume("q", cid=1, credit=10)
+    assert [m for m in n.take() if m[0] == T.LEASE_GRANT] == [[T.LEASE_GRANT, [1]]]
+    n.send(T.LEASE_TAKE, 1)
+    assert n.take() == [[T.LEASE_TAKEN, 1]]
+    n.send(T.LEASED, 1, -1, "", "q", PERSISTENT, b"leased", "r1/c1", 7)
+    assert not [m for m in n.take() if m[0] == T.PUBLISH_RESULT]    # not on disk yet
+    n.journal.commit()
+    n.end_turn()
+    assert [m for m in n.take() if m[0] == T.PUBLISH_RESULT] == [[T.PUBLISH_RESULT, 7, 0, 1]]
+    n = n.restart()
+    assert n.get_all("q") == [(b"leased", True)]
