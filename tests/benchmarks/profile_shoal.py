@@ -42,9 +42,11 @@ def top(collapsed: Path, n: int = 15) -> str:
     samples only (a leaf blocked in epoll/poll is idle time: with ``--native`` py-spy samples
     it too)."""
     self_c, incl_c, total, idle = Counter(), Counter(), 0, 0
-    for line in collapsed.read_text().splitlines():
+    # split on newlines only: py-spy may name a frame with bytes that splitlines() also
+    # splits on (seen: a frame named "\x06 (" after \x1c)
+    for line in collapsed.read_text().split("\n"):
         stack, _, count = line.rpartition(" ")
-        if not stack:
+        if not stack or not count.isdigit():
             continue
         k = int(count)
         frames = [_name(f) for f in stack.split(";")]
