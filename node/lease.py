@@ -22,6 +22,7 @@ the node from idle and costs a second trip through the router before the consume
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,6 +46,10 @@ log = logging.getLogger("shoal.node")
 HOLD_OFF_MS = 100
 #: A queue with more consumers than this is not lent (LEASE_GRANT names every one).
 MAX_LENT = 64
+#: Offer ids: every message about an offer or the lease it became names it, so that an
+#: answer to an older offer is never taken for one to a newer (found by
+#: tests/router_glue/test_lease_schedules.py).
+_offers = itertools.count(1)
 
 
 class ShardCore(Protocol):
@@ -97,29 +102,36 @@ def maybe_grant(shard: "ShardCore", q: "Queue") -> None:
     lent = _lendable(shard, q)
     if lent is not None:
         q.lease_offer = lent
-        shard.send(lent[0].peer.identity, [TAG_LEASE_GRANT, [c.consumer_id for c in lent]])
+        q.lease_id = next(_offers)
+        shard.send(lent[0].peer.identity,
+                   [TAG_LEASE_GRANT, [c.consumer_id for c in lent], q.lease_id])
 
 
 def on_lease_take(shard: "ShardCore", state: "RouterPeer", msg: list) -> None:
-    """LEASE_TAKE [consumer_id]: the router takes the lease offered (every PUBLISH it sent
-    before is handled). If the rule still holds for the same consumers, the lease starts:
-    their interest goes off and the router is told (LEASE_TAKEN); else LEASE_REVOKE. Unknown
-    or not offered: ignored."""
-    c = state.consumers.get(msg[1]) if type(msg[1]) is int else None
+    """LEASE_TAKE [consumer_ids, offer_id]: the router takes that offer (every PUBLISH it
+    sent before is handled). If it is the offer standing and the rule still holds for the
+    same consumers, the lease starts: their interest goes off and the router is told
+    (LEASE_TAKEN); else LEASE_REVOKE, so that a TAKE is always answered (the offer was
+    withdrawn meanwhile: a consumer left, or the router declined it)."""
+    _, cids, oid = msg
+    if type(cids) is not list or not cids:
+        return
+    c = state.consumers.get(cids[0])
     q = c.queue if c is not None else None
-    if q is None or q.lease_offer is None or c not in q.lease_offer:
+    if q is None or q.lease_offer is None or q.lease_id != oid:
+        shard.send(state.identity, [TAG_LEASE_REVOKE, cids[0], oid])
         return
     offered, q.lease_offer = q.lease_offer, None
     lent = _lendable(shard, q)
     if lent != offered:
         q.lease_hold_until = shard.timers.now + HOLD_OFF_MS
-        shard.send(state.identity, [TAG_LEASE_REVOKE, msg[1]])
+        shard.send(state.identity, [TAG_LEASE_REVOKE, cids[0], oid])
         return
     q.lease = lent
     q.lease_revoked = False
     for c in lent:
         q.qcm.set_interest(c, False)    # the node delivers nothing to them while lent
-    shard.send(state.identity, [TAG_LEASE_TAKEN, msg[1]])
+    shard.send(state.identity, [TAG_LEASE_TAKEN, cids[0], oid])
 
 
 def revoke(shard: "ShardCore", q: "Queue") -> None:
@@ -130,7 +142,7 @@ def revoke(shard: "ShardCore", q: "Queue") -> None:
         q.lease_revoked = True
         c = lent[0]
         if c.peer is not None:
-            shard.send(c.peer.identity, [TAG_LEASE_REVOKE, c.consumer_id])
+            shard.send(c.peer.identity, [TAG_LEASE_REVOKE, c.consumer_id, q.lease_id])
 
 
 def end(q: "Queue", now_ms: float) -> None:
@@ -148,10 +160,11 @@ def end(q: "Queue", now_ms: float) -> None:
 
 
 def on_lease_end(shard: "ShardCore", state: "RouterPeer", msg: list) -> None:
-    """LEASE_END [consumer_id]: the router holds the lease (of which this is one consumer) no
-    longer, or declines its offer; deliver what waited. Unknown or already ended: ignored."""
+    """LEASE_END [consumer_id, offer_id]: the router holds that lease (of which this is one
+    consumer) no longer, or declines that offer; deliver what waited. Another offer's or
+    lease's, unknown or already ended: ignored."""
     c = state.consumers.get(msg[1]) if type(msg[1]) is int else None
-    if c is None or c.queue is None:
+    if c is None or c.queue is None or c.queue.lease_id != msg[2]:
         return
     q = c.queue
     if q.lease_offer is not None and c in q.lease_offer:      # declined

@@ -152,8 +152,8 @@ class Shard:
             T.SETTLE: (3, None, M.on_settle, False),        # hot: checked inside
             T.GET: (6, (int, str, str, int, _S), M.on_get, True),
             T.LEASED: (8, None, on_leased, False),          # checked inside
-            T.LEASE_END: (2, None, on_lease_end, False),
-            T.LEASE_TAKE: (2, None, on_lease_take, False),
+            T.LEASE_END: (3, None, on_lease_end, False),
+            T.LEASE_TAKE: (3, None, on_lease_take, False),
             T.REPUBLISH_RESULT: (3, (int, bool), cls._on_republish_result, False),
         }
         faults = injected_faults("node")        # tests only: SHOAL_INJECT_FAULTS

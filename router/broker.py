@@ -455,11 +455,11 @@ class Broker:
                 credit.on_drained(c, msg[2])
                 self.replenish_channel(ch)
         elif tag == T.LEASE_GRANT:
-            self.leases.on_grant(link, msg[1])
+            self.leases.on_grant(link, msg[1], msg[2])
         elif tag == T.LEASE_TAKEN:
-            self.leases.on_taken(msg[1])
+            self.leases.on_taken(msg[1], msg[2])
         elif tag == T.LEASE_REVOKE:
-            self.leases.on_revoke(link, msg[1])
+            self.leases.on_revoke(link, msg[1], msg[2])
         elif tag == T.CONSUMER_CANCELLED:
             entry = self.consumers.get(msg[1])
             if entry is not None and entry[1].node_id == link.node_id:

@@ -104,10 +104,12 @@ class Lease:
     publishes to the queue held meanwhile as (channel, confirm seq, publish, counted: False
     for one of a publish to several queues); ``held`` is None once the lease has started."""
 
-    __slots__ = ("queue", "entries", "turn", "held")
+    __slots__ = ("queue", "entries", "turn", "held", "offer")
 
-    def __init__(self, queue: str, entries: list[tuple["BrokerChannel", "Consumer"]]) -> None:
+    def __init__(self, queue: str, entries: list[tuple["BrokerChannel", "Consumer"]],
+                 offer: Any) -> None:
         self.queue = queue
+        self.offer = offer              #: the node's offer id, named in every message of it
         self.entries = entries
         self.turn = 0
         self.held: list[tuple["BrokerChannel", int, Any, bool]] | None = []
@@ -142,7 +144,7 @@ class Leases:
         self._last_id = 0
         self._paced: dict["BrokerChannel", None] = {}   # channels to check for a stall
 
-    def on_grant(self, link: "NodeLink", cids: Any) -> None:
+    def on_grant(self, link: "NodeLink", cids: Any, offer: Any) -> None:
         """LEASE_GRANT: take the lease offered (LEASE_TAKE, behind every PUBLISH sent; the
         queue's publishes are held until the answer), or decline it (LEASE_END at once,
         naming its first consumer) when a consumer is going or serves several queues, or the
@@ -169,26 +171,27 @@ class Leases:
                 break
             entries.append(entry)
         if ok and key is not None:
-            self.held[key] = Lease(key[1], entries)
+            self.held[key] = Lease(key[1], entries, offer)
             link.leases += 1
-            link.send([TAG_LEASE_TAKE, cids[0]])
+            link.send([TAG_LEASE_TAKE, cids, offer])
             return
-        link.send_record([TAG_LEASE_END, cids[0]], now=True)
+        link.send_record([TAG_LEASE_END, cids[0], offer], now=True)
 
-    def on_taken(self, cid: Any) -> None:
+    def on_taken(self, cid: Any, offer: Any) -> None:
         """LEASE_TAKEN: the lease has started; the publishes held meanwhile are delivered
         under it, in order (or through the node, if it does not allow one)."""
         entry = self._broker.consumers.get(cid)
         lease = self._lease_of(entry[1]) if entry is not None else None
-        if lease is not None and lease.held is not None:
+        if lease is not None and lease.offer == offer and lease.held is not None:
             held, lease.held = lease.held, None
             self._release(lease, held)
 
-    def on_revoke(self, link: "NodeLink", cid: Any) -> None:
+    def on_revoke(self, link: "NodeLink", cid: Any, offer: Any) -> None:
         """LEASE_REVOKE: give it back at once (behind the records already queued); the answer
-        to a LEASE_TAKE when the node no longer lends the queue."""
+        to a LEASE_TAKE when the node no longer lends the queue. Another lease's: ignored."""
         entry = self._broker.consumers.get(cid)
-        if entry is not None and self.holds(entry[1]):
+        lease = self._lease_of(entry[1]) if entry is not None else None
+        if lease is not None and lease.offer == offer:
             self._end(entry[1], now=True)
 
     def route(self, ch: "BrokerChannel", seq: int, ev: Any, queues: Any, future: Any,
@@ -237,9 +240,10 @@ class Leases:
                 pid: int = 0) -> str:
         """Deliver publish ``ev`` (routed to ``queue``) under the lease, if one is held and
         allows it, and return the node id its record goes to; else end the lease (if held)
-        and return "": the caller publishes through the node. ``count``: count it routed (once per publish: a publish to several
-        queues is counted by the caller; a confirmed one when its answer comes). ``pid``: the
-        publish id of a publish with a confirm (0: none), answered by the node."""
+        and return "": the caller publishes through the node. ``count``: count it routed
+        (once per publish: a publish to several queues is counted by the caller; a confirmed
+        one when its answer comes). ``pid``: the publish id of a publish with a confirm (0:
+        none), answered by the node."""
         lease = self.held.get((ch.vhost, queue))
         if lease is None:
             return ""
@@ -297,8 +301,9 @@ class Leases:
     def deliver_each(self, ch: "BrokerChannel", ev: Any, queues: Any) -> list[str]:
         """A publish routed to several queues (a fanout, a topic), no answer wanted: delivered
         under the lease of each queue whose lease allows it (or held while it is taken), as a
-        publish to that queue alone would be; returns the other queues (a lease that did not allow it is ended), which
-        go through their nodes. Not counted routed: the caller counts the publish once."""
+        publish to that queue alone would be; returns the other queues (a lease that did not
+        allow it is ended), which go through their nodes. Not counted routed: the caller
+        counts the publish once."""
         held, vhost = self.held, ch.vhost
         return [q for q in queues
                 if (vhost, q) not in held or not (self.hold(ch, 0, ev, q, False)
@@ -345,7 +350,9 @@ class Leases:
             self._release(lease, lease.held)
 
     def _end(self, c: "Consumer", now: bool = False) -> None:
-        self._broker.links[c.node_id].send_record([TAG_LEASE_END, c.consumer_id], now=now)
+        lease = self.held[(c.target.vhost, c.queue)]
+        self._broker.links[c.node_id].send_record([TAG_LEASE_END, c.consumer_id, lease.offer],
+                                                  now=now)
         self._drop(c)
 
     def _release(self, lease: Lease, held: list) -> None:

@@ -192,30 +192,33 @@ class T(IntEnum):
                           #   and "shrink" (node): to every node, for the queues it leads
 
     # --- delivery leases (docs/consumers.md, "Delivery leases") ---
-    LEASE_GRANT = 60      # N->R [T, consumer_ids]: an offer: the queue is empty and these (a
-                          #   list) are all its consumers, on this router. The node goes on
-                          #   delivering; the router answers LEASE_TAKE, or declines
-                          #   (LEASE_END).
-    LEASE_REVOKE = 61     # N->R [T, consumer_id]: something else made the queue non-empty or
-                          #   shared; answer LEASE_END (behind any LEASED). consumer_id: the
-                          #   lease's first consumer.
+    LEASE_GRANT = 60      # N->R [T, consumer_ids, offer_id]: an offer: the queue is empty and
+                          #   these (a list) are all its consumers, on this router. The node
+                          #   goes on delivering; the router answers LEASE_TAKE, or declines
+                          #   (LEASE_END). Every message of this offer, and of the lease it
+                          #   becomes, names offer_id (unique on the node).
+    LEASE_REVOKE = 61     # N->R [T, consumer_id, offer_id]: something else made the queue
+                          #   non-empty or shared; answer LEASE_END (behind any LEASED).
+                          #   consumer_id: the lease's first consumer.
     LEASED = 62           # R->N [T, consumer_id, delivery_id, exchange, routing_key, header,
                           #       body, publisher(, publish_id)]: the router delivered this
                           #   message itself under delivery_id (negative, chosen by the
                           #   router); the node enqueues it acquired by the consumer. Sent
                           #   ahead of SETTLEs. publish_id (a publish with a confirm): the
                           #   node answers PUBLISH_RESULT for it, as for a PUBLISH.
-    LEASE_END = 63        # R->N [T, consumer_id]: the router holds the lease no longer
-                          #   (returned, declined or revoked); sent behind its LEASEDs.
+    LEASE_END = 63        # R->N [T, consumer_id, offer_id]: the router holds the lease no
+                          #   longer (returned, declined or revoked); sent behind its LEASEDs.
     REPUBLISH_RESULT = 64  # R->N [T, confirm, ok]: a REPUBLISH with ``confirm`` reached every
                           #   queue it was routed to, on disk where durable (ok true), or did
                           #   not (unroutable, a missing exchange, a nack: ok false)
-    LEASE_TAKE = 65       # R->N [T, consumer_id]: the router takes the lease offered, behind
-                          #   every PUBLISH it sent (never ahead of them: not urgent); it holds
-                          #   its publishes to the queue until the answer.
-    LEASE_TAKEN = 66      # N->R [T, consumer_id]: the lease has started: the router may deliver
-                          #   publishes to the consumers itself. The answer to a TAKE is this
-                          #   or LEASE_REVOKE (the rule no longer holds).
+    LEASE_TAKE = 65       # R->N [T, consumer_ids, offer_id]: the router takes that offer
+                          #   (LEASE_GRANT's consumers and id), behind every PUBLISH it sent
+                          #   (never ahead of them: not urgent); it holds its publishes to the
+                          #   queue until the answer.
+    LEASE_TAKEN = 66      # N->R [T, consumer_id, offer_id]: the lease has started: the router
+                          #   may deliver publishes to the consumers itself. Every TAKE is
+                          #   answered, with this or LEASE_REVOKE (that offer is not standing
+                          #   any more, or the rule no longer holds); consumer_id: the first.
 
     # --- replication (N->N, over each node's links to the other nodes: design.md section 8) ---
     PEER_HELLO = 70       # N->N [T, wire_version, node_id, member_id, catalogue_seq], every

@@ -55,7 +55,8 @@ class Queue:
                  "entries", "qcm", "available", "sink", "next_id", "deleted", "had_consumers",
                  "exclusive_consumer", "work_wanted", "cfg", "timers", "held", "ready_bytes",
                  "groups", "active", "last_used", "journaled", "stats", "lease",
-                 "lease_offer", "lease_revoked", "lease_hold_until", "features", "replica")
+                 "lease_offer", "lease_id", "lease_revoked", "lease_hold_until", "features",
+                 "replica")
 
     def __init__(self, vhost: str, name: str, *, durable: bool = False,
                  exclusive_owner: str | None = None, auto_delete: bool = False,
@@ -102,6 +103,8 @@ class Queue:
         self.lease: tuple[QueueConsumer, ...] | None = None
         #: the consumers a lease is offered with, until the router takes or declines it
         self.lease_offer: tuple[QueueConsumer, ...] | None = None
+        #: the id of that offer, or of the lease it became (node/lease.py)
+        self.lease_id = 0
         self.lease_revoked = False
         self.lease_hold_until = 0.0
         #: a quorum queue's group (node/replication/group.py), None for a classic queue

@@ -3,10 +3,20 @@ when an empty plain queue's consumers are offered to their router, how the route
 offer, what revokes the lease, and what the node does with the router's records."""
 from __future__ import annotations
 
+import itertools
+
+import pytest
 from node_helpers import Net, bodies
 
+from shoal.node import lease
 from shoal.node.lease import HOLD_OFF_MS
 from shoal.shared.wire import OUTCOME_ACK, OUTCOME_REQUEUE, T
+
+
+@pytest.fixture(autouse=True)
+def offer_ids(monkeypatch):
+    """Each test's offers are numbered from 1 (the node numbers them from 1 per process)."""
+    monkeypatch.setattr(lease, "_offers", itertools.count(1))
 
 
 def lent(leases=True):
@@ -22,10 +32,13 @@ def grants(msgs):
 
 
 def lend(r, cid, credit=5):
-    """Credit for ``cid``: the node offers the lease, the router takes it."""
-    assert r.credit(cid, credit) == [[T.LEASE_GRANT, [cid]]]
-    r.send(T.LEASE_TAKE, cid)
-    assert r.take() == [[T.LEASE_TAKEN, cid]]
+    """Credit for ``cid``: the node offers the lease, the router takes it. Returns the
+    offer's id."""
+    (grant,) = r.credit(cid, credit)
+    assert grant[:2] == [T.LEASE_GRANT, [cid]]
+    r.send(T.LEASE_TAKE, [cid], grant[2])
+    assert r.take() == [[T.LEASE_TAKEN, cid, grant[2]]]
+    return grant[2]
 
 
 def record(r, cid, did, body, hdr=b"hdr"):
@@ -35,48 +48,49 @@ def record(r, cid, did, body, hdr=b"hdr"):
 def test_an_empty_queue_is_offered_when_its_only_consumer_gets_credit_and_lent_when_taken():
     net, r, cid = lent()
     assert r.take() == []
-    assert r.credit(cid, 5) == [[T.LEASE_GRANT, [cid]]]
+    assert r.credit(cid, 5) == [[T.LEASE_GRANT, [cid], 1]]
     q = net.shard.queues[("/", "q")]
     assert q.lease is None                        # an offer: the node still delivers
     assert r.credit(cid, 5) == []                 # offered once
-    r.send(T.LEASE_TAKE, cid)
-    assert r.take() == [[T.LEASE_TAKEN, cid]]
+    r.send(T.LEASE_TAKE, [cid], 1)
+    assert r.take() == [[T.LEASE_TAKEN, cid, 1]]
     assert q.lease is not None
-    r.send(T.LEASE_TAKE, cid)                     # not offered (any more): ignored
-    assert r.take() == []
+    r.send(T.LEASE_TAKE, [cid], 1)                # not offered (any more): still answered
+    assert r.take() == [[T.LEASE_REVOKE, cid, 1]]
+    assert q.lease is not None                    # (the lease is the router's to end)
 
 
 def test_publishes_sent_before_the_take_are_delivered_by_the_node_and_the_lease_still_starts():
     """The router's PUBLISHes that crossed the offer reach the node before its TAKE: the node
     delivers them, as without a lease, and lends the queue once it is empty again."""
     net, r, cid = lent()
-    assert r.credit(cid, 5) == [[T.LEASE_GRANT, [cid]]]
+    assert r.credit(cid, 5) == [[T.LEASE_GRANT, [cid], 1]]
     r.publish("q", b"crossed")
     assert bodies(r.take()) == [b"crossed"]
-    r.send(T.LEASE_TAKE, cid)
-    assert r.take() == [[T.LEASE_TAKEN, cid]]
+    r.send(T.LEASE_TAKE, [cid], 1)
+    assert r.take() == [[T.LEASE_TAKEN, cid, 1]]
 
 
 def test_a_take_is_refused_when_the_rule_no_longer_holds():
     net, r, cid = lent()
-    assert r.credit(cid, 1) == [[T.LEASE_GRANT, [cid]]]
+    assert r.credit(cid, 1) == [[T.LEASE_GRANT, [cid], 1]]
     r.publish("q", b"m1")                         # uses the consumer's last credit
     r.publish("q", b"m2")                         # and waits: the queue is not empty
     assert bodies(r.take()) == [b"m1"]
-    r.send(T.LEASE_TAKE, cid)
-    assert r.take() == [[T.LEASE_REVOKE, cid]]
+    r.send(T.LEASE_TAKE, [cid], 1)
+    assert r.take() == [[T.LEASE_REVOKE, cid, 1]]
     assert net.shard.queues[("/", "q")].lease is None
-    r.send(T.LEASE_END, cid)                      # the router's answer: nothing more happens
+    r.send(T.LEASE_END, cid, 1)                   # the router's answer: nothing more happens
     assert r.take() == []
 
 
 def test_a_declined_offer_is_not_made_again_for_a_while():
     net, r, cid = lent()
-    assert r.credit(cid, 5) == [[T.LEASE_GRANT, [cid]]]
-    r.send(T.LEASE_END, cid)
+    assert r.credit(cid, 5) == [[T.LEASE_GRANT, [cid], 1]]
+    r.send(T.LEASE_END, cid, 1)
     assert r.credit(cid, 1) == []
     net.now += HOLD_OFF_MS
-    assert r.credit(cid, 1) == [[T.LEASE_GRANT, [cid]]]
+    assert r.credit(cid, 1) == [[T.LEASE_GRANT, [cid], 2]]
 
 
 def test_records_become_acquired_entries_settled_like_deliveries():
@@ -97,44 +111,44 @@ def test_records_become_acquired_entries_settled_like_deliveries():
 
 def test_another_routers_publish_revokes_and_waits_for_lease_end():
     net, r, cid = lent()
-    lend(r, cid)
+    oid = lend(r, cid)
     record(r, cid, -1, b"m1")
     other = net.router("r2")
     other.publish("q", b"m2")
-    assert r.take() == [[T.LEASE_REVOKE, cid]]   # no DELIVER while the lease is out
+    assert r.take() == [[T.LEASE_REVOKE, cid, oid]]   # no DELIVER while the lease is out
     other.publish("q", b"m3")
     assert r.take() == []                         # revoked once
     record(r, cid, -2, b"m1b")                    # a record already on its way
-    r.send(T.LEASE_END, cid)
+    r.send(T.LEASE_END, cid, oid)
     assert bodies(r.take()) == [b"m2", b"m3"]
     assert sorted(net.shard.peers[b"r1"].unsettled)[:2] == [-2, -1]
 
 
 def test_a_second_consumer_revokes():
     net, r, cid = lent()
-    lend(r, cid)
+    oid = lend(r, cid)
     r.consume("q")
-    assert r.pending == [[T.LEASE_REVOKE, cid]]   # sent with CONSUME's reply
+    assert r.pending == [[T.LEASE_REVOKE, cid, oid]]  # sent with CONSUME's reply
 
 
 def test_a_requeued_leased_delivery_revokes_and_comes_back_redelivered():
     net, r, cid = lent()
-    lend(r, cid)
+    oid = lend(r, cid)
     record(r, cid, -1, b"m1")
     r.send(T.SETTLE, OUTCOME_REQUEUE, [-1])
-    assert r.take() == [[T.LEASE_REVOKE, cid]]
-    r.send(T.LEASE_END, cid)
+    assert r.take() == [[T.LEASE_REVOKE, cid, oid]]
+    r.send(T.LEASE_END, cid, oid)
     (d,) = [m for m in r.take() if m[0] == T.DELIVER]
     assert d[1] == cid and d[3] is True and d[7] == b"m1"
 
 
 def test_no_new_lease_for_a_while_after_one_ends():
     net, r, cid = lent()
-    lend(r, cid)
-    r.send(T.LEASE_END, cid)
+    oid = lend(r, cid)
+    r.send(T.LEASE_END, cid, oid)
     assert r.credit(cid, 1) == []                 # held off
     net.now += HOLD_OFF_MS
-    assert r.credit(cid, 1) == [[T.LEASE_GRANT, [cid]]]
+    assert r.credit(cid, 1) == [[T.LEASE_GRANT, [cid], oid + 1]]
 
 
 def test_a_queues_consumers_on_one_router_are_lent_together():
@@ -143,9 +157,9 @@ def test_a_queues_consumers_on_one_router_are_lent_together():
     r.declare("q")
     a = r.consume("q")
     b = r.consume("q")
-    assert grants(r.credit(a, 5) + r.credit(b, 5)) == [[T.LEASE_GRANT, [a, b]]]
-    r.send(T.LEASE_TAKE, a)
-    assert r.take() == [[T.LEASE_TAKEN, a]]
+    assert grants(r.credit(a, 5) + r.credit(b, 5)) == [[T.LEASE_GRANT, [a, b], 1]]
+    r.send(T.LEASE_TAKE, [a, b], 1)
+    assert r.take() == [[T.LEASE_TAKEN, a, 1]]
     record(r, a, -1, b"m1")
     record(r, b, -2, b"m2")
     peer = net.shard.peers[b"r1"]
@@ -154,8 +168,8 @@ def test_a_queues_consumers_on_one_router_are_lent_together():
     # one of them leaves: that lease ends, and the other is lent alone (a router that had
     # sent PUBLISHes meanwhile declines: the grant's count)
     r.request(T.CANCEL, a)
-    assert grants(r.pending) == [[T.LEASE_GRANT, [b]]]
-    r.send(T.LEASE_END, b)                        # declined: the node serves it
+    assert grants(r.pending) == [[T.LEASE_GRANT, [b], 2]]
+    r.send(T.LEASE_END, b, 2)                     # declined: the node serves it
     assert net.shard.queues[("/", "q")].lease is None
     other = net.router("r2")
     other.publish("q", b"m3")
@@ -201,12 +215,12 @@ def test_the_setting_turns_leases_off():
 
 def test_cancel_ends_the_lease_and_the_next_consumer_can_have_one():
     net, r, cid = lent()
-    lend(r, cid)
+    oid = lend(r, cid)
     r.request(T.CANCEL, cid)
     assert net.shard.queues[("/", "q")].lease is None
     c2 = r.consume("q")
     net.now += HOLD_OFF_MS
-    assert r.credit(c2, 5) == [[T.LEASE_GRANT, [c2]]]
+    assert r.credit(c2, 5) == [[T.LEASE_GRANT, [c2], oid + 1]]
 
 
 def test_a_lost_router_releases_its_leased_deliveries():
@@ -230,7 +244,7 @@ def test_no_ack_records_are_done_at_once_and_bad_records_are_dropped():
     assert r.declare("q", passive=True)[4] == ["q", 0, 1]
     record(r, 99, -2, b"nobody")                  # unknown consumer
     r.send(T.LEASED, cid, -3, "ex")               # malformed
-    r.send(T.LEASE_END, 99)                       # unknown
+    r.send(T.LEASE_END, 99, 1)                    # unknown
     assert r.take() == []
     assert r.declare("q", passive=True)[4] == ["q", 0, 1]
 
@@ -244,3 +258,27 @@ def test_a_record_with_a_publish_id_is_answered_as_a_publish_and_a_dropped_one_t
     # its consumer gone by the time the record comes: the publisher still gets its answer
     r.send(T.LEASED, 99, -2, "ex", "rk", b"hdr", b"m2", None, 42)
     assert r.take() == [[T.PUBLISH_RESULT, 42, 0, 0]]
+
+
+def test_an_answer_to_an_older_offer_is_never_taken_for_one_to_a_newer():
+    """Found by tests/router_glue/test_lease_schedules.py (seeds 1 and 1032): the router
+    declined an older offer (LEASE_END naming consumer a) and took a newer one naming a too.
+    Matched by consumer, the node read the decline as the newer offer's and ignored the TAKE
+    (the router held its publishes for good), or started the newer offer's lease on the older
+    TAKE and ended it on the router's later decline (a message delivered twice). Offers carry
+    ids now, and a TAKE of no standing offer is refused, never left unanswered."""
+    net = Net(leases=True)
+    r = net.router("r1")
+    r.declare("q")
+    a = r.consume("q")
+    b = r.consume("q")
+    assert grants(r.credit(a, 5) + r.credit(b, 5)) == [[T.LEASE_GRANT, [a, b], 1]]
+    r.request(T.CANCEL, b)                        # that offer goes; a new one, of [a]
+    assert grants(r.pending) == [[T.LEASE_GRANT, [a], 2]]
+    r.send(T.LEASE_END, a, 1)                     # the router declines the first...
+    r.send(T.LEASE_TAKE, [a], 2)                  # ...and takes the second
+    assert r.take() == [[T.LEASE_TAKEN, a, 2]]
+    r.send(T.LEASE_TAKE, [a, b], 1)               # a take of an offer no longer standing
+    assert r.take() == [[T.LEASE_REVOKE, a, 1]]
+    r.send(T.LEASE_END, a, 1)                     # its answer: the lease stands
+    assert net.shard.queues[("/", "q")].lease is not None

@@ -81,9 +81,9 @@ def setup(queues=("q",), more=0):
 
 def take(leases, link, cids):
     """The node's offer, taken (LEASE_TAKE sent), then started (LEASE_TAKEN)."""
-    leases.on_grant(link, cids)
-    assert link.messages[-1] == [T.LEASE_TAKE, cids[0]]
-    leases.on_taken(cids[0])
+    leases.on_grant(link, cids, 1)
+    assert link.messages[-1] == [T.LEASE_TAKE, cids, 1]
+    leases.on_taken(cids[0], 1)
 
 
 def publish(body, header=PLAIN):
@@ -104,13 +104,13 @@ def test_a_grant_is_taken_and_publishes_are_delivered_then_recorded():
 def test_publishes_are_held_while_the_lease_is_taken_then_delivered_in_order():
     async def run():
         leases, link, ch, t = setup()
-        leases.on_grant(link, [7])
-        assert link.messages == [[T.LEASE_TAKE, 7]]
+        leases.on_grant(link, [7], 1)
+        assert link.messages == [[T.LEASE_TAKE, [7], 1]]
         broker = leases._broker
         broker.publish(ch, 0, publish(b"a"), {"q"})
         broker.publish(ch, 3, publish(b"b"), {"q"})   # with a confirm
         assert ch.delivered == [] and link.sent == [] and broker.published == []
-        leases.on_taken(7)
+        leases.on_taken(7, 1)
         assert ch.delivered == [(-1, b"a"), (-2, b"b")]
         assert [m[0] for m in link.sent] == [T.LEASED, T.LEASED]
         # the confirmed one's record names its publish id, which the node's answer finishes
@@ -121,21 +121,21 @@ def test_publishes_are_held_while_the_lease_is_taken_then_delivered_in_order():
 
 def test_publishes_held_for_a_lease_the_node_refuses_go_through_the_node_in_order():
     leases, link, ch, t = setup()
-    leases.on_grant(link, [7])
+    leases.on_grant(link, [7], 1)
     broker = leases._broker
     broker.publish(ch, 0, publish(b"a"), {"q"})
     broker.publish(ch, 0, publish(b"b"), {"q"})
-    leases.on_revoke(link, 7)                     # the TAKE's answer: refused
+    leases.on_revoke(link, 7, 1)                     # the TAKE's answer: refused
     assert link.records == [(T.LEASE_END, 7, True)] and not leases.held
     assert broker.published == [(0, b"a", True), (0, b"b", True)]
     assert ch.delivered == []
-    leases.on_taken(7)                            # a late answer for it changes nothing
+    leases.on_taken(7, 1)                            # a late answer for it changes nothing
     assert ch.delivered == []
 
 
 def test_a_publish_the_lease_cannot_take_ends_the_take_behind_what_was_held():
     leases, link, ch, t = setup()
-    leases.on_grant(link, [7])
+    leases.on_grant(link, [7], 1)
     broker = leases._broker
     broker.publish(ch, 0, publish(b"a"), {"q"})
     broker.publish(ch, 0, publish(b"b", EXPIRING), {"q"})
@@ -145,8 +145,8 @@ def test_a_publish_the_lease_cannot_take_ends_the_take_behind_what_was_held():
 
 def test_a_multi_queue_consumer_or_a_gone_one_declines():
     leases, link, ch, t = setup(queues=("q", "q2"))
-    leases.on_grant(link, [7])
-    leases.on_grant(link, [99])
+    leases.on_grant(link, [7], 1)
+    leases.on_grant(link, [99], 1)
     assert link.records == [(T.LEASE_END, 7, True), (T.LEASE_END, 99, True)]
 
 
@@ -168,8 +168,8 @@ def test_no_credit_an_expiration_or_another_route_ends_the_lease_first():
 def test_a_revoke_is_answered_at_once_and_a_cancel_forgets_quietly():
     leases, link, ch, t = setup()
     take(leases, link, [7])
-    leases.on_revoke(link, 7)
-    leases.on_revoke(link, 7)                     # already returned: nothing more
+    leases.on_revoke(link, 7, 1)
+    leases.on_revoke(link, 7, 1)                     # already returned: nothing more
     assert link.records == [(T.LEASE_END, 7, True)]
     take(leases, link, [7])
     leases.forget(t)
@@ -197,7 +197,7 @@ def test_a_grant_naming_consumers_of_two_queues_is_declined():
     t.consumers[1].target = ConsumerTarget("other", 1, "/", False)
     t.consumers[1].target.consumers.append(t.consumers[1])
     del t.consumers[1]
-    leases.on_grant(link, [7, 8])
+    leases.on_grant(link, [7, 8], 1)
     assert link.records == [(T.LEASE_END, 7, True)] and not leases.held
 
 
@@ -235,8 +235,20 @@ def test_confirm_pace_learns_a_window_only_from_a_stall_and_raises_it_when_passe
 
 def test_a_publish_to_several_queues_is_held_for_a_lease_being_taken_and_counted_once():
     leases, link, ch, t = setup()
-    leases.on_grant(link, [7])
+    leases.on_grant(link, [7], 1)
     assert leases.deliver_each(ch, publish(b"fan"), ["q", "other"]) == ["other"]
-    leases.on_taken(7)
+    leases.on_taken(7, 1)
     assert ch.delivered == [(-1, b"fan")]
     assert leases._broker.stats["routed"] == 0    # the caller counted the publish
+
+
+def test_answers_naming_another_offer_are_ignored():
+    leases, link, ch, t = setup()
+    leases.on_grant(link, [7], 5)
+    leases.on_taken(7, 4)                         # an older offer's: still taking
+    leases.on_revoke(link, 7, 4)
+    assert leases.held and leases.held[("/", "q")].held == []
+    leases.on_taken(7, 5)
+    assert leases.held[("/", "q")].held is None   # started
+    leases.on_revoke(link, 7, 5)
+    assert link.sent[-1] == [T.LEASE_END, 7, 5] and not leases.held

@@ -380,9 +380,10 @@ def test_a_leased_persistent_message_is_confirmed_only_once_on_disk_and_survives
     n.end_turn()
     n.take()
     n.consume("q", cid=1, credit=10)
-    assert [m for m in n.take() if m[0] == T.LEASE_GRANT] == [[T.LEASE_GRANT, [1]]]
-    n.send(T.LEASE_TAKE, 1)
-    assert n.take() == [[T.LEASE_TAKEN, 1]]
+    (grant,) = [m for m in n.take() if m[0] == T.LEASE_GRANT]
+    assert grant[:2] == [T.LEASE_GRANT, [1]]
+    n.send(T.LEASE_TAKE, [1], grant[2])
+    assert n.take() == [[T.LEASE_TAKEN, 1, grant[2]]]
     n.send(T.LEASED, 1, -1, "", "q", PERSISTENT, b"leased", "r1/c1", 7)
     assert not [m for m in n.take() if m[0] == T.PUBLISH_RESULT]    # not on disk yet
     n.journal.commit()
