@@ -261,7 +261,7 @@ def test_a_record_with_a_publish_id_is_answered_as_a_publish_and_a_dropped_one_t
 
 
 def test_an_answer_to_an_older_offer_is_never_taken_for_one_to_a_newer():
-    """Found by tests/router_glue/test_lease_schedules.py (seeds 1 and 1032): the router
+    """Found by tests/router_glue/test_lease_schedules.py: the router
     declined an older offer (LEASE_END naming consumer a) and took a newer one naming a too.
     Matched by consumer, the node read the decline as the newer offer's and ignored the TAKE
     (the router held its publishes for good), or started the newer offer's lease on the older

@@ -306,7 +306,7 @@ class World:
 
 
 def _seeds() -> range:
-    spec = os.environ.get("LEASE_SEEDS", "0:400")
+    spec = os.environ.get("LEASE_SEEDS", "0:2000")
     first, count = (int(x) for x in spec.split(":"))
     return range(first, first + count)
 
