@@ -41,6 +41,18 @@ def lend(r, cid, credit=5):
     return grant[2]
 
 
+def offered_to_two():
+    """A queue with two consumers on router r1, each given credit: offered to both (offer
+    1). Returns the net, the router and the two consumer ids."""
+    net = Net(leases=True)
+    r = net.router("r1")
+    r.declare("q")
+    a = r.consume("q")
+    b = r.consume("q")
+    assert grants(r.credit(a, 5) + r.credit(b, 5)) == [[T.LEASE_GRANT, [a, b], 1]]
+    return net, r, a, b
+
+
 def record(r, cid, did, body, hdr=b"hdr"):
     r.send(T.LEASED, cid, did, "ex", "rk", hdr, body, None)
 
@@ -152,12 +164,7 @@ def test_no_new_lease_for_a_while_after_one_ends():
 
 
 def test_a_queues_consumers_on_one_router_are_lent_together():
-    net = Net(leases=True)
-    r = net.router("r1")
-    r.declare("q")
-    a = r.consume("q")
-    b = r.consume("q")
-    assert grants(r.credit(a, 5) + r.credit(b, 5)) == [[T.LEASE_GRANT, [a, b], 1]]
+    net, r, a, b = offered_to_two()
     r.send(T.LEASE_TAKE, [a, b], 1)
     assert r.take() == [[T.LEASE_TAKEN, a, 1]]
     record(r, a, -1, b"m1")
@@ -267,12 +274,7 @@ def test_an_answer_to_an_older_offer_is_never_taken_for_one_to_a_newer():
     (the router held its publishes for good), or started the newer offer's lease on the older
     TAKE and ended it on the router's later decline (a message delivered twice). Offers carry
     ids now, and a TAKE of no standing offer is refused, never left unanswered."""
-    net = Net(leases=True)
-    r = net.router("r1")
-    r.declare("q")
-    a = r.consume("q")
-    b = r.consume("q")
-    assert grants(r.credit(a, 5) + r.credit(b, 5)) == [[T.LEASE_GRANT, [a, b], 1]]
+    net, r, a, b = offered_to_two()
     r.request(T.CANCEL, b)                        # that offer goes; a new one, of [a]
     assert grants(r.pending) == [[T.LEASE_GRANT, [a], 2]]
     r.send(T.LEASE_END, a, 1)                     # the router declines the first...
