@@ -146,17 +146,13 @@ def revoke(shard: "ShardCore", q: "Queue") -> None:
 
 
 def end(q: "Queue", now_ms: float) -> None:
-    """The lease is over (LEASE_END, or one of its consumers left): the node delivers to the
-    consumers again. The caller then calls ``q.notify_work()``."""
-    lent = q.lease
-    if lent is None:
+    """The router ended the lease (LEASE_END): the node delivers to the consumers again
+    (``Queue.unlend``), and does not lend the queue for ``HOLD_OFF_MS``. The caller then
+    calls ``q.notify_work()``."""
+    if q.lease is None:
         return
-    q.lease = None
-    q.lease_revoked = False
     q.lease_hold_until = now_ms + HOLD_OFF_MS
-    for c in lent:
-        if c.queue is q and c in q.qcm.all and c.credit > 0:
-            q.qcm.set_interest(c, True)
+    q.unlend()
 
 
 def on_lease_end(shard: "ShardCore", state: "RouterPeer", msg: list) -> None:

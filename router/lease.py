@@ -327,11 +327,10 @@ class Leases:
     def forget_node(self, node_id: str) -> None:
         """The node is down: every lease on it is gone (the link reset its count); publishes
         held for one go the way of any publish to that node."""
-        for key, lease in list(self.held.items()):
-            if lease.entries[0][1].node_id == node_id:
-                del self.held[key]
-                if lease.held:
-                    self._release(lease, lease.held)
+        for lease in list(self.held.values()):
+            c = lease.entries[0][1]
+            if c.node_id == node_id:
+                self._drop(c)
 
     def holds(self, c: "Consumer") -> bool:
         """Whether this router holds (or is taking) a lease that lends queue consumer ``c``."""

@@ -358,12 +358,8 @@ class Queue:
         self.work_wanted.pop(consumer, None)
         if self.lease_offer is not None and consumer in self.lease_offer:
             self.lease_offer = None
-        lent = self.lease
-        if lent is not None and consumer in lent:   # the lease ends: the others are served
-            self.lease = None
-            for c in lent:
-                if c is not consumer and c.credit > 0 and c in self.qcm.all:
-                    self.qcm.set_interest(c, True)
+        if self.lease is not None and consumer in self.lease:
+            self.unlend()                   # the lease ends: the others are served
         self.touch()
         if self.replica is not None:
             self.replica.used()         # a quorum queue's leader logs it (x-expires)
@@ -380,6 +376,15 @@ class Queue:
             if self.active is not None:
                 self.notify_work()
         return True
+
+    def unlend(self) -> None:
+        """The delivery lease is over (node/lease.py): the node delivers again to those of its
+        consumers still here that hold credit."""
+        lent, self.lease = self.lease, None
+        self.lease_revoked = False
+        for c in lent or ():
+            if c.credit > 0 and c in self.qcm.all:
+                self.qcm.set_interest(c, True)
 
     def add_credit(self, consumer: QueueConsumer, credit: int) -> None:
         """Give ``consumer`` more credit and let it pull what it can now."""
