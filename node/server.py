@@ -319,7 +319,9 @@ class NodeServer:
             self._send(peer, self.shard.links.take_box(peer))
 
     def _send(self, peer: bytes, msgs: list[list]) -> None:
-        """Send one router its batch (``_zmq_sent`` notes a send on the ZeroMQ socket)."""
+        """Send one router its batch (``_zmq_sent`` notes a send on the ZeroMQ socket), its
+        runs of answers coalesced (``wire.coalesce_results``)."""
+        msgs = wire.coalesce_results(msgs)
         local = self._local.get(peer)
         unix = self._unix
         try:

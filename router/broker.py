@@ -21,7 +21,8 @@ from shoal.shared.definitions import Definitions, definitions_for
 from shoal.shared.errors import CONNECTION_FORCED, INTERNAL_ERROR
 from shoal.shared.linkauth import connect_curve
 from shoal.shared.settings import Settings
-from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH, TAG_PUBLISH_MOVED, TAG_SETTLE
+from shoal.shared.wire import (T, TAG_DELIVER, TAG_PUBLISH, TAG_PUBLISH_MOVED, TAG_PUBLISH_RESULT,
+                               TAG_SETTLE)
 
 from shoal.router import consumers as credit, dead_letters, node_events, pushback, quorum
 from shoal.router.access.users import UserStore
@@ -402,6 +403,26 @@ class Broker:
                 self.replenish(ch, t)
 
     # ---- node messages -----------------------------------------------------------------------
+    def _publish_result(self, link: NodeLink, pid: int, code: int, routed: int) -> None:
+        """PUBLISH_RESULT for publish ``pid`` from ``link``'s node: once every node it went
+        to has answered, confirm it (basic.ack, or basic.nack if one refused it)."""
+        p = self.publishes.get(pid)
+        if p is None:
+            return
+        key = link.node_id if pid == p.pid else pid
+        if key not in p.waiting:        # an old leader's late answer
+            return
+        p.routed += routed
+        if code != wire.OK:
+            p.failed = True
+        p.waiting.discard(key)
+        if not p.waiting:
+            if p.extra:
+                self.finish_pending(p)
+            else:
+                del self.publishes[pid]
+                self._finish_publish(p)
+
     def _on_node_message(self, link: NodeLink, msg: list) -> None:
         tag = msg[0]
         if tag == TAG_DELIVER:
@@ -420,24 +441,13 @@ class Broker:
             except Exception:  # noqa: BLE001 - a bug costs this connection, not the message
                 self.delivery_failed(link, ch, delivery_id)
             self.mark_dirty(ch.client)
-        elif tag == T.PUBLISH_RESULT:
-            _, pid, code, routed = msg
-            p = self.publishes.get(pid)
-            if p is None:
-                return
-            key = link.node_id if pid == p.pid else pid
-            if key not in p.waiting:        # an old leader's late answer
-                return
-            p.routed += routed
-            if code != wire.OK:
-                p.failed = True
-            p.waiting.discard(key)
-            if not p.waiting:
-                if p.extra:
-                    self.finish_pending(p)
-                else:
-                    del self.publishes[pid]
-                    self._finish_publish(p)
+        elif tag == TAG_PUBLISH_RESULT:
+            if len(msg) == 5:               # a run: seq .. seq + n - 1 (wire.coalesce_results)
+                _, first, code, routed, n = msg
+                for pid in range(first, first + n):
+                    self._publish_result(link, pid, code, routed)
+            else:
+                self._publish_result(link, msg[1], msg[2], msg[3])
         elif tag == TAG_PUBLISH_MOVED:
             quorum.on_publish_moved(self, link, msg)
         elif tag == T.WORK:

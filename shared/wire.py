@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 #: Bumped whenever a message's fields change. Checked at connect time (HELLO).
-WIRE_VERSION = 11
+WIRE_VERSION = 12
 
 
 class T(IntEnum):
@@ -104,9 +104,10 @@ class T(IntEnum):
                           #   queues: list of queue names on this node.
                           #   header: content-header frame payload (class, weight, body size,
                           #   property flags and list) as the client sent it.
-    PUBLISH_RESULT = 31   # N->R [T, seq, code, routed]; routed = queues that accepted it;
+    PUBLISH_RESULT = 31   # N->R [T, seq, code, routed(, n)]; routed = queues that accepted it;
                           #   code != 0: a queue refused it (x-overflow reject-publish):
-                          #   the router answers basic.nack.
+                          #   the router answers basic.nack. With ``n`` (>= 2): the same
+                          #   answer for seq, seq + 1, ..., seq + n - 1 (coalesce_results).
     PUBLISH_MOVED = 32    # N->R [T, seq, code, routed, moved]: as PUBLISH_RESULT for the
                           #   queues it names, but ``moved`` (queue names) are quorum queues
                           #   this node does not lead (any more): the router sends the publish
@@ -383,6 +384,35 @@ def decode_batch(frame: bytes) -> list[list[Any]]:
     if not isinstance(batch, list) or not all(isinstance(m, list) and m for m in batch):
         raise ValueError("wire frame is not a batch of messages")
     return batch
+
+
+def coalesce_results(msgs: list[list[Any]]) -> list[list[Any]]:
+    """A batch with each run of PUBLISH_RESULTs for consecutive publish ids and the same
+    ``code`` and ``routed`` sent as one ``[T, seq, code, routed, n]``; every other message,
+    and the order, as they were. The router numbers the publishes needing an answer one
+    after another, so a node that answers a turn's publishes answers runs: a stream's
+    chunk, a group commit, a router's leased records (docs/performance.md, "Answers in
+    runs"). ``msgs`` is left as it was; a message of it may be the returned batch's."""
+    if len(msgs) < 2:
+        return msgs
+    out: list[list[Any]] = []
+    last: list[Any] | None = None       # the PUBLISH_RESULT ending ``out``, if one does
+    tag = TAG_PUBLISH_RESULT
+    for m in msgs:
+        if m[0] == tag and len(m) == 4:
+            if last is not None and last[2] == m[2] and last[3] == m[3]:
+                if len(last) == 4:
+                    if last[1] + 1 == m[1]:
+                        last = out[-1] = [tag, last[1], m[2], m[3], 2]
+                        continue
+                elif last[1] + last[4] == m[1]:
+                    last[4] += 1
+                    continue
+            last = m
+        else:
+            last = None
+        out.append(m)
+    return out
 
 
 # ---- handing batches over within one process ------------------------------------------------

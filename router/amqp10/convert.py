@@ -27,7 +27,7 @@ from typing import Any
 from pamqp.header import ContentHeader
 
 from shoal.router.amqp10.codec import (_I, DecodeError, Described, Symbol, Timestamp, Typed,
-                                       _enc, _pII, _uint, _var_out, decode, encode)
+                                       _enc, _pII, _uint, _var_out, decode)
 
 HEADER, DELIVERY_ANN, MESSAGE_ANN, PROPERTIES, APP_PROPERTIES = 0x70, 0x71, 0x72, 0x73, 0x74
 DATA, SEQUENCE, VALUE, FOOTER = 0x75, 0x76, 0x77, 0x78

@@ -116,3 +116,33 @@ def test_raw_confirm_tags_cover_every_publish(cluster, names):
         for q in (qa, qb):
             raw.send_frame(commands.Queue.Delete(queue=q), 1)
             assert raw.expect(commands.Queue.DeleteOk, 1).message_count == n // 2
+
+
+def test_a_burst_with_confirms_gets_acks_then_nacks_in_publish_order(cluster, names):
+    """20 publishes in one write to a queue that holds 5 (x-overflow reject-publish): the
+    node answers them together, the first 5 accepted and the rest refused (it sends each run
+    of equal answers as one message: shared/wire.py ``coalesce_results``); the client sees
+    basic.ack for tags 1-5 and basic.nack for 6-20, each tag once."""
+    n, room = 20, 5
+    q = names("burst")
+    with RawAMQP(cluster.host, cluster.port).open() as raw:
+        raw.open_channel(1)
+        raw.send_frame(commands.Queue.Declare(queue=q, arguments={
+            "x-max-length": room, "x-overflow": "reject-publish"}), 1)
+        raw.expect(commands.Queue.DeclareOk, 1)
+        raw.send_frame(commands.Confirm.Select(), 1)
+        raw.expect(commands.Confirm.SelectOk, 1)
+        raw.send(b"".join(raw.publish(1, "", q, b"%d" % i) for i in range(n)))
+        outcome: dict[int, bool] = {}
+        while len(outcome) < n:
+            _, value = raw.read_frame()
+            assert isinstance(value, (commands.Basic.Ack, commands.Basic.Nack)), value
+            ok = isinstance(value, commands.Basic.Ack)
+            tags = [t for t in range(1, value.delivery_tag + 1) if t not in outcome] \
+                if value.multiple else [value.delivery_tag]
+            for t in tags:
+                assert t not in outcome, f"tag {t} confirmed twice"
+                outcome[t] = ok
+        assert outcome == {t: t <= room for t in range(1, n + 1)}
+        raw.send_frame(commands.Queue.Delete(queue=q), 1)
+        assert raw.expect(commands.Queue.DeleteOk, 1).message_count == room

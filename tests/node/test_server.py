@@ -80,6 +80,34 @@ def test_node_in_thread_batches_and_stops(tmp_path):
         ctx.term()
 
 
+def test_a_turns_answers_to_consecutive_publishes_leave_as_one_run(tmp_path):
+    """Three confirmed publishes in one batch: the node's batch back answers them with one
+    PUBLISH_RESULT for ids 7-9 (shared/wire.py ``coalesce_results``); one to a queue that
+    does not exist (routed 0) is a run of its own."""
+    endpoint = f"ipc://{tmp_path}/node.sock"
+    settings = Settings(node_id="node-0", node_bind=endpoint, data_dir=str(tmp_path / "data"))
+    server = NodeServer(settings)
+    t = threading.Thread(target=run_node, args=(settings, server))
+    t.start()
+    ctx = zmq.Context()
+    try:
+        s = dealer(ctx, endpoint)
+        s.send(encode_batch([[T.HELLO, WIRE_VERSION, "r1", "node-0"],
+                             [T.QUEUE_DECLARE, 1, "/", "q", False, False, False, False, {},
+                              None]]))
+        recv_until(s, T.REPLY)
+        s.send(encode_batch([[T.PUBLISH, seq, "/", ["q"], "", "q", b"h", b"body", None]
+                             for seq in (7, 8, 9)]
+                            + [[T.PUBLISH, 10, "/", ["gone"], "", "gone", b"h", b"x", None]]))
+        answers = [m for m in decode_batch(s.recv()) if m[0] == T.PUBLISH_RESULT]
+        assert answers == [[T.PUBLISH_RESULT, 7, 0, 1, 3], [T.PUBLISH_RESULT, 10, 0, 0]]
+        s.close()
+    finally:
+        server.stop()
+        t.join(10)
+        ctx.term()
+
+
 def test_a_clean_stop_marks_the_journal_and_the_next_start_takes_the_mark(tmp_path):
     """node/durability/group_commit.py: a stop whose last commit succeeded leaves
     journal/CLEAN; the next start removes it (so a crash from then on counts as unclean); a
