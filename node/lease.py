@@ -41,8 +41,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("shoal.node")
 
 #: After a lease ends, the queue is not lent again for this long (ms): a router that returned
-#: it needed the node's path (a confirm, no credit), and a queue another router publishes to
-#: would otherwise be granted and revoked for every burst.
+#: it needed the node's path (a mandatory or transactional publish, a message with a TTL), and
+#: a queue another router publishes to would otherwise be granted and revoked for every
+#: burst. Not after a router returned it for want of credit (LEASE_END's ``soon``): the
+#: queue is lent again once it is empty, so that a flood keeps its lease between stalls.
 HOLD_OFF_MS = 100
 #: A queue with more consumers than this is not lent (LEASE_GRANT names every one).
 MAX_LENT = 64
@@ -145,20 +147,21 @@ def revoke(shard: "ShardCore", q: "Queue") -> None:
             shard.send(c.peer.identity, [TAG_LEASE_REVOKE, c.consumer_id, q.lease_id])
 
 
-def end(q: "Queue", now_ms: float) -> None:
+def end(q: "Queue", now_ms: float, soon: bool = False) -> None:
     """The router ended the lease (LEASE_END): the node delivers to the consumers again
-    (``Queue.unlend``), and does not lend the queue for ``HOLD_OFF_MS``. The caller then
-    calls ``q.notify_work()``."""
+    (``Queue.unlend``), and does not lend the queue for ``HOLD_OFF_MS`` unless ``soon`` (the
+    consumers only ran out of credit). The caller then calls ``q.notify_work()``."""
     if q.lease is None:
         return
-    q.lease_hold_until = now_ms + HOLD_OFF_MS
+    q.lease_hold_until = now_ms if soon else now_ms + HOLD_OFF_MS
     q.unlend()
 
 
 def on_lease_end(shard: "ShardCore", state: "RouterPeer", msg: list) -> None:
-    """LEASE_END [consumer_id, offer_id]: the router holds that lease (of which this is one
-    consumer) no longer, or declines that offer; deliver what waited. Another offer's or
-    lease's, unknown or already ended: ignored."""
+    """LEASE_END [consumer_id, offer_id(, soon)]: the router holds that lease (of which this
+    is one consumer) no longer, or declines that offer; deliver what waited. ``soon``: it was
+    returned for want of credit (:func:`end`). Another offer's or lease's, unknown or already
+    ended: ignored."""
     c = state.consumers.get(msg[1]) if type(msg[1]) is int else None
     if c is None or c.queue is None or c.queue.lease_id != msg[2]:
         return
@@ -169,7 +172,7 @@ def on_lease_end(shard: "ShardCore", state: "RouterPeer", msg: list) -> None:
         return
     if not lends(q, c):
         return
-    end(q, shard.timers.now)
+    end(q, shard.timers.now, len(msg) > 3 and msg[3] is True)
     q.notify_work()
 
 

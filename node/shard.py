@@ -70,8 +70,9 @@ _S = (str, type(None))      # optional str (owner)
 _D = (dict, type(None))     # optional table (arguments)
 _L = (list, type(None))     # optional list (CONSUME's qos)
 #: messages that may carry one more field than their spec's count: SETTLE's annotations,
-#: CONSUME's qos (shared/wire.py)
-_OPTIONAL_LAST = frozenset({int(T.SETTLE), int(T.CONSUME), int(T.PUBLISH), int(T.LEASED)})
+#: CONSUME's qos, LEASE_END's soon (shared/wire.py)
+_OPTIONAL_LAST = frozenset({int(T.SETTLE), int(T.CONSUME), int(T.PUBLISH), int(T.LEASED),
+                            int(T.LEASE_END)})
 
 
 class Shard:

@@ -343,6 +343,8 @@ class Broker:
                     link.send_lazy(msg)
                 else:
                     link.send(msg, urgent=True)
+        if self.leases.waiting:         # publishes that wait for this credit (router/lease.py)
+            self.leases.retry()
 
     def replenish_channel(self, ch: BrokerChannel) -> None:
         for t in list(ch.pool.targets.values()):

@@ -18,6 +18,13 @@ sent behind every PUBLISH it had sent. Until the node answers (LEASE_TAKEN, or L
 when the rule no longer holds there) the router holds its publishes to the queue, in order;
 then it delivers them itself, or sends them through the node. So no earlier PUBLISH to the
 queue is still on its way when the router starts delivering.
+
+A publish that finds none of the lease's consumers with credit or room waits here too, in
+order with those after it, for up to ``WAIT_S`` and ``WAIT_MAX`` publishes: a consumer's
+acks bring credit back (``Leases.retry``) and the lease goes on. Past either bound the lease
+is returned (LEASE_END with ``soon``: the node lends the queue again once it is empty) and
+they go through the node, in order. A consumer that falls behind for a moment under a flood
+(its process descheduled for a few milliseconds) so keeps its lease.
 """
 from __future__ import annotations
 
@@ -58,6 +65,12 @@ class Broker(Protocol):
     def pending_answer(self, pid: int, ch: "BrokerChannel", seq: int, ev: Any, node_id: str,
                        queue: str) -> None: ...
 
+
+#: How long (s) and how many publishes to a lent queue may wait at the router for credit
+#: (Leases.hold) before the lease is returned and they go through the node: a consumer's
+#: acks late by a scheduler's slice or two, not one that has stopped.
+WAIT_S = 0.01
+WAIT_MAX = 1024
 
 #: A publisher with confirms outstanding that sent nothing for this long (s) when its
 #: records' flush came due is taken to be waiting for them (:class:`ConfirmPace`).
@@ -104,7 +117,7 @@ class Lease:
     publishes to the queue held meanwhile as (channel, confirm seq, publish, counted: False
     for one of a publish to several queues); ``held`` is None once the lease has started."""
 
-    __slots__ = ("queue", "entries", "turn", "held", "offer")
+    __slots__ = ("queue", "entries", "turn", "held", "offer", "waiting")
 
     def __init__(self, queue: str, entries: list[tuple["BrokerChannel", "Consumer"]],
                  offer: Any) -> None:
@@ -113,6 +126,8 @@ class Lease:
         self.entries = entries
         self.turn = 0
         self.held: list[tuple["BrokerChannel", int, Any, bool]] | None = []
+        #: not 0: the lease started, and ``held`` waits for credit (the wait's number)
+        self.waiting = 0
 
     def pick(self) -> tuple["BrokerChannel", "Consumer"] | None:
         """The next consumer, round robin, that holds credit at the node and whose channel is
@@ -131,18 +146,30 @@ class Lease:
                 return entry
         return None
 
+    def ready(self) -> bool:
+        """Whether :meth:`pick` would find a consumer now (without taking its turn)."""
+        for cch, c in self.entries:
+            if c.granted > 0 and not cch.closed and not cch.pool.paused:
+                return True
+        return False
+
     def has(self, c: "Consumer") -> bool:
         return any(e[1] is c for e in self.entries)
 
 
 class Leases:
-    """The leases this router holds: ``held`` maps (vhost, queue) to a :class:`Lease`."""
+    """The leases this router holds: ``held`` maps (vhost, queue) to a :class:`Lease`;
+    ``waiting`` those of them whose publishes wait for credit. ``call_later(seconds, fn,
+    *args)``: a timer (default: the running event loop's)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, call_later: Any = None) -> None:
         self._broker = broker
         self.held: dict[tuple[str, str], Lease] = {}
+        self.waiting: dict[tuple[str, str], Lease] = {}
         self._last_id = 0
+        self._waits = 0
         self._paced: dict["BrokerChannel", None] = {}   # channels to check for a stall
+        self._call_later = call_later
 
     def on_grant(self, link: "NodeLink", cids: Any, offer: Any) -> None:
         """LEASE_GRANT: take the lease offered (LEASE_TAKE, behind every PUBLISH sent; the
@@ -182,7 +209,8 @@ class Leases:
         under it, in order (or through the node, if it does not allow one)."""
         entry = self._broker.consumers.get(cid)
         lease = self._lease_of(entry[1]) if entry is not None else None
-        if lease is not None and lease.offer == offer and lease.held is not None:
+        if lease is not None and lease.offer == offer and lease.held is not None \
+                and not lease.waiting:
             held, lease.held = lease.held, None
             self._release(lease, held)
 
@@ -228,13 +256,49 @@ class Leases:
     def hold(self, ch: "BrokerChannel", seq: int, ev: Any, queue: str,
              count: bool = True) -> bool:
         """Hold a publish to ``queue`` (no ``mandatory``, no transaction) while its lease is
-        being taken; False when it is not. ``count``: False for one queue of a publish to
-        several (counted routed by the caller)."""
-        lease = self.held.get((ch.vhost, queue))
-        if lease is None or lease.held is None or not leasable(ev.header):
+        being taken, or while none of its consumers can take it (then for ``WAIT_S`` and
+        ``WAIT_MAX`` publishes at most); False when neither. ``count``: False for one queue
+        of a publish to several (counted routed by the caller)."""
+        key = (ch.vhost, queue)
+        lease = self.held.get(key)
+        if lease is None or not leasable(ev.header):
             return False
-        lease.held.append((ch, seq, ev, count))
+        held = lease.held
+        if held is None:
+            if lease.ready():
+                return False
+            held = self._wait(key, lease)
+        held.append((ch, seq, ev, count))
+        if lease.waiting and len(held) >= WAIT_MAX:
+            self._end(lease.entries[0][1], soon=True)
         return True
+
+    def _wait(self, key: tuple[str, str], lease: Lease) -> list:
+        self._waits += 1
+        lease.waiting = wait = self._waits
+        lease.held = []
+        self.waiting[key] = lease
+        self._later(WAIT_S, self._give_up, key, wait)
+        return lease.held
+
+    def _later(self, seconds: float, fn: Any, *args: Any) -> None:
+        (self._call_later or asyncio.get_running_loop().call_later)(seconds, fn, *args)
+
+    def _give_up(self, key: tuple[str, str], wait: int) -> None:
+        lease = self.waiting.get(key)
+        if lease is not None and lease.waiting == wait:
+            self._end(lease.entries[0][1], soon=True)
+
+    def retry(self) -> None:
+        """Credit came back (``Broker.replenish``): each waiting lease one of whose
+        consumers can take a publish now delivers what waits, in order (and may wait again
+        on the way)."""
+        for key, lease in list(self.waiting.items()):
+            if lease.ready():
+                del self.waiting[key]
+                held, lease.held = lease.held, None
+                lease.waiting = 0
+                self._release(lease, held)
 
     def deliver(self, ch: "BrokerChannel", ev: Any, queue: str, count: bool = True,
                 pid: int = 0) -> str:
@@ -247,9 +311,12 @@ class Leases:
         lease = self.held.get((ch.vhost, queue))
         if lease is None:
             return ""
-        entry = lease.pick() if leasable(ev.header) and lease.held is None else None
-        if entry is None:
+        if not leasable(ev.header) or lease.held is not None:
             self._end(lease.entries[0][1])
+            return ""
+        entry = lease.pick()
+        if entry is None:               # no credit or room: lent again once drained
+            self._end(lease.entries[0][1], soon=True)
             return ""
         cch, c = entry
         broker = self._broker
@@ -286,8 +353,7 @@ class Leases:
             return True
         paced = self._paced
         if not paced:
-            loop = asyncio.get_running_loop()
-            loop.call_later(LEASE_FLUSH_S, self._check_stalls)
+            self._later(LEASE_FLUSH_S, self._check_stalls)
         paced[ch] = None
         return False
 
@@ -341,17 +407,23 @@ class Leases:
         return lease if lease is not None and lease.has(c) else None
 
     def _drop(self, c: "Consumer") -> None:
-        lease = self.held.pop((c.target.vhost, c.queue))
+        key = (c.target.vhost, c.queue)
+        lease = self.held.pop(key)
+        self.waiting.pop(key, None)
         link = self._broker.links[c.node_id]
         if link.leases > 0:
             link.leases -= 1
-        if lease.held:              # not taken after all: through the node, in order
+        if lease.held:              # not taken or delivered after all: through the node, in order
             self._release(lease, lease.held)
 
-    def _end(self, c: "Consumer", now: bool = False) -> None:
+    def _end(self, c: "Consumer", now: bool = False, soon: bool = False) -> None:
+        """LEASE_END for ``c``'s lease, behind its records (``now``: at the end of this
+        turn); ``soon``: returned for want of credit (shared/wire.py)."""
         lease = self.held[(c.target.vhost, c.queue)]
-        self._broker.links[c.node_id].send_record([TAG_LEASE_END, c.consumer_id, lease.offer],
-                                                  now=now)
+        msg = [TAG_LEASE_END, c.consumer_id, lease.offer]
+        if soon:
+            msg.append(True)
+        self._broker.links[c.node_id].send_record(msg, now=now)
         self._drop(c)
 
     def _release(self, lease: Lease, held: list) -> None:

@@ -207,8 +207,10 @@ class T(IntEnum):
                           #   router); the node enqueues it acquired by the consumer. Sent
                           #   ahead of SETTLEs. publish_id (a publish with a confirm): the
                           #   node answers PUBLISH_RESULT for it, as for a PUBLISH.
-    LEASE_END = 63        # R->N [T, consumer_id, offer_id]: the router holds the lease no
-                          #   longer (returned, declined or revoked); sent behind its LEASEDs.
+    LEASE_END = 63        # R->N [T, consumer_id, offer_id(, soon)]: the router holds the
+                          #   lease no longer (returned, declined or revoked); sent behind its
+                          #   LEASEDs. ``soon`` true: returned only because its consumers had
+                          #   no credit or room; the node may lend it again once it is empty.
     REPUBLISH_RESULT = 64  # R->N [T, confirm, ok]: a REPUBLISH with ``confirm`` reached every
                           #   queue it was routed to, on disk where durable (ok true), or did
                           #   not (unroutable, a missing exchange, a nack: ok false)

@@ -87,6 +87,40 @@ def test_every_message_arrives_once_in_order_as_leases_end_and_come_back(prom):
     pub.close()
 
 
+def test_a_consumer_behind_its_prefetch_gets_every_message_once_in_order(prom):
+    """Bursts of 40 to a lent queue whose consumer has a prefetch of 3 and is read only
+    between bursts: publishes wait at the router for its acks' credit, or, past the wait,
+    go through the node (router/lease.py, ``WAIT_S``); either way each arrives once, in
+    publish order, and nothing is left in the queue."""
+    q = f"lease-wait-{uuid.uuid4().hex[:10]}"
+    pub, sub = connect(prom.url), connect(prom.url)
+    pch = pub.channel()
+    pch.queue_declare(q)
+    got: list = []
+    consumer(sub, q, got, prefetch=3, ack_every=1)
+    sent: list = []
+    before = leased(prom)
+    deadline = time.monotonic() + 20
+    while leased(prom) == before and time.monotonic() < deadline:    # until it is lent
+        sent.append(f"m{len(sent)}".encode())
+        pch.basic_publish("", q, sent[-1])
+        pump(pub, sub, until=lambda: len(got) == len(sent))
+    assert leased(prom) > before, "the queue was never lent"
+    for burst in range(25):
+        for _ in range(40):
+            sent.append(f"m{len(sent)}".encode())
+            pch.basic_publish("", q, sent[-1])
+        pub.process_data_events(0)
+        sub.process_data_events(0.002 * (burst % 5))
+    pump(pub, sub, until=lambda: len(got) >= len(sent))
+    assert [b for b, _ in got] == sent
+    assert not any(r for _, r in got)
+    sub.close()
+    assert pch.queue_declare(q, passive=True).method.message_count == 0
+    pch.queue_delete(q)
+    pub.close()
+
+
 @pytest.mark.parametrize("where", ["one router", "two routers"])
 def test_two_publishers_and_a_second_consumer_lose_and_repeat_nothing(prom, routers2, where):
     """Two publishers (the second through the other router, which has no lease), then a

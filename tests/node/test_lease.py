@@ -163,6 +163,22 @@ def test_no_new_lease_for_a_while_after_one_ends():
     assert r.credit(cid, 1) == [[T.LEASE_GRANT, [cid], oid + 1]]
 
 
+def test_a_lease_returned_for_want_of_credit_is_lent_again_once_the_queue_is_empty():
+    """LEASE_END with ``soon`` (its consumers had no credit): the publish behind it is
+    delivered by the node, and the queue is offered again as soon as it is empty, with no
+    hold-off."""
+    net, r, cid = lent()
+    oid = lend(r, cid, credit=1)
+    record(r, cid, -1, b"a")                      # the lease's one credit is spent
+    r.send(T.LEASE_END, cid, oid, True)
+    r.publish("q", b"b")                          # waits at the node: no credit
+    assert r.take() == []
+    out = r.credit(cid, 1)                        # the ack's credit: b is delivered...
+    assert [m[0] for m in out] == [T.DELIVER]
+    r.send(T.SETTLE, OUTCOME_ACK, [-1, out[0][2]])
+    assert r.credit(cid, 1) == [[T.LEASE_GRANT, [cid], oid + 1]]     # ...then lent again
+
+
 def test_a_queues_consumers_on_one_router_are_lent_together():
     net, r, a, b = offered_to_two()
     r.send(T.LEASE_TAKE, [a, b], 1)

@@ -8,7 +8,8 @@ import time
 from types import SimpleNamespace
 
 from shoal.router.consumers import Consumer, ConsumerTarget, CreditPool
-from shoal.router.lease import STALL_S, ConfirmPace, Leases
+from shoal.router import lease as lease_mod
+from shoal.router.lease import STALL_S, WAIT_S, ConfirmPace, Leases
 from shoal.shared.wire import T
 
 PLAIN = b"\x00\x3c\x00\x00" + bytes(8) + b"\x00\x00"       # no properties
@@ -46,9 +47,10 @@ class FakeChannel:
         self.delivered.append((did, body))
 
 
-def setup(queues=("q",), more=0):
+def setup(queues=("q",), more=0, timers=None):
     """Leases, a link, a channel and its consumer target (consumer 7 on ``queues``); with
-    ``more``, that many more consumers of "q" (ids 8...), each on its own channel."""
+    ``more``, that many more consumers of "q" (ids 8...), each on its own channel; with
+    ``timers`` (a list), the leases' timers are kept there as (seconds, fn, args)."""
     link = FakeLink()
     ch = FakeChannel()
     t = ConsumerTarget("ctag", 1, "/", False)
@@ -65,7 +67,8 @@ def setup(queues=("q",), more=0):
                                                             "leased": 0},
                              mark_dirty=lambda client: None,
                              delivery_failed=lambda *a: None, published=published)
-    leases = Leases(broker)
+    leases = Leases(broker, call_later=None if timers is None else
+                    lambda seconds, fn, *args: timers.append((seconds, fn, args)))
 
     def publish(ch, seq, ev, queues, future=None, count=True):     # Broker.publish's part
         if leases.route(ch, seq, ev, queues, future, count) is not None:
@@ -150,14 +153,11 @@ def test_a_multi_queue_consumer_or_a_gone_one_declines():
     assert link.records == [(T.LEASE_END, 7, True), (T.LEASE_END, 99, True)]
 
 
-def test_no_credit_an_expiration_or_another_route_ends_the_lease_first():
-    for case in ("no credit", "expiration", "through the node"):
+def test_an_expiration_or_another_route_ends_the_lease_first():
+    for case in ("expiration", "through the node"):
         leases, link, ch, t = setup()
         take(leases, link, [7])
-        if case == "no credit":
-            t.consumers[0].granted = 0
-            assert not leases.deliver(ch, publish(b"a"), "q")
-        elif case == "expiration":
+        if case == "expiration":
             assert not leases.deliver(ch, publish(b"a", EXPIRING), "q")
         else:
             leases.end_for("/", {"q", "other"})
@@ -252,3 +252,74 @@ def test_answers_naming_another_offer_are_ignored():
     assert leases.held[("/", "q")].held is None   # started
     leases.on_revoke(link, 7, 5)
     assert link.sent[-1] == [T.LEASE_END, 7, 5] and not leases.held
+
+
+def test_a_publish_no_consumer_can_take_waits_for_credit_then_the_lease_goes_on_in_order():
+    timers: list = []
+    leases, link, ch, t = setup(timers=timers)
+    take(leases, link, [7])
+    broker, c = leases._broker, t.consumers[0]
+    c.granted = 0                                   # the client's prefetch is full
+    broker.publish(ch, 0, publish(b"a"), {"q"})
+    broker.publish(ch, 3, publish(b"b"), {"q"})     # with a confirm
+    assert ch.delivered == [] and broker.published == [] and link.sent == []
+    assert list(leases.waiting) == [("/", "q")] and [x[0] for x in timers] == [WAIT_S]
+    leases.retry()                                  # credit still none: they go on waiting
+    assert ch.delivered == [] and leases.waiting
+    c.granted = 5                                   # acks brought credit (Broker.replenish)
+    leases.retry()
+    assert ch.delivered == [(-1, b"a"), (-2, b"b")] and broker.published == []
+    assert [m[0] for m in link.sent] == [T.LEASED, T.LEASED] and broker.answers == {
+        100: (3, "node-0")}
+    assert leases.holds(c) and not leases.waiting
+    _, fn, args = timers[0]
+    fn(*args)                                       # that wait's timer: over, changes nothing
+    assert leases.holds(c) and T.LEASE_END not in [m[0] for m in link.sent]
+
+
+def test_a_wait_past_wait_s_returns_the_lease_soon_and_sends_what_waited_through_the_node():
+    timers: list = []
+    leases, link, ch, t = setup(timers=timers)
+    take(leases, link, [7])
+    broker = leases._broker
+    t.consumers[0].granted = 0
+    broker.publish(ch, 3, publish(b"a"), {"q"})
+    broker.publish(ch, 0, publish(b"b"), {"q"})
+    _, fn, args = timers.pop()
+    fn(*args)
+    assert link.sent == [[T.LEASE_END, 7, 1, True]]  # soon: lent again once it is empty
+    assert broker.published == [(3, b"a", True), (0, b"b", True)] and ch.delivered == []
+    assert not leases.held and not leases.waiting
+    broker.publish(ch, 0, publish(b"c"), {"q"})      # behind them
+    assert broker.published[-1] == (0, b"c", True)
+
+
+def test_a_wait_ends_at_wait_max_publishes(monkeypatch):
+    monkeypatch.setattr(lease_mod, "WAIT_MAX", 3)
+    leases, link, ch, t = setup(timers=[])
+    take(leases, link, [7])
+    broker = leases._broker
+    t.consumers[0].granted = 0
+    for body in (b"a", b"b", b"c"):
+        broker.publish(ch, 0, publish(body), {"q"})
+    assert link.sent == [[T.LEASE_END, 7, 1, True]] and not leases.held
+    assert [p[1] for p in broker.published] == [b"a", b"b", b"c"]
+
+
+def test_a_later_wait_outlives_an_earlier_waits_timer_and_a_cancel_sends_what_waited():
+    timers: list = []
+    leases, link, ch, t = setup(timers=timers)
+    take(leases, link, [7])
+    broker, c = leases._broker, t.consumers[0]
+    c.granted = 0
+    broker.publish(ch, 0, publish(b"a"), {"q"})
+    c.granted = 1
+    leases.retry()                                   # a delivered
+    c.granted = 0                                    # (Channel.deliver spends the credit)
+    broker.publish(ch, 0, publish(b"b"), {"q"})      # waits again: a second wait
+    assert ch.delivered == [(-1, b"a")] and len(timers) == 2
+    _, fn, args = timers[0]
+    fn(*args)                                        # the first wait's timer
+    assert leases.waiting and leases.holds(c)
+    leases.forget(t)                                 # the consumer is cancelled
+    assert broker.published == [(0, b"b", True)] and not leases.held and not leases.waiting

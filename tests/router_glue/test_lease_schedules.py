@@ -103,7 +103,8 @@ class World:
         self.r2_out: list = []
         self.stats = {"routed": 0, "delivered": 0, "leased": 0}
         self.links = {"node-0": self.link}
-        self.leases = Leases(self)
+        self.timers: list = []                  # (due ms, fn, args): the router's timers
+        self.leases = Leases(self, call_later=self.call_later)
         self.pubs = {"a": Channel(self, "a"), "b": Channel(self, "b")}
         for peer in (b"r1", b"r2"):
             self.shard.handle(peer, [T.HELLO, WIRE_VERSION, peer.decode(), "node-0"], self.now)
@@ -112,6 +113,17 @@ class World:
                         "r1/a"])
 
     # ---- what router/lease.py uses of the broker ------------------------------------------
+    def call_later(self, seconds, fn, *args) -> None:
+        self.timers.append((self.now + seconds * 1000, fn, args))
+
+    def tick(self, ms: float) -> None:
+        """The clock moves (the node's hold-off, the router's timers: a lease's wait)."""
+        self.now += ms
+        due = [t for t in self.timers if t[0] <= self.now]
+        self.timers = [t for t in self.timers if t[0] > self.now]
+        for _, fn, args in due:
+            fn(*args)
+
     def mark_dirty(self, client) -> None:
         pass
 
@@ -183,6 +195,8 @@ class World:
         if c.consumer_id in self.consumers:
             c.granted += 1
             self.link.send([T.CREDIT, c.consumer_id, 1, False], urgent=True)
+            if self.leases.waiting:             # as Broker.replenish
+                self.leases.retry()
 
     def flush(self) -> None:
         batch = self.link.flush()
@@ -273,7 +287,7 @@ class World:
             elif step == "cancel" and self.rng.random() < self.churn:
                 self.cancel()
             elif step == "clock":
-                self.now += self.rng.choice([1.0, 20.0, 120.0])
+                self.tick(self.rng.choice([1.0, 20.0, 120.0]))
         for _ in range(500):                    # drain: everything delivered and acked
             self.flush()
             self.node_turn(everything=True)
@@ -284,7 +298,7 @@ class World:
                     or any(self.in_flight.values())) and not self.pending and \
                     len(self.seen) >= sum(map(len, self.published.values())):
                 break
-            self.now += 200.0
+            self.tick(200.0)
 
     def check(self) -> None:
         everything = [b for bodies in self.published.values() for b in bodies]
