@@ -2,7 +2,7 @@
 1 KB messages, confirms on:
 
     python tests/benchmarks/stream_bench.py [--repeat 3] [--time 10] [--seek-mb 1024]
-        [--nodes 2] [--out DIR]
+        [--nodes 2] [--members N] [--out DIR]
 
 - **publish**: 2 producers as fast as a confirm window of 500 lets them, persistent, no
   consumer: the confirmed rate, and broker CPU per message;
@@ -95,6 +95,10 @@ def main(argv=None) -> int:
     p.add_argument("--loads", default="publish,fanout,seek")
     p.add_argument("--nodes", type=int, default=os.cpu_count() or 2)
     p.add_argument("--shoal-port", type=int, default=5673)
+    p.add_argument("--members", type=int, default=0,
+                   help="x-initial-cluster-size for both brokers (default: each broker's own, "
+                        "3 at most the nodes there are: 2 on Shoal's 2 nodes, 1 on RabbitMQ's "
+                        "one). 1 compares like for like with RabbitMQ on one node")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]
@@ -113,7 +117,8 @@ def main(argv=None) -> int:
     rabbit = RabbitMQ()
     shoal = Shoal(args.shoal_port, args.nodes, out)
     brokers = (shoal, rabbit)
-    res: dict = {"machine": machine(), "nodes": args.nodes, "time_s": args.time,
+    res: dict = {"machine": machine(), "nodes": args.nodes, "members": args.members,
+                 "time_s": args.time,
                  "repeat": args.repeat, "loads": {}}
     t0 = time.monotonic()
     try:
@@ -132,7 +137,8 @@ def main(argv=None) -> int:
                         log(f"{b.label:<18} seek: {r}")
                     else:
                         extra = ["--rate", str(args.rate)] if load == "fanout" else []
-                        r = bench.run(b, load, LOADS[load][1] + extra)
+                        r = bench.run(b, load, _with_members(LOADS[load][1], args.members)
+                                      + extra)
                     runs.setdefault(b.label, []).append(r)
             res["loads"][load] = summarize(load, runs, shoal.label)
     finally:
@@ -146,6 +152,17 @@ def main(argv=None) -> int:
     print(table)
     log(f"done in {res['wall_s']:.0f} s; results in {out}")
     return 0
+
+
+def _with_members(load_args: list[str], members: int) -> list[str]:
+    """``load_args`` with ``x-initial-cluster-size=members`` added to its queue arguments
+    (none when ``members`` is 0)."""
+    if not members:
+        return load_args
+    out = list(load_args)
+    i = out.index("--queue-args") + 1
+    out[i] += f",x-initial-cluster-size={members}"
+    return out
 
 
 def _figure(load: str, run: dict) -> dict:
@@ -172,8 +189,9 @@ def summarize(load: str, runs: dict[str, list[dict]], shoal_label: str) -> dict:
 
 
 def render(res: dict, shoal_label: str) -> str:
+    members = f", x-initial-cluster-size {res['members']}" if res.get("members") else ""
     lines = [f"Streams, Shoal ({res['nodes']} nodes) vs {res.get('rabbitmq_version', 'RabbitMQ')}"
-             f", {res['repeat']} alternating pairs",
+             f", {res['repeat']} alternating pairs{members}",
              "", "| load | figure | Shoal | RabbitMQ | pairs (Shoal/RabbitMQ) | median |",
              "|---|---|---|---|---|---|"]
     for load, s in res["loads"].items():
