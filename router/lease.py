@@ -236,13 +236,13 @@ class Leases:
             q = next(iter(queues))
             if self.hold(ch, seq, ev, q):
                 return None
-            if seq:
-                pid = self._broker.next_publish_id()
-                node_id = self.deliver(ch, ev, q, count=False, pid=pid)
-                if node_id:
+            pid = self._broker.next_publish_id() if seq else 0
+            node_id = self.deliver(ch, ev, q, count=count and not seq, pid=pid)
+            if node_id is None:                 # waits for credit
+                return None if self.hold(ch, seq, ev, q, count) else queues
+            if node_id:
+                if seq:
                     self._broker.pending_answer(pid, ch, seq, ev, node_id, q)
-                    return None
-            elif self.deliver(ch, ev, q, count):
                 return None
         elif len(queues) > 1 and not seq:
             # each leased queue as if published to alone; the rest through the nodes
@@ -259,27 +259,23 @@ class Leases:
         being taken, or while none of its consumers can take it (then for ``WAIT_S`` and
         ``WAIT_MAX`` publishes at most); False when neither. ``count``: False for one queue
         of a publish to several (counted routed by the caller)."""
-        key = (ch.vhost, queue)
-        lease = self.held.get(key)
-        if lease is None or not leasable(ev.header):
+        lease = self.held.get((ch.vhost, queue))
+        if lease is None or lease.held is None or not leasable(ev.header):
             return False
         held = lease.held
-        if held is None:
-            if lease.ready():
-                return False
-            held = self._wait(key, lease)
         held.append((ch, seq, ev, count))
         if lease.waiting and len(held) >= WAIT_MAX:
             self._end(lease.entries[0][1], soon=True)
         return True
 
-    def _wait(self, key: tuple[str, str], lease: Lease) -> list:
+    def _wait(self, key: tuple[str, str], lease: Lease) -> None:
+        """None of ``lease``'s consumers can take a publish: hold publishes (:meth:`hold`)
+        until credit comes back (:meth:`retry`) or ``WAIT_S`` passes (:meth:`_give_up`)."""
         self._waits += 1
         lease.waiting = wait = self._waits
         lease.held = []
         self.waiting[key] = lease
         self._later(WAIT_S, self._give_up, key, wait)
-        return lease.held
 
     def _later(self, seconds: float, fn: Any, *args: Any) -> None:
         (self._call_later or asyncio.get_running_loop().call_later)(seconds, fn, *args)
@@ -301,23 +297,26 @@ class Leases:
                 self._release(lease, held)
 
     def deliver(self, ch: "BrokerChannel", ev: Any, queue: str, count: bool = True,
-                pid: int = 0) -> str:
+                pid: int = 0) -> str | None:
         """Deliver publish ``ev`` (routed to ``queue``) under the lease, if one is held and
-        allows it, and return the node id its record goes to; else end the lease (if held)
-        and return "": the caller publishes through the node. ``count``: count it routed
+        allows it, and return the node id its record goes to; None when none of the lease's
+        consumers can take it now (the lease starts waiting for credit: the caller holds
+        it, :meth:`hold`); else end the lease (if held) and return "": the caller publishes
+        through the node. ``count``: count it routed
         (once per publish: a publish to several queues is counted by the caller; a confirmed
         one when its answer comes). ``pid``: the publish id of a publish with a confirm (0:
         none), answered by the node."""
-        lease = self.held.get((ch.vhost, queue))
+        key = (ch.vhost, queue)
+        lease = self.held.get(key)
         if lease is None:
             return ""
         if not leasable(ev.header) or lease.held is not None:
             self._end(lease.entries[0][1])
             return ""
         entry = lease.pick()
-        if entry is None:               # no credit or room: lent again once drained
-            self._end(lease.entries[0][1], soon=True)
-            return ""
+        if entry is None:               # no credit or room now
+            self._wait(key, lease)
+            return None
         cch, c = entry
         broker = self._broker
         link = broker.links[c.node_id]
@@ -371,9 +370,14 @@ class Leases:
         allow it is ended), which go through their nodes. Not counted routed: the caller
         counts the publish once."""
         held, vhost = self.held, ch.vhost
-        return [q for q in queues
-                if (vhost, q) not in held or not (self.hold(ch, 0, ev, q, False)
-                                                  or self.deliver(ch, ev, q, count=False))]
+        return [q for q in queues if (vhost, q) not in held or not self._take_copy(ch, ev, q)]
+
+    def _take_copy(self, ch: "BrokerChannel", ev: Any, queue: str) -> bool:
+        """One queue's copy of a publish to several: held, delivered, or (False) not."""
+        if self.hold(ch, 0, ev, queue, False):
+            return True
+        node_id = self.deliver(ch, ev, queue, count=False)
+        return self.hold(ch, 0, ev, queue, False) if node_id is None else bool(node_id)
 
     def end_for(self, vhost: str, queues: Any) -> None:
         """A PUBLISH to ``queues`` is about to go through the node: end their leases first."""

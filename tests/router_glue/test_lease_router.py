@@ -177,7 +177,7 @@ def test_a_revoke_is_answered_at_once_and_a_cancel_forgets_quietly():
 
 
 def test_several_consumers_are_served_in_turn_skipping_those_without_credit_or_room():
-    leases, link, ch, t = setup(more=2)
+    leases, link, ch, t = setup(more=2, timers=[])
     take(leases, link, [7, 8, 9])
     chans = {cid: leases._broker.consumers[cid] for cid in (7, 8, 9)}
     for body in (b"a", b"b", b"c", b"d"):
@@ -188,8 +188,8 @@ def test_several_consumers_are_served_in_turn_skipping_those_without_credit_or_r
     assert leases.deliver(ch, publish(b"e"), "q")
     assert link.sent[-1][1] == 7
     chans[7][1].granted = 0
-    assert not leases.deliver(ch, publish(b"f"), "q")   # nobody can take it: the lease ends
-    assert link.records[-1] == (T.LEASE_END, 7, False) and not leases.held
+    assert leases.deliver(ch, publish(b"f"), "q") is None   # nobody can take it: it waits
+    assert leases.waiting and link.sent[-1][1] == 7 and len(link.sent) == 5
 
 
 def test_a_grant_naming_consumers_of_two_queues_is_declined():
