@@ -9,6 +9,7 @@ makes the rest of a grant (docs/performance.md, "the credit loop").
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from typing import Any, Callable
@@ -21,10 +22,9 @@ from shoal.shared.definitions import Definitions, definitions_for
 from shoal.shared.errors import CONNECTION_FORCED, INTERNAL_ERROR
 from shoal.shared.linkauth import connect_curve
 from shoal.shared.settings import Settings
-from shoal.shared.wire import (T, TAG_DELIVER, TAG_PUBLISH, TAG_PUBLISH_MOVED, TAG_PUBLISH_RESULT,
-                               TAG_SETTLE)
+from shoal.shared.wire import T, TAG_PUBLISH, TAG_SETTLE
 
-from shoal.router import consumers as credit, dead_letters, node_events, pushback, quorum
+from shoal.router import consumers as credit, node_events, node_messages, pushback, quorum
 from shoal.router.access.users import UserStore
 from shoal.router.access.limits import Limits
 from shoal.router.consumers import Consumer, ConsumerTarget
@@ -94,6 +94,8 @@ class Broker:
         self._dirty: set[BrokerClient] = set()
         self._flush_scheduled = False
         self.leases = Leases(self)       #: delivery leases held (router/lease.py)
+        #: what each node link calls with each message it reads (router/node_messages.py)
+        self.on_node_message = functools.partial(node_messages.on_node_message, self)
         self.quorum = quorum.QuorumLeaders()  #: quorum queues' leaders (router/quorum.py)
         self.congested_links = 0         #: node links whose queue is full (router/pushback.py)
         #: TOPOLOGY_SNAPSHOT per node, asked when it comes up (router/node_events.py)
@@ -115,7 +117,7 @@ class Broker:
         for node_id, endpoint in self.node_map:
             args = (node_id, endpoint, self.router_id, s.link_heartbeat_ms,
                     int(s.link_heartbeat_timeout * 1000),
-                    self._on_node_message,
+                    self.on_node_message,
                     lambda link, restarted: node_events.node_up(self, link, restarted),
                     lambda link: node_events.node_down(self, link),
                     lambda link, on: pushback.on_congestion(self, on), self.flush_clients)
@@ -281,7 +283,7 @@ class Broker:
         if pending.waiting:
             self.publishes[pid] = pending
         else:
-            self._finish_publish(pending)
+            self.finish_publish(pending)
 
     def pending_answer(self, pid: int, ch: BrokerChannel, seq: int, ev: Any, node_id: str,
                        queue: str) -> None:
@@ -312,9 +314,11 @@ class Broker:
         self.publishes.pop(p.pid, None)
         for pid in p.extra:
             self.publishes.pop(pid, None)
-        self._finish_publish(p)
+        self.finish_publish(p)
 
-    def _finish_publish(self, p: PendingPublish) -> None:
+    def finish_publish(self, p: PendingPublish) -> None:
+        """``p`` is answered: count it, return it (``mandatory`` and routed nowhere, 312) and
+        confirm it (basic.ack, or basic.nack if it failed) on its channel, if still open."""
         ch = p.channel
         if p.future is not None and not p.future.done():
             p.future.set_result(p)
@@ -404,95 +408,6 @@ class Broker:
             for t in set(touched):
                 self.replenish(ch, t)
 
-    # ---- node messages -----------------------------------------------------------------------
-    def _publish_result(self, link: NodeLink, pid: int, code: int, routed: int) -> None:
-        """PUBLISH_RESULT for publish ``pid`` from ``link``'s node: once every node it went
-        to has answered, confirm it (basic.ack, or basic.nack if one refused it)."""
-        p = self.publishes.get(pid)
-        if p is None:
-            return
-        key = link.node_id if pid == p.pid else pid
-        if key not in p.waiting:        # an old leader's late answer
-            return
-        p.routed += routed
-        if code != wire.OK:
-            p.failed = True
-        p.waiting.discard(key)
-        if not p.waiting:
-            if p.extra:
-                self.finish_pending(p)
-            else:
-                del self.publishes[pid]
-                self._finish_publish(p)
-
-    def _on_node_message(self, link: NodeLink, msg: list) -> None:
-        tag = msg[0]
-        if tag == TAG_DELIVER:
-            _, cid, delivery_id, redelivered, exchange, routing_key, header, body = msg
-            entry = self.consumers.get(cid)
-            if entry is None or entry[0].closed or entry[1].node_id != link.node_id:
-                # gone, or moved to a quorum queue's new leader: this node's delivery is void
-                link.send([TAG_SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
-                return
-            ch, c = entry
-            if c.stream:
-                c.last_header = header
-            self.stats["delivered"] += 1
-            try:
-                ch.deliver(c, delivery_id, redelivered, exchange, routing_key, header, body)
-            except Exception:  # noqa: BLE001 - a bug costs this connection, not the message
-                self.delivery_failed(link, ch, delivery_id)
-            self.mark_dirty(ch.client)
-        elif tag == TAG_PUBLISH_RESULT:
-            if len(msg) == 5:               # a run: seq .. seq + n - 1 (wire.coalesce_results)
-                _, first, code, routed, n = msg
-                for pid in range(first, first + n):
-                    self._publish_result(link, pid, code, routed)
-            else:
-                self._publish_result(link, msg[1], msg[2], msg[3])
-        elif tag == TAG_PUBLISH_MOVED:
-            quorum.on_publish_moved(self, link, msg)
-        elif tag == T.WORK:
-            self.stats["work"] += 1
-            entry = self.consumers.get(msg[1])
-            if entry is not None and entry[1].node_id == link.node_id:
-                credit.on_work(entry[1])
-                self.replenish(entry[0], entry[1].target)
-        elif tag == T.CREDIT_DRAINED:
-            entry = self.consumers.get(msg[1])
-            if entry is not None and entry[1].node_id == link.node_id:
-                ch, c = entry
-                if msg[2] >= c.last_grant > 0:
-                    self.stats["empty_drains"] += 1
-                credit.on_drained(c, msg[2])
-                self.replenish_channel(ch)
-        elif tag == T.LEASE_GRANT:
-            self.leases.on_grant(link, msg[1], msg[2])
-        elif tag == T.LEASE_TAKEN:
-            self.leases.on_taken(msg[1], msg[2])
-        elif tag == T.LEASE_REVOKE:
-            self.leases.on_revoke(link, msg[1], msg[2])
-        elif tag == T.CONSUMER_CANCELLED:
-            entry = self.consumers.get(msg[1])
-            if entry is not None and entry[1].node_id == link.node_id:
-                self.server_cancel(entry[0], entry[1].target)
-        elif tag == T.TOPOLOGY_SYNC:          # the events before it are applied: say so
-            link.send([int(T.TOPOLOGY_SYNCED), msg[1]], urgent=True)
-        elif tag == T.REPUBLISH:
-            if len(msg) > 6 and msg[6]:         # at-least-once: answer when confirmed
-                asyncio.ensure_future(
-                    dead_letters.republish_confirmed(self, link, msg[6], *msg[1:6]))
-            else:
-                self._republish(*msg[1:6])
-        elif tag == T.FORCE_CLOSE:            # the management API of some router asked
-            self.close_connection(msg[2], msg[3])
-        elif tag == T.NODE_BLOCKED:
-            pushback.set_node_blocked(self, link.node_id, msg[2] if msg[1] else None)
-        elif tag == T.TOPOLOGY_EVENT:
-            node_events.topology_event(self, link, msg[1], msg[2])
-        else:
-            log.warning("unexpected message %r from node %s", tag, link.node_id)
-
     def close_connection(self, name: str, reason: str) -> bool:
         """Close this router's client connection ``name`` (router/live.py's rows) with 320
         CONNECTION_FORCED and ``reason`` (RabbitMQ: "Closed via management plugin"). Returns
@@ -515,15 +430,6 @@ class Broker:
             link.send([TAG_SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
         ch.client.shutdown(INTERNAL_ERROR, "INTERNAL_ERROR - internal error delivering a "
                                            "message; see the broker log")
-
-    def _republish(self, vhost: str, exchange: str, routing_key: str, header: bytes,
-                   body: bytes) -> None:
-        """REPUBLISH from a node (a dead letter): route like basic.publish, no confirm; an
-        unknown exchange drops it (as RabbitMQ does with a missing dead-letter exchange)."""
-        if self.topology.get(vhost, exchange) is None:
-            log.info("dropping dead letter: no exchange '%s' in vhost '%s'", exchange, vhost)
-            return
-        self.publish_unconfirmed(vhost, exchange, routing_key, header, body)
 
     def publish_unconfirmed(self, vhost: str, exchange: str, routing_key: str, header: bytes,
                             body: bytes) -> bool:

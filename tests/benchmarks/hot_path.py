@@ -90,7 +90,7 @@ class Link(NodeLink):
 
     def __init__(self, ctx: zmq.Context, shard: Shard, broker: Broker, frames: bool) -> None:
         super().__init__(ctx, "node-0", "inproc://hot-path-unused", broker.router_id, 500,
-                         10000, broker._on_node_message, lambda *a: None, lambda *a: None)
+                         10000, broker.on_node_message, lambda *a: None, lambda *a: None)
         self.shard = shard
         self.up = True
         self.moved = 0
