@@ -302,10 +302,9 @@ class Leases:
         allows it, and return the node id its record goes to; None when none of the lease's
         consumers can take it now (the lease starts waiting for credit: the caller holds
         it, :meth:`hold`); else end the lease (if held) and return "": the caller publishes
-        through the node. ``count``: count it routed
-        (once per publish: a publish to several queues is counted by the caller; a confirmed
-        one when its answer comes). ``pid``: the publish id of a publish with a confirm (0:
-        none), answered by the node."""
+        through the node. ``count``: count it routed (once per publish: a publish to several
+        queues is counted by the caller; a confirmed one when its answer comes). ``pid``: the
+        publish id of a publish with a confirm (0: none), answered by the node."""
         key = (ch.vhost, queue)
         lease = self.held.get(key)
         if lease is None:
@@ -417,7 +416,7 @@ class Leases:
         link = self._broker.links[c.node_id]
         if link.leases > 0:
             link.leases -= 1
-        if lease.held:              # not taken or delivered after all: through the node, in order
+        if lease.held:              # not taken, or not delivered: through the node, in order
             self._release(lease, lease.held)
 
     def _end(self, c: "Consumer", now: bool = False, soon: bool = False) -> None:
