@@ -49,42 +49,61 @@ def consumer(conn, queue: str, got: list, prefetch: int, ack_every: int = 1):
     return ch, tag
 
 
+class LentQueue:
+    """A fresh queue with one consumer (``prefetch``, acking each delivery) and a publisher,
+    each on its own connection: ``publish`` sends the next body ``m<N>``; ``until_lent``
+    publishes one at a time until the router delivers under a lease."""
+
+    def __init__(self, cl, name: str, prefetch: int) -> None:
+        self.cl = cl
+        self.q = f"{name}-{uuid.uuid4().hex[:10]}"
+        self.pub, self.sub = connect(cl.url), connect(cl.url)
+        self.pch = self.pub.channel()
+        self.pch.queue_declare(self.q)
+        self.got: list = []
+        self.sent: list = []
+        consumer(self.sub, self.q, self.got, prefetch=prefetch, ack_every=1)
+
+    def publish(self, *args, **kwargs) -> None:
+        self.sent.append(f"m{len(self.sent)}".encode())
+        self.pch.basic_publish("", self.q, self.sent[-1], *args, **kwargs)
+
+    def until_lent(self) -> None:
+        before = leased(self.cl)
+        deadline = time.monotonic() + 20
+        while leased(self.cl) == before and time.monotonic() < deadline:
+            self.publish()
+            pump(self.pub, self.sub, until=lambda: len(self.got) == len(self.sent))
+        assert leased(self.cl) > before, "the queue was never lent"
+
+    def all_arrived_once_in_order(self) -> None:
+        """Every message sent arrives once, in publish order, none redelivered, and nothing
+        is left in the queue (which is then deleted)."""
+        pump(self.pub, self.sub, until=lambda: len(self.got) >= len(self.sent))
+        assert [b for b, _ in self.got] == self.sent
+        assert not any(r for _, r in self.got)
+        self.sub.close()
+        assert self.pch.queue_declare(self.q, passive=True).method.message_count == 0
+        self.pch.queue_delete(self.q)
+        self.pub.close()
+
+
 def test_every_message_arrives_once_in_order_as_leases_end_and_come_back(prom):
     """One at a time first, until the router delivers under a lease (the queue is empty
     between messages), then bursts in which mandatory publishes and expirations end it and
     the consumer falls behind: one channel's messages arrive once, in order."""
-    q = f"lease-{uuid.uuid4().hex[:10]}"
-    pub, sub = connect(prom.url), connect(prom.url)
-    pch = pub.channel()
-    pch.queue_declare(q)
-    got: list = []
-    consumer(sub, q, got, prefetch=20, ack_every=1)
-    before = leased(prom)
-    sent: list = []
-    deadline = time.monotonic() + 20
-    while leased(prom) == before and time.monotonic() < deadline:
-        sent.append(f"m{len(sent)}".encode())
-        pch.basic_publish("", q, sent[-1])
-        pump(pub, sub, until=lambda: len(got) == len(sent))
-    assert leased(prom) > before, "the queue was never lent"
-    for i in range(len(sent), len(sent) + 3000):
-        body = f"m{i}".encode()
+    lq = LentQueue(prom, "lease", prefetch=20)
+    lq.until_lent()
+    for i in range(len(lq.sent), len(lq.sent) + 3000):
         if i % 97 == 0:        # mandatory: answered by the node, so the lease ends first
-            pch.basic_publish("", q, body, mandatory=True)
+            lq.publish(mandatory=True)
         elif i % 89 == 0:      # an expiration needs the queue's timers: through the node
-            pch.basic_publish("", q, body, pika.BasicProperties(expiration="60000"))
+            lq.publish(pika.BasicProperties(expiration="60000"))
         else:
-            pch.basic_publish("", q, body)
-        sent.append(body)
+            lq.publish()
         if i % 10 == 9:        # bursts; between them the consumer falls behind or not
-            sub.process_data_events(0)
-    pump(pub, sub, until=lambda: len(got) >= len(sent))
-    assert [b for b, _ in got] == sent
-    assert not any(r for _, r in got)
-    sub.close()
-    assert pch.queue_declare(q, passive=True).method.message_count == 0
-    pch.queue_delete(q)
-    pub.close()
+            lq.sub.process_data_events(0)
+    lq.all_arrived_once_in_order()
 
 
 def test_a_consumer_behind_its_prefetch_gets_every_message_once_in_order(prom):
@@ -92,33 +111,14 @@ def test_a_consumer_behind_its_prefetch_gets_every_message_once_in_order(prom):
     between bursts: publishes wait at the router for its acks' credit, or, past the wait,
     go through the node (router/lease.py, ``WAIT_S``); either way each arrives once, in
     publish order, and nothing is left in the queue."""
-    q = f"lease-wait-{uuid.uuid4().hex[:10]}"
-    pub, sub = connect(prom.url), connect(prom.url)
-    pch = pub.channel()
-    pch.queue_declare(q)
-    got: list = []
-    consumer(sub, q, got, prefetch=3, ack_every=1)
-    sent: list = []
-    before = leased(prom)
-    deadline = time.monotonic() + 20
-    while leased(prom) == before and time.monotonic() < deadline:    # until it is lent
-        sent.append(f"m{len(sent)}".encode())
-        pch.basic_publish("", q, sent[-1])
-        pump(pub, sub, until=lambda: len(got) == len(sent))
-    assert leased(prom) > before, "the queue was never lent"
+    lq = LentQueue(prom, "lease-wait", prefetch=3)
+    lq.until_lent()
     for burst in range(25):
         for _ in range(40):
-            sent.append(f"m{len(sent)}".encode())
-            pch.basic_publish("", q, sent[-1])
-        pub.process_data_events(0)
-        sub.process_data_events(0.002 * (burst % 5))
-    pump(pub, sub, until=lambda: len(got) >= len(sent))
-    assert [b for b, _ in got] == sent
-    assert not any(r for _, r in got)
-    sub.close()
-    assert pch.queue_declare(q, passive=True).method.message_count == 0
-    pch.queue_delete(q)
-    pub.close()
+            lq.publish()
+        lq.pub.process_data_events(0)
+        lq.sub.process_data_events(0.002 * (burst % 5))
+    lq.all_arrived_once_in_order()
 
 
 @pytest.mark.parametrize("where", ["one router", "two routers"])

@@ -2,6 +2,7 @@
 SIGTERM."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -52,7 +53,10 @@ def recv_until(sock: zmq.Socket, tag: T) -> list:
                 return msg
 
 
-def test_node_in_thread_batches_and_stops(tmp_path):
+@contextlib.contextmanager
+def node_in_thread(tmp_path):
+    """A node serving ``ipc://`` in a thread, and a router's DEALER socket to it: yields
+    ``(server, thread, exit codes, socket)``; the node is stopped and joined after."""
     endpoint = f"ipc://{tmp_path}/node.sock"
     settings = Settings(node_id="node-0", node_bind=endpoint, data_dir=str(tmp_path / "data"))
     server = NodeServer(settings)
@@ -62,6 +66,16 @@ def test_node_in_thread_batches_and_stops(tmp_path):
     ctx = zmq.Context()
     try:
         s = dealer(ctx, endpoint)
+        yield server, t, codes, s
+        s.close()
+    finally:
+        server.stop()
+        t.join(10)
+        ctx.term()
+
+
+def test_node_in_thread_batches_and_stops(tmp_path):
+    with node_in_thread(tmp_path) as (server, t, codes, s):
         s.send(encode_batch([[T.HELLO, WIRE_VERSION, "r1", "node-0"],
                              [T.QUEUE_DECLARE, 1, "/", "q", False, False, False, False, {},
                               None],
@@ -73,25 +87,13 @@ def test_node_in_thread_batches_and_stops(tmp_path):
         t.join(10)
         assert not t.is_alive() and codes == [0]
         assert recv_until(s, T.GOODBYE) == [T.GOODBYE]
-        s.close()
-    finally:
-        server.stop()
-        t.join(10)
-        ctx.term()
 
 
 def test_a_turns_answers_to_consecutive_publishes_leave_as_one_run(tmp_path):
     """Three confirmed publishes in one batch: the node's batch back answers them with one
     PUBLISH_RESULT for ids 7-9 (shared/wire.py ``coalesce_results``); one to a queue that
     does not exist (routed 0) is a run of its own."""
-    endpoint = f"ipc://{tmp_path}/node.sock"
-    settings = Settings(node_id="node-0", node_bind=endpoint, data_dir=str(tmp_path / "data"))
-    server = NodeServer(settings)
-    t = threading.Thread(target=run_node, args=(settings, server))
-    t.start()
-    ctx = zmq.Context()
-    try:
-        s = dealer(ctx, endpoint)
+    with node_in_thread(tmp_path) as (server, t, codes, s):
         s.send(encode_batch([[T.HELLO, WIRE_VERSION, "r1", "node-0"],
                              [T.QUEUE_DECLARE, 1, "/", "q", False, False, False, False, {},
                               None]]))
@@ -101,11 +103,6 @@ def test_a_turns_answers_to_consecutive_publishes_leave_as_one_run(tmp_path):
                             + [[T.PUBLISH, 10, "/", ["gone"], "", "gone", b"h", b"x", None]]))
         answers = [m for m in decode_batch(s.recv()) if m[0] == T.PUBLISH_RESULT]
         assert answers == [[T.PUBLISH_RESULT, 7, 0, 1, 3], [T.PUBLISH_RESULT, 10, 0, 0]]
-        s.close()
-    finally:
-        server.stop()
-        t.join(10)
-        ctx.term()
 
 
 def test_a_clean_stop_marks_the_journal_and_the_next_start_takes_the_mark(tmp_path):
