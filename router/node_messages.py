@@ -25,15 +25,8 @@ def publish_result(broker: Any, link: NodeLink, pid: int, code: int, routed: int
     """PUBLISH_RESULT for publish ``pid`` from ``link``'s node: once every node it went
     to has answered, confirm it (basic.ack, or basic.nack if one refused it)."""
     p = broker.publishes.get(pid)
-    if p is None:
+    if p is None or not p.answer(link.node_id, pid, code, routed):
         return
-    key = link.node_id if pid == p.pid else pid
-    if key not in p.waiting:        # an old leader's late answer
-        return
-    p.routed += routed
-    if code != wire.OK:
-        p.failed = True
-    p.waiting.discard(key)
     if not p.waiting:
         if p.extra:
             broker.finish_pending(p)

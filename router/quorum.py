@@ -177,15 +177,8 @@ def on_publish_moved(broker: Any, link: Any, msg: list) -> None:
     ``moved`` queues go to their leader."""
     _, pid, code, routed, moved = msg
     p = broker.publishes.get(pid)
-    if p is None:
+    if p is None or not p.answer(link.node_id, pid, code, routed):
         return
-    key = link.node_id if pid == p.pid else pid
-    if key not in p.waiting:
-        return
-    p.routed += routed
-    if code != wire.OK:
-        p.failed = True
-    p.waiting.discard(key)
     vhost = p.channel.vhost
     ql = broker.quorum
     for n in moved:

@@ -13,6 +13,7 @@ import asyncio
 from typing import Any, Mapping, Protocol
 
 from shoal.shared.errors import AMQPError
+from shoal.shared.wire import OK
 
 from shoal.router.access.users import VhostAccess
 from shoal.router.amqp.connection import AMQPConnection
@@ -49,6 +50,19 @@ class PendingPublish:
         self.routed = 0
         self.failed = False
         self.future = future
+
+    def answer(self, node_id: str, pid: int, code: int, routed: int) -> bool:
+        """Take ``node_id``'s answer (PUBLISH_RESULT or PUBLISH_MOVED) to publish id ``pid``
+        of this publish: ``routed`` queues took it, ``code`` not OK fails it. False, and
+        nothing taken, when that answer is not awaited (an old leader's late one)."""
+        key = node_id if pid == self.pid else pid
+        if key not in self.waiting:
+            return False
+        self.routed += routed
+        if code != OK:
+            self.failed = True
+        self.waiting.discard(key)
+        return True
 
 
 class BrokerChannel(Protocol):
