@@ -393,8 +393,9 @@ def coalesce_results(msgs: list[list[Any]]) -> list[list[Any]]:
     ``code`` and ``routed`` sent as one ``[T, seq, code, routed, n]``; every other message,
     and the order, as they were. The router numbers the publishes needing an answer one
     after another, so a node that answers a turn's publishes answers runs: a stream's
-    chunk, a group commit, a router's leased records (docs/performance.md, "Answers in
-    runs"). ``msgs`` is left as it was; a message of it may be the returned batch's."""
+    chunk, a group commit, a router's leased records (docs/performance.md, "Issues 46 and
+    47: answers in runs, ..."). ``msgs`` is left as it was; a message of it may be the
+    returned batch's."""
     if len(msgs) < 2:
         return msgs
     out: list[list[Any]] = []
