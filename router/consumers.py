@@ -42,6 +42,7 @@ deliveries already granted under the old value still arrive (as in RabbitMQ).
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +121,9 @@ class LinkTarget(ConsumerTarget):
     filters: Any = None
     #: the consumers a drain has yet to ask, in order (``_link_grants``)
     drain_todo: list = field(default_factory=list)
+    #: pre-settled deliveries that came past the link's credit, waiting for more
+    #: (router/frontend/amqp10_links.py ``deliver``)
+    held: deque = field(default_factory=deque)
 
 
 @dataclass(slots=True)

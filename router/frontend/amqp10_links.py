@@ -26,6 +26,7 @@ from shoal.shared import wire
 from shoal.shared.errors import AMQPError
 
 from shoal.router import consumers as credit
+from shoal.router.dead_letters import DeadLetter, DeadLetterChannel
 from shoal.router.amqp.events import MessagePublished
 from shoal.router.amqp10 import address, convert, filters, whole
 from shoal.router.amqp10.codec import DecodeError, Described, Symbol, Timestamp
@@ -201,20 +202,35 @@ class LinkChannel(Channel):
     # ---- consuming ---------------------------------------------------------------------------
     def deliver(self, c: credit.Consumer, delivery_id: int, redelivered: bool, exchange: str,
                 routing_key: str, header: bytes, body: bytes) -> None:
-        """One delivery for link target ``c.target``: a transfer on its link."""
+        """One delivery for link target ``c.target``: a transfer on its link.
+
+        Past the link's credit (the client lowered it while the nodes' grants were on their
+        way, OASIS AMQP 1.0 part 2.6.7: a receiver may reduce its credit at any time) an
+        unsettled delivery is released to its queue. A pre-settled one cannot be: its node
+        let it go when it sent it (no_ack). It waits in ``t.held``, in order, for the
+        client's next credit (:meth:`credit_changed`), and goes back to its queue if the
+        link ends first (:meth:`_give_back`)."""
         t = c.target
         link = self.links.get(t.tag)
+        credit.on_delivered(self.pool, c)
+        if t.no_ack:
+            if link is not None and not link.detached and (link.credit <= 0 or t.held):
+                t.held.append((c, redelivered, exchange, routing_key, header, body))
+                return
         tag = self.next_tag
         self.next_tag += 1
-        credit.on_delivered(self.pool, c)
-        d = Delivery(c.node_id, delivery_id, c)
         if not t.no_ack:
-            self.unacked[tag] = d
+            self.unacked[tag] = Delivery(c.node_id, delivery_id, c)
         if link is None or link.detached or link.credit <= 0:
-            # past the link's credit (the client lowered it): back to the queue
+            # past the link's credit, or the link is gone: back to the queue
             if not t.no_ack:
                 self.settle([(tag, self.unacked.pop(tag))], wire.OUTCOME_RELEASE)
             return
+        self._transfer(link, t, tag, redelivered, exchange, routing_key, header, body)
+
+    def _transfer(self, link: Link, t: LinkTarget, tag: int, redelivered: bool, exchange: str,
+                  routing_key: str, header: bytes, body: bytes) -> None:
+        """Send delivery ``tag`` on ``link`` (which has credit for it)."""
         try:                                    # published over AMQP 1.0: as it was sent
             payload = whole.to_amqp10(header, body, exchange, routing_key, redelivered)
         except DecodeError:                     # a 0-9-1 publisher's: as convert.py says
@@ -231,6 +247,27 @@ class LinkChannel(Channel):
             return
         link.session.send_message(link, payload, tag)
         t.credit = link.credit
+
+    def _send_held(self, link: Link, t: LinkTarget) -> None:
+        """The pre-settled deliveries that came past the link's credit, as far as its new
+        credit goes (:meth:`deliver`)."""
+        held = t.held
+        while held and link.credit > 0:
+            _, redelivered, exchange, routing_key, header, body = held.popleft()
+            tag = self.next_tag
+            self.next_tag += 1
+            self._transfer(link, t, tag, redelivered, exchange, routing_key, header, body)
+
+    def _give_back(self, t: LinkTarget) -> None:
+        """The link ended with pre-settled deliveries still held (:meth:`deliver`): each goes
+        back to its queue, at its tail, as a publish with its exchange, routing key and
+        content; a stream's stays where it is in the stream's log."""
+        while t.held:
+            c, _, exchange, routing_key, header, body = t.held.popleft()
+            if not c.stream:
+                self.broker.publish(DeadLetterChannel(self.vhost), 0,
+                                    DeadLetter(exchange, routing_key, header, body), {c.queue},
+                                    count=False)
 
     def settle_deliveries(self, pairs: list, state: Any) -> None:
         """The client settled deliveries (``(delivery id, delivery tag)`` pairs) with
@@ -270,6 +307,8 @@ class LinkChannel(Channel):
                 self.management.credit(link)
             return
         t.credit = link.credit
+        if t.held:
+            self._send_held(link, t)
         if link.drain and not t.drain:
             t.drain = True
             t.drain_sent = False
@@ -417,12 +456,21 @@ class LinkChannel(Channel):
         if isinstance(t, LinkTarget):
             self.links.pop(t.tag, None)
             self.broker.cancel_consumer(self, t)
+            self._give_back(t)
             back = [(tag, d) for tag, d in self.unacked.items()
                     if d.consumer is not None and d.consumer.target is t]
             for tag, _ in back:
                 del self.unacked[tag]
             if back:
                 self.settle(back, wire.OUTCOME_REQUEUE)
+
+    def close(self) -> None:
+        """The session ended (or its connection): as a channel's close, and what its links
+        held goes back to the queues once its consumers are cancelled (:meth:`_give_back`)."""
+        targets = [t for t in self.pool.targets.values() if isinstance(t, LinkTarget)]
+        super().close()
+        for t in targets:
+            self._give_back(t)
 
     def send(self, method: Any) -> None:
         """The broker cancelled a consumer (its queue deleted, its node lost): detach its

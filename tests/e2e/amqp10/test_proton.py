@@ -26,8 +26,8 @@ from proton.utils import BlockingConnection, ConnectionClosed  # noqa: E402
 
 from .helpers import (TIMEOUT, amqp10_url, body, connect, declare, detach,  # noqa: E402
                       exchange_addr, link_error, link_name, pika_channel, pika_get_all,
-                      proton_conn, queue_addr, ready_count, receive_n, recv, send,
-                      settle_modified)
+                      proton_conn, queue_addr, ready_count, receive_n, receive_none, recv,
+                      send, settle_modified)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -251,6 +251,58 @@ def test_drain_returns_what_is_there_and_uses_up_the_credit(cluster, names):
         c.wait(lambda: rcv.link.credit == 0, timeout=TIMEOUT)
         assert rcv.fetcher.has_message == 0
     assert ready_count(cluster, q) == 0
+
+
+def lowered_credit_receiver(c, q: str, granted: int, lowered: int):
+    """A pre-settled receiver on ``q`` that grants ``granted`` credit while ``q`` is empty
+    (the router passes it on to the queue's node) and then lowers it to ``lowered`` (part
+    2.6.7: a receiver may, at any time); then ``granted`` messages are sent to ``q``. The
+    node delivers them all, the link's credit takes ``lowered``."""
+    rcv = recv(c, queue_addr(q), credit=0, options=AtMostOnce())
+    rcv.link.flow(granted)
+    with contextlib.suppress(proton.Timeout):     # let each flow leave before the next
+        c.wait(lambda: False, timeout=0.3)
+    rcv.link.flow(lowered - granted)
+    with contextlib.suppress(proton.Timeout):
+        c.wait(lambda: False, timeout=0.3)
+    send(c, queue_addr(q), *(msg(f"m{i}") for i in range(granted)))
+    c.wait(lambda: rcv.fetcher.has_message >= lowered, timeout=TIMEOUT)
+    return rcv
+
+
+@pytest.mark.parametrize("qtype", ["classic", "quorum"])
+def test_a_pre_settled_receiver_that_lowers_its_credit_gets_the_rest_with_more(cluster, names,
+                                                                               qtype):
+    """The deliveries past the lowered credit wait at the router (their node let them go
+    when it sent them) and come, in order, with the next credit. They were lost before
+    (found with RabbitMQ's own client, whose flows lower the credit it granted at attach)."""
+    q = declare(cluster, names(), {"x-queue-type": qtype}, durable=True)
+    with proton_conn(cluster) as c:
+        rcv = lowered_credit_receiver(c, q, 20, 5)
+        with contextlib.suppress(proton.Timeout):
+            c.wait(lambda: rcv.fetcher.has_message > 5, timeout=0.5)
+        assert rcv.fetcher.has_message == 5 and rcv.link.credit == 0    # as its credit says
+        rcv.link.flow(15)
+        c.wait(lambda: rcv.fetcher.has_message == 20, timeout=TIMEOUT)
+        got = [rcv.fetcher.pop().body for _ in range(20)]
+        assert got == [f"m{i}" for i in range(20)]
+    assert ready_count(cluster, q) == 0
+
+
+@pytest.mark.parametrize("qtype", ["classic", "quorum"])
+def test_a_pre_settled_receiver_that_detaches_with_deliveries_held_gives_them_back(cluster,
+                                                                                   names, qtype):
+    """Each goes back to the queue, in order (an empty queue's tail here), once."""
+    q = declare(cluster, names(), {"x-queue-type": qtype}, durable=True)
+    with proton_conn(cluster) as c:
+        rcv = lowered_credit_receiver(c, q, 20, 5)
+        got = [rcv.fetcher.pop().body for _ in range(5)]
+        detach(rcv)
+        assert got == [f"m{i}" for i in range(5)]
+        rcv = recv(c, queue_addr(q), credit=20)
+        rest = [m.body for m in receive_n(rcv, 15)]
+        assert rest == [f"m{i}" for i in range(5, 20)]
+        assert receive_none(rcv, wait=0.5)
 
 
 # ---------------------------------------------------------------- dynamic, relay, big

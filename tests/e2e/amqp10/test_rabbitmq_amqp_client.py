@@ -21,7 +21,8 @@ rmq = pytest.importorskip("rabbitmq_amqp_python_client",
                           "(pip install -e '.[test]')")
 
 from rabbitmq_amqp_python_client import (AddressHelper, AMQPMessagingHandler,  # noqa: E402
-                                         Converter, Environment, Message)
+                                         ConsumerOptions, ConsumerSettleStrategy, Converter,
+                                         Environment, Message)
 
 from .helpers import TIMEOUT, declare, pika_channel, pika_get_all, ready_count  # noqa: E402
 
@@ -52,8 +53,8 @@ def connection(cluster):
 
 
 class Collect(AMQPMessagingHandler):
-    """Settles each message with ``outcome`` (accept / requeue / discard) and stops after
-    ``want`` messages."""
+    """Settles each message with ``outcome`` (accept / requeue / discard; None: they come
+    pre-settled) and stops after ``want`` messages."""
 
     def __init__(self, want: int, outcome: str = "accept"):
         super().__init__()
@@ -61,7 +62,8 @@ class Collect(AMQPMessagingHandler):
 
     def on_amqp_message(self, event):
         self.got.append(Converter.bytes_to_string(event.message.body))
-        getattr(self.delivery_context, self.outcome)(event)
+        if self.outcome is not None:
+            getattr(self.delivery_context, self.outcome)(event)
         if len(self.got) >= self.want:
             raise Done()
 
@@ -95,6 +97,35 @@ def test_publish_to_a_queue_and_consume_with_accept(cluster, connection, names):
     consumer.close()
     assert handler.got == [f"msg-{i}" for i in range(5)]
     assert ready_count(cluster, q) == 0
+
+
+def publish_n(connection, q: str, n: int) -> list[str]:
+    pub = connection.publisher(AddressHelper.queue_address(q))
+    sent = [f"m{i}" for i in range(n)]
+    for body in sent:
+        pub.publish(Message(body=Converter.string_to_bytes(body)))
+    pub.close()
+    return sent
+
+
+def pre_settled(connection, q: str, handler: Collect):
+    return connection.consumer(
+        AddressHelper.queue_address(q), message_handler=handler,
+        consumer_options=ConsumerOptions(settle_strategy=ConsumerSettleStrategy.PreSettled))
+
+
+@pytest.mark.parametrize("qtype", ["classic", "quorum"])
+def test_a_pre_settled_consumer_gets_every_message_in_order(cluster, connection, names, qtype):
+    """RabbitMQ's client settles nothing itself here (``PreSettled``). Its newer versions
+    grant credit twice at attach and then lower it, which lost a message before the fix in
+    test_proton.py's ``test_a_pre_settled_receiver_that_lowers_its_credit_*``."""
+    q = declare(cluster, names(), {"x-queue-type": qtype}, durable=True)
+    sent = publish_n(connection, q, 50)
+    handler = Collect(50, None)
+    consumer = pre_settled(connection, q, handler)
+    run_consumer(consumer)
+    consumer.close()
+    assert handler.got == sent
 
 
 def test_publish_to_an_exchange_address(cluster, connection, names):
