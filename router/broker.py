@@ -385,9 +385,17 @@ class Broker:
                annotations: bytes = b"") -> None:
         """Forward settlements to the nodes (one SETTLE per node) and free their credit.
         ``annotations``: an encoded 0-9-1 field table the nodes merge into the messages (a
-        modified outcome's, shared/wire.py SETTLE)."""
+        modified outcome's, shared/wire.py SETTLE).
+
+        A SETTLE usually goes lazily, ahead of queued messages (NodeLink.send_lazy). One that
+        settles deliveries of a cancelled consumer (a channel closed, a link detached) goes in
+        order instead, behind that consumer's CANCEL. Else the node would requeue them while
+        the consumer was still there with credit, and deliver them to it again. The router
+        would release those, so nothing would be lost, but a count or a purge right after
+        the close would miss them (RabbitMQ's AMQP 1.0 client's tests saw 44 of 50)."""
         by_node: dict[str, list[int]] = {}
         touched = []
+        behind = False
         if outcome == wire.OUTCOME_ACK:
             self.stats["acknowledged"] += len(deliveries)
         for d in deliveries:
@@ -396,10 +404,13 @@ class Broker:
             if d.consumer is not None:
                 credit.on_settled(ch.pool, d.consumer)
                 touched.append(d.consumer.target)
+                behind = behind or d.consumer.target.cancelled
         for node_id, ids in by_node.items():
             link = self.links[node_id]
             if link.up and annotations:
                 link.send([TAG_SETTLE, outcome, ids, annotations])
+            elif link.up and behind:
+                link.send([TAG_SETTLE, outcome, ids])
             elif link.up:
                 link.send_lazy([TAG_SETTLE, outcome, ids])
         if ch.pool.global_prefetch:
