@@ -101,10 +101,20 @@ async def vhost(request: web.Request):
             "metadata": {"description": "", "tags": [], "default_queue_type": qtype}}
 
 
+def grant_creator(defs: Definitions, user: str, vhost: str) -> None:
+    """The user who created ``vhost`` through the API gets full permissions there (``.*``
+    for configure, write and read), unless ``defs`` already names theirs: RabbitMQ's
+    ``rabbit_vhost:maybe_grant_full_permissions``, 3.10 and 4 alike, for ``PUT
+    /api/vhosts`` and a definitions import over HTTP."""
+    if user in defs.users and (user, vhost) not in defs.permissions:
+        defs.permissions[(user, vhost)] = Permission(user, vhost, ".*", ".*", ".*")
+
+
 async def put_vhost(request: web.Request):
     """``PUT /api/vhosts/{name}``; the body's ``default_queue_type`` (RabbitMQ 3.11+:
     ``classic`` or ``quorum``; ``undefined`` clears it) sets the type of queues declared
-    there without ``x-queue-type``. 400 for another type."""
+    there without ``x-queue-type``. 400 for another type. A new vhost gives its creator
+    full permissions there (:func:`grant_creator`)."""
     name = _arg(request, "name")
     body = await _body(request)
     if not name:
@@ -125,6 +135,7 @@ async def put_vhost(request: web.Request):
         if not created[-1]:
             return defs if defs.default_queue_types.get(name) != before else None
         defs.vhosts.append(name)
+        grant_creator(defs, request["user"].name, name)
         return defs
     await access_sync.change(_broker(request), edit)
     return web.Response(status=201 if created[-1] else 204)
@@ -220,14 +231,24 @@ async def delete_permission(request: web.Request):
 
 async def import_definitions(request: web.Request):
     """POST /api/definitions: users, vhosts, permissions and limits are merged into the stored
-    ones (an entry replaces the one of the same name, as RabbitMQ's import), then exchanges,
-    queues and bindings are declared (router/import_definitions.py). 400 if the file does not
-    check or some objects could not be declared."""
+    ones (an entry replaces the one of the same name, as RabbitMQ's import; a new vhost gives
+    the importing user full permissions there unless the file names theirs,
+    :func:`grant_creator`), then exchanges, queues and bindings are declared
+    (router/import_definitions.py). 400 if the file does not check or some objects could not
+    be declared."""
     b = _broker(request)
     defs = parse_definitions(await _body(request), "the posted definitions")
+    acting = request["user"].name
+
+    def edit(current: Definitions) -> Definitions:
+        new = [v for v in defs.vhosts if v not in current.vhosts]
+        merged = merge_access(current, defs)
+        for vhost in new:
+            grant_creator(merged, acting, vhost)
+        return merged
     if defs.users or defs.vhosts or defs.permissions or defs.topic_permissions or \
             defs.vhost_limits:
-        await access_sync.change(b, lambda current: merge_access(current, defs))
+        await access_sync.change(b, edit)
     done, skipped = await declare_topology(b, defs)
     if skipped:
         raise ApiError(400, "bad_request", f"{skipped} of {done + skipped} objects were "

@@ -38,7 +38,7 @@ READ_TAGS = WRITE_TAGS | {"management", "monitoring"}
 #: Paths only administrators may read (RabbitMQ: "Not administrator user"): password hashes,
 #: permissions and definitions
 ADMIN_PATHS = re.compile(r"^/api/(users|permissions|topic-permissions|definitions)(/|$)"
-                         r"|^/api/vhosts/[^/]+/permissions$")
+                         r"|^/api/vhosts/[^/]+/permissions/?$")
 
 
 def error(status: int, kind: str, reason: str) -> web.Response:
@@ -195,7 +195,18 @@ def make_app(broker: Broker) -> web.Application:
     live_views.add_routes(app)
     access_views.add_routes(app)
     quorum_views.add_routes(app)
+    _trailing_slashes(app)
     return app
+
+
+def _trailing_slashes(app: web.Application) -> None:
+    """Every API path also with a trailing slash (``DELETE /api/vhosts/v/``), same handler:
+    RabbitMQ's router (cowboy's ``split_path``) ignores one, and clients send it (RabbitMQ's
+    AMQP 1.0 client's tests)."""
+    for route in list(app.router.routes()):
+        path = route.resource.canonical if route.resource is not None else ""
+        if path.startswith("/api/") and not path.endswith("/") and route.method != "HEAD":
+            app.router.add_route(route.method, path + "/", route.handler)
 
 
 async def start(broker: Broker, host: str, port: int) -> web.AppRunner:

@@ -51,6 +51,18 @@ def test_users_vhosts_and_permissions_change_at_run_time(tmp_path, uid):
         assert call(cl, "PUT", f"/users/{u}", {"password": "s3cret", "tags": "management"}
                     )[0] == 201
         assert call(cl, "PUT", "/vhosts/apps", {})[0] == 201
+        # its creator (guest) gets full permissions there, as from RabbitMQ (3.10 and 4:
+        # rabbit_vhost:maybe_grant_full_permissions); so does a definitions import's user
+        full = {"configure": ".*", "write": ".*", "read": ".*"}
+        assert {k: call(cl, "GET", "/permissions/apps/guest")[1][k] for k in full} == full
+        pika.BlockingConnection(pika.URLParameters(url(cl, "guest", "guest", "apps"))).close()
+        assert call(cl, "POST", "/definitions", {"vhosts": [{"name": f"imp-{uid}"}]}
+                    )[0] == 204
+        got = call(cl, "GET", f"/permissions/imp-{uid}/guest")[1]
+        assert {k: got[k] for k in full} == full
+        # a trailing slash is the same path, as RabbitMQ's router has it
+        assert call(cl, "DELETE", f"/vhosts/imp-{uid}/")[0] == 204
+        assert call(cl, "GET", f"/vhosts/imp-{uid}")[0] == 404
         status, body, _ = call(cl, "PUT", "/permissions/apps/nobody-at-all",
                                {"configure": ".*", "write": ".*", "read": ".*"})
         assert status == 400 and body["error"] == "bad_request"
@@ -74,6 +86,9 @@ def test_users_vhosts_and_permissions_change_at_run_time(tmp_path, uid):
                     )[:2] == (401, {"error": "not_authorised",
                                     "reason": "Not administrator user"})
         assert call(cl, "GET", "/users", user=u, password="s3cret")[0] == 401
+        assert call(cl, "GET", "/users/", user=u, password="s3cret")[0] == 401
+        assert call(cl, "GET", "/vhosts/apps/permissions/", user=u, password="s3cret"
+                    )[0] == 401
         assert call(cl, "GET", "/definitions", user=u, password="s3cret")[0] == 401
         assert [p["vhost"] for p in call(cl, "GET", f"/users/{u}/permissions")[1]] == ["apps"]
         # a permission widened applies to an open connection's next declare
