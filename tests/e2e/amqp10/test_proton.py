@@ -290,15 +290,19 @@ def test_a_pre_settled_receiver_that_lowers_its_credit_gets_the_rest_with_more(c
 
 
 @pytest.mark.parametrize("qtype", ["classic", "quorum"])
-def test_a_pre_settled_receiver_that_detaches_with_deliveries_held_gives_them_back(cluster,
-                                                                                   names, qtype):
-    """Each goes back to the queue, in order (an empty queue's tail here), once."""
+@pytest.mark.parametrize("end", ["detach", "close the connection"])
+def test_a_pre_settled_receiver_that_ends_with_deliveries_held_gives_them_back(cluster, names,
+                                                                               qtype, end):
+    """Each goes back to the queue, in order (an empty queue's tail here), once: when the
+    link detaches, and when its connection closes (the session's end)."""
     q = declare(cluster, names(), {"x-queue-type": qtype}, durable=True)
     with proton_conn(cluster) as c:
         rcv = lowered_credit_receiver(c, q, 20, 5)
         got = [rcv.fetcher.pop().body for _ in range(5)]
-        detach(rcv)
-        assert got == [f"m{i}" for i in range(5)]
+        if end == "detach":
+            detach(rcv)
+    assert got == [f"m{i}" for i in range(5)]
+    with proton_conn(cluster) as c:
         rcv = recv(c, queue_addr(q), credit=20)
         rest = [m.body for m in receive_n(rcv, 15)]
         assert rest == [f"m{i}" for i in range(5, 20)]
