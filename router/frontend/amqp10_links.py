@@ -264,7 +264,7 @@ class LinkChannel(Channel):
         content; a stream's stays where it is in the stream's log."""
         while t.held:
             c, _, exchange, routing_key, header, body = t.held.popleft()
-            if not c.stream:
+            if not c.stream:        # published as a dead letter is: no client to answer
                 self.broker.publish(DeadLetterChannel(self.vhost), 0,
                                     DeadLetter(exchange, routing_key, header, body), {c.queue},
                                     count=False)
