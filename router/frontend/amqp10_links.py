@@ -209,12 +209,16 @@ class LinkChannel(Channel):
         unsettled delivery is released to its queue. A pre-settled one cannot be: its node
         let it go when it sent it (no_ack). It waits in ``t.held``, in order, for the
         client's next credit (:meth:`credit_changed`), and goes back to its queue if the
-        link ends first (:meth:`_give_back`)."""
+        link ends first (:meth:`_give_back`); so does one that arrives after its link
+        detached (the node sent it before the consumer's CANCEL reached it)."""
         t = c.target
         link = self.links.get(t.tag)
         credit.on_delivered(self.pool, c)
         if t.no_ack:
-            if link is not None and not link.detached and (link.credit <= 0 or t.held):
+            if link is None or link.detached:       # it left: its CANCEL crossed this
+                self._give_back_one(c, exchange, routing_key, header, body)
+                return
+            if link.credit <= 0 or t.held:
                 t.held.append((c, redelivered, exchange, routing_key, header, body))
                 return
         tag = self.next_tag
@@ -223,8 +227,7 @@ class LinkChannel(Channel):
             self.unacked[tag] = Delivery(c.node_id, delivery_id, c)
         if link is None or link.detached or link.credit <= 0:
             # past the link's credit, or the link is gone: back to the queue
-            if not t.no_ack:
-                self.settle([(tag, self.unacked.pop(tag))], wire.OUTCOME_RELEASE)
+            self.settle([(tag, self.unacked.pop(tag))], wire.OUTCOME_RELEASE)
             return
         self._transfer(link, t, tag, redelivered, exchange, routing_key, header, body)
 
@@ -260,14 +263,20 @@ class LinkChannel(Channel):
 
     def _give_back(self, t: LinkTarget) -> None:
         """The link ended with pre-settled deliveries still held (:meth:`deliver`): each goes
-        back to its queue, at its tail, as a publish with its exchange, routing key and
-        content; a stream's stays where it is in the stream's log."""
+        back to its queue (:meth:`_give_back_one`)."""
         while t.held:
             c, _, exchange, routing_key, header, body = t.held.popleft()
-            if not c.stream:        # published as a dead letter is: no client to answer
-                self.broker.publish(DeadLetterChannel(self.vhost), 0,
-                                    DeadLetter(exchange, routing_key, header, body), {c.queue},
-                                    count=False)
+            self._give_back_one(c, exchange, routing_key, header, body)
+
+    def _give_back_one(self, c: credit.Consumer, exchange: str, routing_key: str,
+                       header: bytes, body: bytes) -> None:
+        """A pre-settled delivery its link can no longer take goes back to queue
+        ``c.queue``, at its tail, as a publish with its exchange, routing key and content;
+        a stream's stays where it is in the stream's log."""
+        if not c.stream:            # published as a dead letter is: no client to answer
+            self.broker.publish(DeadLetterChannel(self.vhost), 0,
+                                DeadLetter(exchange, routing_key, header, body), {c.queue},
+                                count=False)
 
     def settle_deliveries(self, pairs: list, state: Any) -> None:
         """The client settled deliveries (``(delivery id, delivery tag)`` pairs) with

@@ -309,6 +309,33 @@ def test_a_pre_settled_receiver_that_ends_with_deliveries_held_gives_them_back(c
         assert receive_none(rcv, wait=0.5)
 
 
+@pytest.mark.parametrize("qtype", ["classic", "quorum"])
+def test_a_pre_settled_receiver_that_detaches_as_deliveries_come_loses_none(cluster, names,
+                                                                            qtype):
+    """Its queue's node holds credit for 20 (the link's is lowered to none) when 20
+    messages arrive and the link detaches at once: each is held past the credit or reaches
+    the router after the detach, and every one goes back to the queue, once."""
+    q = declare(cluster, names(), {"x-queue-type": qtype}, durable=True)
+    with proton_conn(cluster) as c:
+        rcv = recv(c, queue_addr(q), credit=0, options=AtMostOnce())
+        rcv.link.flow(20)
+        with contextlib.suppress(proton.Timeout):     # let each flow leave before the next
+            c.wait(lambda: False, timeout=0.3)
+        rcv.link.flow(-20)
+        with contextlib.suppress(proton.Timeout):
+            c.wait(lambda: False, timeout=0.3)
+        with pika_channel(cluster) as ch:
+            for i in range(20):
+                ch.basic_publish("", q, f"m{i}".encode())
+        detach(rcv)
+        assert rcv.fetcher.has_message == 0
+    deadline = time.monotonic() + TIMEOUT
+    while ready_count(cluster, q) < 20 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rest = [b for _, b in pika_get_all(cluster, q)]
+    assert sorted(rest) == sorted(f"m{i}".encode() for i in range(20))
+
+
 # ---------------------------------------------------------------- dynamic, relay, big
 
 def test_dynamic_receiver_as_reply_to(cluster, names):
