@@ -310,10 +310,11 @@ def test_a_pre_settled_receiver_that_ends_with_deliveries_held_gives_them_back(c
 
 
 @pytest.mark.parametrize("qtype", ["classic", pytest.param("quorum", marks=pytest.mark.xfail(
-    reason="known, not fixed (session of 2026-11-30): a quorum queue's leader holds each "
-           "delivery until its checkout is applied; a no-ack consumer cancelled meanwhile "
-           "loses the deliveries still held (12 of 20 here), a node-side ordering of CANCEL's "
-           "answer against them", strict=False))])
+    reason="not understood yet (session of 2026-11-30): on a quorum queue 12 of the 20 "
+           "went missing in most runs (none in CI 124); the router logged none of them "
+           "held, given back or void, so either the node dropped them or they were "
+           "transferred before the detach and the client, its link closed, discarded them "
+           "(at-most-once)", strict=False))])
 def test_a_pre_settled_receiver_that_detaches_as_deliveries_come_loses_none(cluster, names,
                                                                             qtype):
     """Its queue's node holds credit for 20 (the link's is lowered to none) when 20
