@@ -27,7 +27,7 @@ from proton.utils import BlockingConnection, ConnectionClosed  # noqa: E402
 from .helpers import (TIMEOUT, amqp10_url, body, connect, declare, detach,  # noqa: E402
                       exchange_addr, link_error, link_name, pika_channel, pika_get_all,
                       proton_conn, queue_addr, ready_count, receive_n, receive_none, recv,
-                      send, settle_modified)
+                      send, settle_modified, uname)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -253,18 +253,24 @@ def test_drain_returns_what_is_there_and_uses_up_the_credit(cluster, names):
     assert ready_count(cluster, q) == 0
 
 
-def lowered_credit_receiver(c, q: str, granted: int, lowered: int):
-    """A pre-settled receiver on ``q`` that grants ``granted`` credit while ``q`` is empty
-    (the router passes it on to the queue's node) and then lowers it to ``lowered`` (part
-    2.6.7: a receiver may, at any time); then ``granted`` messages are sent to ``q``. The
-    node delivers them all, the link's credit takes ``lowered``."""
-    rcv = recv(c, queue_addr(q), credit=0, options=AtMostOnce())
+def grant_then_lower(cl, c, rcv, granted: int, lowered: int) -> None:
+    """``rcv`` grants ``granted`` credit (the router passes it on to the queue's node), then
+    lowers it to ``lowered`` (part 2.6.7: a receiver may, at any time). The router takes a
+    connection's frames in order, so a publish on ``c`` answered after each flow shows the
+    router handled that flow, with no wait for a time."""
+    scratch = queue_addr(declare(cl, uname("scratch")))
     rcv.link.flow(granted)
-    with contextlib.suppress(proton.Timeout):     # let each flow leave before the next
-        c.wait(lambda: False, timeout=0.3)
+    send(c, scratch, msg(b"after the grant"))
     rcv.link.flow(lowered - granted)
-    with contextlib.suppress(proton.Timeout):
-        c.wait(lambda: False, timeout=0.3)
+    send(c, scratch, msg(b"after the lowering"))
+
+
+def lowered_credit_receiver(cl, c, q: str, granted: int, lowered: int):
+    """A pre-settled receiver on ``q``, empty, that grants ``granted`` and lowers it to
+    ``lowered`` (:func:`grant_then_lower`); then ``granted`` messages are sent to ``q``.
+    The node delivers them all, the link's credit takes ``lowered``."""
+    rcv = recv(c, queue_addr(q), credit=0, options=AtMostOnce())
+    grant_then_lower(cl, c, rcv, granted, lowered)
     send(c, queue_addr(q), *(msg(f"m{i}") for i in range(granted)))
     c.wait(lambda: rcv.fetcher.has_message >= lowered, timeout=TIMEOUT)
     return rcv
@@ -278,7 +284,7 @@ def test_a_pre_settled_receiver_that_lowers_its_credit_gets_the_rest_with_more(c
     (found with RabbitMQ's own client, whose flows lower the credit it granted at attach)."""
     q = declare(cluster, names(), {"x-queue-type": qtype}, durable=True)
     with proton_conn(cluster) as c:
-        rcv = lowered_credit_receiver(c, q, 20, 5)
+        rcv = lowered_credit_receiver(cluster, c, q, 20, 5)
         with contextlib.suppress(proton.Timeout):
             c.wait(lambda: rcv.fetcher.has_message > 5, timeout=0.5)
         assert rcv.fetcher.has_message == 5 and rcv.link.credit == 0    # as its credit says
@@ -297,7 +303,7 @@ def test_a_pre_settled_receiver_that_ends_with_deliveries_held_gives_them_back(c
     link detaches, and when its connection closes (the session's end)."""
     q = declare(cluster, names(), {"x-queue-type": qtype}, durable=True)
     with proton_conn(cluster) as c:
-        rcv = lowered_credit_receiver(c, q, 20, 5)
+        rcv = lowered_credit_receiver(cluster, c, q, 20, 5)
         got = [rcv.fetcher.pop().body for _ in range(5)]
         if end == "detach":
             detach(rcv)
@@ -320,16 +326,10 @@ def test_a_pre_settled_receiver_that_detaches_as_deliveries_come_loses_none(clus
     """Its queue's node holds credit for 20 (the link's is lowered to none) when 20
     messages arrive and the link detaches at once: each is held past the credit or reaches
     the router after the detach, and every one goes back to the queue, once."""
-    q, scratch = declare(cluster, names(), {"x-queue-type": qtype}, durable=True), \
-        declare(cluster, names("scratch"))
+    q = declare(cluster, names(), {"x-queue-type": qtype}, durable=True)
     with proton_conn(cluster) as c:
         rcv = recv(c, queue_addr(q), credit=0, options=AtMostOnce())
-        rcv.link.flow(20)
-        # the router takes a connection's frames in order: once a publish on it is
-        # answered, the flow before it was handled (the node granted, then none left here)
-        send(c, queue_addr(scratch), msg(b"after the grant"))
-        rcv.link.flow(-20)
-        send(c, queue_addr(scratch), msg(b"after the lowering"))
+        grant_then_lower(cluster, c, rcv, 20, 0)
         with pika_channel(cluster) as ch:
             for i in range(20):
                 ch.basic_publish("", q, f"m{i}".encode())

@@ -99,30 +99,21 @@ def test_publish_to_a_queue_and_consume_with_accept(cluster, connection, names):
     assert ready_count(cluster, q) == 0
 
 
-def publish_n(connection, q: str, n: int) -> list[str]:
-    pub = connection.publisher(AddressHelper.queue_address(q))
-    sent = [f"m{i}" for i in range(n)]
-    for body in sent:
-        pub.publish(Message(body=Converter.string_to_bytes(body)))
-    pub.close()
-    return sent
-
-
-def pre_settled(connection, q: str, handler: Collect):
-    return connection.consumer(
-        AddressHelper.queue_address(q), message_handler=handler,
-        consumer_options=ConsumerOptions(settle_strategy=ConsumerSettleStrategy.PreSettled))
-
-
 @pytest.mark.parametrize("qtype", ["classic", "quorum"])
 def test_a_pre_settled_consumer_gets_every_message_in_order(cluster, connection, names, qtype):
     """RabbitMQ's client settles nothing itself here (``PreSettled``). Its newer versions
     grant credit twice at attach and then lower it, which lost a message before the fix in
     test_proton.py's ``test_a_pre_settled_receiver_that_lowers_its_credit_*``."""
     q = declare(cluster, names(), {"x-queue-type": qtype}, durable=True)
-    sent = publish_n(connection, q, 50)
+    pub = connection.publisher(AddressHelper.queue_address(q))
+    sent = [f"m{i}" for i in range(50)]
+    for b in sent:
+        pub.publish(Message(body=Converter.string_to_bytes(b)))
+    pub.close()
     handler = Collect(50, None)
-    consumer = pre_settled(connection, q, handler)
+    consumer = connection.consumer(
+        AddressHelper.queue_address(q), message_handler=handler,
+        consumer_options=ConsumerOptions(settle_strategy=ConsumerSettleStrategy.PreSettled))
     run_consumer(consumer)
     consumer.close()
     assert handler.got == sent
