@@ -1,9 +1,13 @@
-"""Confirmed dead letters (at-least-once dead-lettering of quorum queues, issue 44 point 4):
-a node's REPUBLISH that carries a ``confirm`` id is routed like a basic.publish with
-publisher confirms, and the node is answered REPUBLISH_RESULT once every queue it was routed
-to confirmed it (on disk where durable; a quorum queue's majority), or not (an unknown
-exchange, no route, a nack). The node keeps the message until then and sends it again
-(node/replication/dead_letters.py), as RabbitMQ's ``rabbit_fifo_dlx_worker`` does.
+"""Messages the router publishes itself, with no client to answer.
+
+- Confirmed dead letters (at-least-once dead-lettering of quorum queues, issue 44 point 4):
+  a node's REPUBLISH that carries a ``confirm`` id is routed like a basic.publish with
+  publisher confirms, and the node is answered REPUBLISH_RESULT once every queue it was
+  routed to confirmed it (on disk where durable; a quorum queue's majority), or not (an
+  unknown exchange, no route, a nack). The node keeps the message until then and sends it
+  again (node/replication/dead_letters.py), as RabbitMQ's ``rabbit_fifo_dlx_worker`` does.
+- Given-back deliveries (:func:`give_back`): a no-ack delivery the router cannot write to
+  its client goes back to its queue.
 """
 from __future__ import annotations
 
@@ -79,3 +83,19 @@ async def republish_confirmed(broker: Any, link: Any, confirm: int, vhost: str,
         log.exception("cannot publish a confirmed dead letter")
     if link.up:
         link.send([int(T.REPUBLISH_RESULT), confirm, ok])
+
+
+def give_back(broker: Any, c: Any, exchange: str, routing_key: str, header: bytes,
+              body: bytes) -> None:
+    """A no-ack (pre-settled) delivery to consumer ``c`` (router/consumers.py) that never
+    reached its client goes back to its queue (``c.queue``), at its tail, as a publish with
+    its exchange, routing key and content. That is one the router cannot write: its link
+    detached, or its session, channel or connection closed, while it was on its way from
+    the node; or it came past an AMQP 1.0 link's lowered credit and the link ended. Its
+    node let it go when it sent it, so a requeue there would find nothing: without this it
+    would be lost though the client never had it. A stream's delivery stays where it is,
+    in the stream's log."""
+    if not c.stream:
+        broker.publish(DeadLetterChannel(c.target.vhost), 0,
+                       DeadLetter(exchange, routing_key, header, body), {c.queue},
+                       count=False)

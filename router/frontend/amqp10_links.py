@@ -25,8 +25,7 @@ from pamqp import commands as C
 from shoal.shared import wire
 from shoal.shared.errors import AMQPError
 
-from shoal.router import consumers as credit
-from shoal.router.dead_letters import DeadLetter, DeadLetterChannel
+from shoal.router import consumers as credit, dead_letters
 from shoal.router.amqp.events import MessagePublished
 from shoal.router.amqp10 import address, convert, filters, whole
 from shoal.router.amqp10.codec import DecodeError, Described, Symbol, Timestamp
@@ -216,7 +215,7 @@ class LinkChannel(Channel):
         credit.on_delivered(self.pool, c)
         if t.no_ack:
             if link is None or link.detached:       # it left: its CANCEL crossed this
-                self._give_back_one(c, exchange, routing_key, header, body)
+                dead_letters.give_back(self.broker, c, exchange, routing_key, header, body)
                 return
             if link.credit <= 0 or t.held:
                 t.held.append((c, redelivered, exchange, routing_key, header, body))
@@ -263,20 +262,10 @@ class LinkChannel(Channel):
 
     def _give_back(self, t: LinkTarget) -> None:
         """The link ended with pre-settled deliveries still held (:meth:`deliver`): each goes
-        back to its queue (:meth:`_give_back_one`)."""
+        back to its queue (router/dead_letters.py ``give_back``)."""
         while t.held:
             c, _, exchange, routing_key, header, body = t.held.popleft()
-            self._give_back_one(c, exchange, routing_key, header, body)
-
-    def _give_back_one(self, c: credit.Consumer, exchange: str, routing_key: str,
-                       header: bytes, body: bytes) -> None:
-        """A pre-settled delivery its link can no longer take goes back to queue
-        ``c.queue``, at its tail, as a publish with its exchange, routing key and content;
-        a stream's stays where it is in the stream's log."""
-        if not c.stream:            # published as a dead letter is: no client to answer
-            self.broker.publish(DeadLetterChannel(self.vhost), 0,
-                                DeadLetter(exchange, routing_key, header, body), {c.queue},
-                                count=False)
+            dead_letters.give_back(self.broker, c, exchange, routing_key, header, body)
 
     def settle_deliveries(self, pairs: list, state: Any) -> None:
         """The client settled deliveries (``(delivery id, delivery tag)`` pairs) with

@@ -16,9 +16,12 @@ import time
 import pika
 import pika.exceptions
 import pytest
+from pamqp import commands
+from pamqp.body import ContentBody
 
 from tests.conftest import EXTERNAL_URL
 
+from .amqp_raw import RawAMQP
 from .quorum_first_consume import runs
 from .test_q_consumers import Got, chan  # noqa: F401 (the fixture)
 
@@ -181,6 +184,47 @@ def test_a_multiqueue_consumer_over_quorum_and_classic_queues(chan, uid):
         ch.basic_publish("", b, f"b{i}".encode(), PERSISTENT)
     until(ch.connection, lambda: len(got.items) == 6, "six from both queues")
     assert sorted(got.bodies) == [b"a0", b"a1", b"a2", b"b0", b"b1", b"b2"]
+
+
+@pytest.mark.parametrize("qtype", ["classic", "quorum"])
+def test_a_no_ack_consumers_channel_closed_as_deliveries_come_loses_none(chan, cluster, uid,
+                                                                         qtype):
+    """A no-ack consumer's channel closes while 50 messages are being delivered to it: each
+    one either reached the client before its channel.close-ok, or is back in the queue, once.
+    A quorum queue's node sends a delivery once its checkout is committed, so most came
+    after the close; the router voided them and their node had let them go (no-ack): lost,
+    though the client never had them. Now they go back to the queue (docs/consumers.md)."""
+    q = f"noack-close-{qtype}-{uid}"
+    ch = chan()
+    ch.queue_declare(q, durable=True, arguments={"x-queue-type": qtype})
+    bodies = [b"first"] + [f"m{i}".encode() for i in range(50)]
+    got = []
+    with RawAMQP(cluster.host, cluster.port).open() as raw:
+        raw.open_channel(1)
+        raw.send_frame(commands.Basic.Consume(queue=q, no_ack=True), 1)
+        raw.expect(commands.Basic.ConsumeOk, 1)
+        publisher = ch.connection.channel()         # unconfirmed: they come as a burst
+        publisher.basic_publish("", q, b"first")
+        while not got:                              # the consumer is delivering
+            _, value = raw.read_frame()
+            if isinstance(value, ContentBody):
+                got.append(value.value)
+        for b in bodies[1:]:
+            publisher.basic_publish("", q, b)
+        raw.send_frame(commands.Channel.Close(reply_code=200, reply_text="bye", class_id=0,
+                                              method_id=0), 1)
+        while True:                                 # what was written before close-ok
+            _, value = raw.read_frame()
+            if isinstance(value, commands.Channel.CloseOk):
+                break
+            if isinstance(value, ContentBody):
+                got.append(value.value)
+    deadline = time.monotonic() + DEADLINE
+    while len(got) + ch.queue_declare(q, passive=True).method.message_count < len(bodies) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rest = drain(ch, q)
+    assert sorted(got + rest) == sorted(bodies)
 
 
 def queue_type(url: str, queue: str) -> str:
