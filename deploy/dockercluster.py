@@ -26,6 +26,7 @@ Needs the ``docker`` package (``pip install 'shoal[deploy]'``) and a Docker engi
 from __future__ import annotations
 
 import argparse
+import random
 import secrets
 import shlex
 import signal
@@ -53,8 +54,31 @@ STOP_TIMEOUT_S = 10
 LOAD_TIMEOUT_S = 600.0
 
 
+#: where :func:`free_port` picks from: above the registered services most used here
+#: (AMQP 5672, 5552, management 15672, Prometheus 15692), below the ephemeral range
+FREE_PORT_LOW = 20000
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port free on 127.0.0.1 now, picked at random below the kernel's ephemeral
+    range (``net.ipv4.ip_local_port_range``). ``bind(0)`` and outgoing connections draw
+    from that range, so one of them could take a port picked there before the container
+    bound it (CI 127: a router's "port 49981 is in use", picked with ``bind(0)`` while its
+    nodes started). Falls back to ``bind(0)`` if no port in the range binds."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            high = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    rng = random.SystemRandom()
+    for _ in range(64):
+        port = rng.randrange(FREE_PORT_LOW, max(high, FREE_PORT_LOW + 1))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

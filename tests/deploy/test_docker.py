@@ -181,6 +181,18 @@ def test_cli_removes_its_cluster_on_sigterm(client, image) -> None:
     assert labelled(client, cid) == []
 
 
+def test_the_clusters_ports_are_picked_where_the_kernel_hands_none_out() -> None:
+    """A cluster's ports (AMQP, nodes, management) come from below the ephemeral range, so no
+    outgoing connection or ``bind(0)`` takes one before its container binds it (CI 127: "port
+    49981 is in use" for a router whose port was picked with ``bind(0)``)."""
+    import socket
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in {dc.free_port() for _ in range(20)}:
+        assert dc.FREE_PORT_LOW <= port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
 def test_missing_image_is_one_clear_line(client) -> None:
     res = cli("up", "--nodes", "1", "--image", "shoal-no-such-image:none",
               "--id", f"test-{secrets.token_hex(3)}")
