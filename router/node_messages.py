@@ -42,15 +42,20 @@ def on_node_message(broker: Any, link: NodeLink, msg: list) -> None:
     if tag == TAG_DELIVER:
         _, cid, delivery_id, redelivered, exchange, routing_key, header, body = msg
         entry = broker.consumers.get(cid)
-        if entry is None or entry[0].closed or entry[1].node_id != link.node_id:
-            # its channel closed, or it moved to a quorum queue's new leader: this node's
-            # delivery is void; a no-ack one the node let go goes back to its queue
-            if entry is not None and entry[1].target.no_ack:
-                dead_letters.give_back(broker, entry[1], exchange, routing_key, header, body)
+        if entry is None or entry[1].node_id != link.node_id:
+            # gone, or moved to a quorum queue's new leader (which delivers again what this
+            # one may not have settled in its log): this node's delivery is void
+            link.send([TAG_SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
+            return
+        ch, c = entry
+        if ch.closed:
+            # its channel closed while this was on its way: requeued, or, no-ack, its node
+            # let it go and the client never had it: back to its queue
+            if c.target.no_ack:
+                dead_letters.give_back(broker, c, exchange, routing_key, header, body)
             else:
                 link.send([TAG_SETTLE, wire.OUTCOME_REQUEUE, [delivery_id]])
             return
-        ch, c = entry
         if c.stream:
             c.last_header = header
         broker.stats["delivered"] += 1
