@@ -19,7 +19,8 @@ class BadAddress(ValueError):
 
 class Target(NamedTuple):
     exchange: str
-    #: the routing key; None: each message's subject (``/exchanges/X``, ``/exchange/X``)
+    #: the routing key; None: each message's subject, or "" when it has none (the v1 forms
+    #: ``/exchange/X`` and ``/queue``, RabbitMQ 4's ``lookup_routing_key``)
     routing_key: str | None
     #: the queue the address names (``/queues/q``): it must exist
     queue: str | None = None
@@ -55,7 +56,8 @@ def target(address: str | None) -> Target:
         exchange = unquote(parts[0])
         if exchange == "amq.default":
             raise BadAddress("the default exchange is addressed as /queues/NAME")
-        return Target(exchange, unquote(parts[1]) if len(parts) == 2 else None)
+        # RabbitMQ 4 (parse_target_v2_string0): no key in a v2 address is the empty key
+        return Target(exchange, unquote(parts[1]) if len(parts) == 2 else "")
     if address.startswith("/amq/queue/"):
         (name,) = _parts(address, "/amq/queue/", 1)
         return Target("", name, name)

@@ -7,7 +7,10 @@ Decoded values are plain Python objects: null ``None``, boolean ``bool``, the in
 decimal or char keeps its type in :class:`Typed`. Encoding needs the type where Python's is
 ambiguous: :class:`Symbol`, :class:`Timestamp`, and :class:`Typed` for ``ubyte``, ``uint``,
 ``ulong`` and the other fixed-width integers (a plain ``int`` encodes as ``long``, a
-``str`` as ``string``).
+``str`` as ``string``). A ``bool`` is written in its one-octet form (0x56 0x01 or 0x00), as
+RabbitMQ 4 writes ``{boolean, B}`` (a queue's map from its management node, values
+converted from AMQP 0-9-1): rhea reads that form as 1 or 0, and RabbitMQ's JavaScript client
+compares with 1.
 
 Errors: :class:`DecodeError` for bytes that are not a valid encoding (the connection answers
 it with ``amqp:decode-error``, part 2.8.15).
@@ -280,8 +283,8 @@ def _enc(out: bytearray, v: Any) -> None:
     t = type(v)
     if v is None:
         out.append(0x40)
-    elif t is bool:
-        out.append(0x41 if v else 0x42)
+    elif t is bool:             # 0x56 as RabbitMQ 4 writes {boolean, B}: rhea reads 1 or 0
+        out += b"\x56\x01" if v else b"\x56\x00"
     elif t is Symbol:
         raw = v.encode("ascii")
         _var_out(out, raw, 0xa3, 0xb3)

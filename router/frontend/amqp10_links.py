@@ -166,12 +166,9 @@ class LinkChannel(Channel):
                 self._settle_now(link, delivery_id, settled,
                                  Rejected(error("amqp:invalid-field", str(exc))))
                 return
-        key = target.routing_key if target.routing_key is not None else msg.subject
-        if key is None:
-            self._settle_now(link, delivery_id, settled, Rejected(error(
-                "amqp:invalid-field", "no routing key: the address has none and the message "
-                                      "no subject")))
-            return
+        key = target.routing_key
+        if key is None:             # a v1 address without a key: the subject, else ""
+            key = msg.subject or ""
         ev = MessagePublished(self.number, target.exchange, key, not settled, False,
                               msg.header, msg.body)
         self.confirm = not settled

@@ -117,7 +117,7 @@ def test_a_0_9_1_message_becomes_1_0_as_rabbitmq_4_converts_it():
     ("/queues/q", address.Target("", "q", "q")),
     ("/queues/my%20q", address.Target("", "my q", "my q")),
     ("/exchanges/amq.direct/k", address.Target("amq.direct", "k")),
-    ("/exchanges/ex", address.Target("ex", None)),
+    ("/exchanges/ex", address.Target("ex", "")),
     ("/amq/queue/q", address.Target("", "q", "q")),
     ("/queue/q", address.Target("", "q")),
     ("/queue", address.Target("", None)),

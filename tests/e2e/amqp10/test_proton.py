@@ -22,7 +22,7 @@ import proton  # noqa: E402
 from proton import ConnectionException, Delivery, Endpoint, Message  # noqa: E402
 from proton.handlers import MessagingHandler  # noqa: E402
 from proton.reactor import AtMostOnce, Container  # noqa: E402
-from proton.utils import BlockingConnection, ConnectionClosed  # noqa: E402
+from proton.utils import BlockingConnection, ConnectionClosed, SendException  # noqa: E402
 
 from .helpers import (TIMEOUT, amqp10_url, body, connect, declare, detach,  # noqa: E402
                       exchange_addr, link_error, link_name, pika_channel, pika_get_all,
@@ -85,6 +85,31 @@ def test_v1_exchange_address(cluster, names):
         assert send(c, f"/exchange/amq.direct/{key}", msg(b"v1-routed")) == [ACCEPTED]
         rcv = recv(c, f"/amq/queue/{q}", credit=5)
         assert body(receive_n(rcv, 1)[0]) == b"v1-routed"
+
+
+def test_an_exchange_address_without_a_key(cluster, names):
+    """RabbitMQ 4 (rabbit_amqp_session): the v2 ``/exchanges/NAME`` routes with the empty
+    key, whatever the subject; the v1 ``/exchange/NAME`` with the subject, or the empty key
+    without one. Unroutable is released. Before, Shoal routed the v2 form by the subject and
+    rejected a message without one, which RabbitMQ's JavaScript client's tests caught."""
+    x, no_key, by_subject = names("x"), names(), names()
+    with pika_channel(cluster) as ch:
+        ch.exchange_declare(x, "direct")
+        for q, key in ((no_key, ""), (by_subject, "s")):
+            ch.queue_declare(q)
+            ch.queue_bind(q, x, key)
+    v2 = "/exchanges/" + x
+    with proton_conn(cluster) as c:
+        assert send(c, v2, msg(b"v2 subject s", subject="s"), msg(b"v2 no subject")) \
+            == [ACCEPTED] * 2
+        assert send(c, f"/exchange/{x}", msg(b"v1 subject s", subject="s"),
+                    msg(b"v1 no subject")) == [ACCEPTED] * 2
+        with pytest.raises(SendException) as refused:       # proton raises on released
+            send(c, "/exchanges/amq.direct", msg(b"nowhere", subject=no_key))
+        assert refused.value.state == Delivery.RELEASED
+    assert sorted(b for _, b in pika_get_all(cluster, no_key)) == \
+        [b"v1 no subject", b"v2 no subject", b"v2 subject s"]
+    assert [b for _, b in pika_get_all(cluster, by_subject)] == [b"v1 subject s"]
 
 
 # ---------------------------------------------------------------- outcomes

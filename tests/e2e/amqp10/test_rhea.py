@@ -96,6 +96,9 @@ def test_rhea_message_kept_whole(cluster, config):
 
 
 def test_rhea_management_node(cluster, config):
-    """RabbitMQ 4's management node from rhea: PUT, GET, purge, DELETE, then 404."""
+    """RabbitMQ 4's management node from rhea: PUT, GET, purge, DELETE, then 404. The queue's
+    flags come as RabbitMQ 4 encodes them (0x56 booleans), which rhea reads as 1 and 0:
+    RabbitMQ's JavaScript client (rabbitmq-amqp-js-client) compares ``durable`` with 1."""
     got = run(cluster, config, "management_node")["management_node"]
-    assert got == ["201", "200", "quorum", "200", "200", "404"]
+    assert got == ["201", "200", "quorum", "200", "200", "404", [1, 0, 0]]
+    assert [type(v) for v in got[-1]] == [int] * 3         # JSON 1 and 0, not true and false

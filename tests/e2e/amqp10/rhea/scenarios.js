@@ -227,8 +227,11 @@ const scenarios = {
       const purge = await ask('DELETE', path + '/messages', null);
       const del = await ask('DELETE', path, null);
       const missing = await ask('GET', path, null);
+      // the flags as rhea reads them: RabbitMQ 4 writes {boolean, B} (0x56), which rhea
+      // decodes as 1 or 0 (RabbitMQ's JavaScript client compares with 1)
       return [put.subject, get.subject, get.body && get.body.type, purge.subject, del.subject,
-              missing.subject];
+              missing.subject, get.body && [get.body.durable, get.body.exclusive,
+                                            get.body.auto_delete]];
     } finally { await close(conn); }
   },
 
