@@ -15,6 +15,7 @@ from shoal.shared.wire import (DEST_EXCHANGE, EV_BINDING_ADDED, EV_BINDING_REMOV
                                EV_EXCHANGE_ADDED, EV_EXCHANGE_REMOVED)
 
 from shoal.shared.topology import BUILTIN_EXCHANGES, freeze  # noqa: F401 (re-exported)
+from shoal.shared.topology import CONSISTENT_HASH, check_hash_arguments, hash_weight
 
 Emit = Callable[[int, list], None]
 
@@ -115,13 +116,16 @@ class Topology:
     def declare_exchange(self, vhost: str, name: str, type: str, passive: bool, durable: bool,
                          auto_delete: bool, internal: bool, arguments: dict | None) -> None:
         """``exchange.declare`` (spec 1.6.2.1). Raises 404 (passive, missing) or 406
-        (inequivalent type/durable/auto_delete/internal)."""
+        (inequivalent type/durable/auto_delete/internal; a consistent-hash exchange's bad
+        ``hash-header``/``hash-property``, shared.topology ``check_hash_arguments``)."""
         if name in BUILTIN_EXCHANGES:
             return
         ex = self.exchanges.get((vhost, name))
         if ex is None:
             if passive:
                 self._check_exists(vhost, name)
+            if type == CONSISTENT_HASH:
+                check_hash_arguments(arguments)
             ex = Exchange(vhost, name, type, durable, auto_delete, internal, arguments)
             self.exchanges[(vhost, name)] = ex
             self.emit(EV_EXCHANGE_ADDED, ex.event_data())
@@ -159,8 +163,12 @@ class Topology:
     def bind(self, vhost: str, exchange: str, dest_kind: str, destination: str,
              routing_key: str, arguments: dict | None) -> None:
         """``queue.bind`` / ``exchange.bind``: idempotent. Raises 404 if the source exchange
-        is missing (built-ins always exist)."""
+        is missing (built-ins always exist), 406 for a consistent-hash binding whose key is
+        not a weight (shared.topology ``hash_weight``)."""
         self._check_exists(vhost, exchange)
+        ex = self.exchanges.get((vhost, exchange))
+        if ex is not None and ex.type == CONSISTENT_HASH:
+            hash_weight(routing_key)
         key = (dest_kind, destination, routing_key, freeze(arguments or {}))
         per_ex = self.bindings.setdefault((vhost, exchange), {})
         if key in per_ex:
@@ -176,6 +184,9 @@ class Topology:
         """``queue.unbind`` / ``exchange.unbind``. Raises 404 if the exchange is missing; a
         missing binding is a success."""
         self._check_exists(vhost, exchange)
+        ex = self.exchanges.get((vhost, exchange))
+        if ex is not None and ex.type == CONSISTENT_HASH:
+            hash_weight(routing_key)
         key = (dest_kind, destination, routing_key, freeze(arguments or {}))
         if key in self.bindings.get((vhost, exchange), ()):
             self._remove_binding(vhost, exchange, key, auto_delete=True)

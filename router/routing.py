@@ -6,8 +6,9 @@ module keeps the router's copy and answers "which queues does this publish reach
 routing never waits on a node.
 
 Exchange types: direct, fanout, topic (``*`` one word, ``#`` zero or more words; the bindings
-in a trie of their words, topic.py) and headers
-(``x-match`` = all | any; ``all-with-x`` / ``any-with-x`` also compare ``x-`` headers).
+in a trie of their words, topic.py), headers
+(``x-match`` = all | any; ``all-with-x`` / ``any-with-x`` also compare ``x-`` headers) and
+``x-consistent-hash`` (one destination by a hash of the routing key: consistent_hash.py).
 Exchange-to-exchange bindings are followed, each exchange visited once per publish.
 A binding with ``x-filter-jms-selector`` (Qpid, seed 003 "bindings with selectors") routes only
 messages its selector accepts (shoal.shared.selector); properties are decoded only when the
@@ -19,11 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from shoal.router import consistent_hash
 from shoal.router.topic import TopicTrie
 from shoal.shared import wire
 from shoal.shared.errors import PRECONDITION_FAILED, AMQPError, soft_error
 from shoal.shared.selector import Selector, check_arguments, selector_fields
-from shoal.shared.topology import BUILTIN_EXCHANGES
+from shoal.shared.topology import BUILTIN_EXCHANGES, CONSISTENT_HASH
 from shoal.shared.topology import freeze as _freeze
 
 
@@ -57,6 +59,8 @@ class Exchange:
     # topic exchanges: the bindings by the words of their keys (topic.py)
     topic: TopicTrie = field(default_factory=TopicTrie)
     selectors: int = 0      # bindings with a selector (properties are decoded when > 0)
+    #: a consistent-hash exchange's ring, built at its next publish after a binding changed
+    ring: Any = None
 
 
 def headers_match(arguments: dict, headers: dict | None) -> bool:
@@ -130,7 +134,7 @@ class Topology:
             ex = Exchange(vhost, name, type_, durable, auto_delete, internal, arguments or {})
             if old is not None:
                 ex.bindings, ex.by_key, ex.selectors = old.bindings, old.by_key, old.selectors
-                ex.topic = old.topic
+                ex.topic = old.topic        # the ring is built again (ex.ring None)
             self.exchanges[(vhost, name)] = ex
         elif event == wire.EV_EXCHANGE_REMOVED:
             vhost, name = data
@@ -162,6 +166,7 @@ class Topology:
                     ex.by_key.clear()
                     ex.topic = TopicTrie()
                     ex.selectors = 0
+                    ex.ring = None
                 else:
                     del self.exchanges[key]
 
@@ -180,6 +185,7 @@ class Topology:
         if b.selector is not None:
             ex.selectors += 1
         ex.bindings[b.key] = b
+        ex.ring = None
         ex.by_key.setdefault(routing_key, []).append(b)
         if ex.type == "topic":
             ex.topic.add(routing_key, b)
@@ -192,6 +198,7 @@ class Topology:
         key = (dest_kind, destination, routing_key, _freeze(arguments or {}))
         b = ex.bindings.pop(key, None)
         if b is not None:
+            ex.ring = None
             if b.selector is not None:
                 ex.selectors -= 1
             lst = ex.by_key.get(routing_key, [])
@@ -266,7 +273,7 @@ class Topology:
             ex = self.exchanges.get((vhost, name))
             if ex is None:
                 continue
-            matched = self._matches(ex, routing_key, get_headers)
+            matched = self._matches(ex, routing_key, get_headers, get_props)
             if ex.selectors and matched:
                 fields = selector_fields(get_props())
                 matched = [b for b in matched if b.selector is None or b.selector.matches(fields)]
@@ -278,7 +285,8 @@ class Topology:
         return out
 
     @staticmethod
-    def _matches(ex: Exchange, routing_key: str, headers: Callable[[], dict | None]):
+    def _matches(ex: Exchange, routing_key: str, headers: Callable[[], dict | None],
+                 props: Callable[[], Any]):
         if ex.type == "direct":
             return ex.by_key.get(routing_key, ())
         if ex.type == "fanout":
@@ -290,6 +298,8 @@ class Topology:
                 return ()
             h = headers()
             return [b for b in ex.bindings.values() if headers_match(b.arguments, h)]
+        if ex.type == CONSISTENT_HASH:
+            return consistent_hash.route(ex, routing_key, headers, props)
         return ()
 
 
