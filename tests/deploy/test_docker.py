@@ -182,13 +182,16 @@ def test_cli_removes_its_cluster_on_sigterm(client, image) -> None:
 
 
 def test_the_clusters_ports_are_picked_where_the_kernel_hands_none_out() -> None:
-    """A cluster's ports (AMQP, nodes, management) come from below the ephemeral range, so no
-    outgoing connection or ``bind(0)`` takes one before its container binds it (CI 127: "port
-    49981 is in use" for a router whose port was picked with ``bind(0)``)."""
+    """A cluster's ports (AMQP, nodes, management) come from far below the ephemeral range,
+    so no outgoing connection or ``bind(0)`` takes one before its container binds it (CI
+    127: "port 49981 is in use" for a router whose port was picked with ``bind(0)``), and
+    apart from the test clusters' ports (tests/conftest.py ``PORT_BASE`` up)."""
     import socket
+
+    from tests.conftest import PORT_BASE
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for port in {dc.free_port() for _ in range(20)}:
-        assert dc.FREE_PORT_LOW <= port < low
+        assert port in dc.FREE_PORTS and port < min(low, PORT_BASE)
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
 
