@@ -184,9 +184,6 @@ class Topology:
         """``queue.unbind`` / ``exchange.unbind``. Raises 404 if the exchange is missing; a
         missing binding is a success."""
         self._check_exists(vhost, exchange)
-        ex = self.exchanges.get((vhost, exchange))
-        if ex is not None and ex.type == CONSISTENT_HASH:
-            hash_weight(routing_key)
         key = (dest_kind, destination, routing_key, freeze(arguments or {}))
         if key in self.bindings.get((vhost, exchange), ()):
             self._remove_binding(vhost, exchange, key, auto_delete=True)
