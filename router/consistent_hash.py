@@ -76,7 +76,9 @@ def _as_bytes(value: Any) -> bytes:
         return bytes(value)
     if isinstance(value, bool):
         return b"true" if value else b"false"
-    if isinstance(value, datetime.datetime):
+    if isinstance(value, datetime.datetime):    # AMQP timestamps are UTC; a naive one too
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.timezone.utc)
         return str(int(value.timestamp())).encode()
     return str(value).encode("utf-8", "replace")
 
