@@ -35,7 +35,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,17 +67,25 @@ def free_port() -> int:
     (CI 127: a router's "port 49981 is in use", picked with ``bind(0)`` while its nodes
     started). Falls back to ``bind(0)`` if none of 64 tries binds."""
     rng = random.SystemRandom()
-    for _ in range(64):
-        port = rng.choice(FREE_PORTS)
+    port = first_free(rng.choice(FREE_PORTS) for _ in range(64))
+    if port is not None:
+        return port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def first_free(ports: Iterable[int]) -> int | None:
+    """The first of ``ports`` that binds on 127.0.0.1 now (tried in order, lazily), or None.
+    tests/conftest.py's ``free_port`` tries its slice with it too."""
+    for port in ports:
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return None
 
 
 @contextmanager

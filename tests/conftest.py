@@ -67,6 +67,8 @@ def free_port() -> int:
     AMQP listener before our router bound it, and the two shared it silently
     (SO_REUSEPORT): an HTTP request read "AMQP" back."""
     import socket
+
+    from shoal.deploy.dockercluster import first_free   # no docker needed to import it
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -80,16 +82,12 @@ def free_port() -> int:
             return s.getsockname()[1]
     if not _next_port:
         _next_port.append(base + (os.getpid() % PORT_SLICE))
-    for _ in range(PORT_SLICE):
-        port = base + (_next_port[0] - base) % PORT_SLICE
-        _next_port[0] = port + 1
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {base}-{base + PORT_SLICE - 1}")
+    start = _next_port[0] - base
+    port = first_free(base + (start + i) % PORT_SLICE for i in range(PORT_SLICE))
+    if port is None:
+        raise RuntimeError(f"no free port in {base}-{base + PORT_SLICE - 1}")
+    _next_port[0] = port + 1
+    return port
 
 
 def _proc_start_time(pid: int) -> str | None:
