@@ -26,7 +26,7 @@ from bisect import bisect_left
 from typing import Any, Callable, Iterable
 
 from shoal.shared.errors import AMQPError
-from shoal.shared.topology import hash_weight
+from shoal.shared.topology import hash_arguments, hash_weight
 
 
 def _hash(data: bytes) -> int:
@@ -92,12 +92,7 @@ def route(ex: Any, routing_key: str, headers: Callable[[], dict | None],
         return []
     if ex.ring is None:
         ex.ring = HashRing(ex.bindings.values())
-    args = ex.arguments
-    header, prop = args.get("hash-header"), args.get("hash-property")
-    if isinstance(header, (bytes, bytearray)):
-        header = bytes(header).decode("utf-8", "replace")
-    if isinstance(prop, (bytes, bytearray)):
-        prop = bytes(prop).decode("utf-8", "replace")
+    header, prop = hash_arguments(ex.arguments)
     if isinstance(header, str):
         value = _as_bytes((headers() or {}).get(header))
     elif isinstance(prop, str):

@@ -4,8 +4,9 @@
   (RabbitMQ adds ``amq.match`` as a second headers exchange). They cannot be declared
   differently or deleted.
 * :data:`EXCHANGE_TYPES`: the exchange types Shoal routes.
-* :func:`check_hash_arguments`, :func:`hash_weight`: what a consistent-hash exchange
-  (``x-consistent-hash``) and its bindings accept; the owning node refuses the rest.
+* :func:`check_hash_arguments`, :func:`hash_arguments`, :func:`hash_weight`: what a
+  consistent-hash exchange (``x-consistent-hash``) and its bindings accept (the owning node
+  refuses the rest) and what it hashes on.
 * :func:`freeze`: the identity of a binding's arguments table, so that the same binding is the
   same on every router, on the owning node and in its journal.
 """
@@ -44,22 +45,29 @@ def check_hash_arguments(arguments: dict | None) -> None:
     ``hash-property`` (one of :data:`HASH_PROPERTIES`), not both. Raises 406
     PRECONDITION_FAILED (soft) with RabbitMQ's texts (rabbit_exchange_type_consistent_hash
     ``validate``)."""
-    args = arguments or {}
-    header, prop = args.get("hash-header"), args.get("hash-property")
+    header, prop = hash_arguments(arguments)
     if header is not None and prop is not None:
         raise soft_error(PRECONDITION_FAILED,
                          "hash-header and hash-property are mutually exclusive")
-    if isinstance(header, (bytes, bytearray)):
-        header = bytes(header).decode("utf-8", "replace")
     if header is not None and not isinstance(header, str):
         # RabbitMQ 3.10 crashes here (541 INTERNAL_ERROR); a clear refusal instead
         raise soft_error(PRECONDITION_FAILED,
                          f"hash-header must be a string, not {header!r}")
-    if prop is not None:
-        if isinstance(prop, (bytes, bytearray)):
-            prop = bytes(prop).decode("utf-8", "replace")
-        if prop not in HASH_PROPERTIES:
-            raise soft_error(PRECONDITION_FAILED, f"Unsupported property: {prop}")
+    if prop is not None and prop not in HASH_PROPERTIES:
+        raise soft_error(PRECONDITION_FAILED, f"Unsupported property: {prop}")
+
+
+def hash_arguments(arguments: dict | None) -> tuple[Any, Any]:
+    """A consistent-hash exchange's ``hash-header`` and ``hash-property`` (None where
+    absent), a binary value read as UTF-8 text; not checked (:func:`check_hash_arguments`
+    does, at declare)."""
+    args = arguments or {}
+    header, prop = args.get("hash-header"), args.get("hash-property")
+    if isinstance(header, (bytes, bytearray)):
+        header = bytes(header).decode("utf-8", "replace")
+    if isinstance(prop, (bytes, bytearray)):
+        prop = bytes(prop).decode("utf-8", "replace")
+    return header, prop
 
 
 def _erlang_binary(text: str) -> str:
