@@ -15,7 +15,8 @@ from shoal.shared.wire import (DEST_EXCHANGE, EV_BINDING_ADDED, EV_BINDING_REMOV
                                EV_EXCHANGE_ADDED, EV_EXCHANGE_REMOVED)
 
 from shoal.shared.topology import BUILTIN_EXCHANGES, freeze  # noqa: F401 (re-exported)
-from shoal.shared.topology import CONSISTENT_HASH, check_hash_arguments, hash_weight
+from shoal.shared.topology import (CONSISTENT_HASH, LOCAL_RANDOM, check_hash_arguments,
+                                   check_local_random_binding, hash_weight)
 
 Emit = Callable[[int, list], None]
 
@@ -164,11 +165,15 @@ class Topology:
              routing_key: str, arguments: dict | None) -> None:
         """``queue.bind`` / ``exchange.bind``: idempotent. Raises 404 if the source exchange
         is missing (built-ins always exist), 406 for a consistent-hash binding whose key is
-        not a weight (shared.topology ``hash_weight``)."""
+        not a weight (shared.topology ``hash_weight``) and a local-random one with a key or
+        to an exchange (``check_local_random_binding``; the router checks the queue's type,
+        which this node may not know)."""
         self._check_exists(vhost, exchange)
         ex = self.exchanges.get((vhost, exchange))
         if ex is not None and ex.type == CONSISTENT_HASH:
             hash_weight(routing_key)
+        elif ex is not None and ex.type == LOCAL_RANDOM:
+            check_local_random_binding(dest_kind, routing_key)
         key = (dest_kind, destination, routing_key, freeze(arguments or {}))
         per_ex = self.bindings.setdefault((vhost, exchange), {})
         if key in per_ex:

@@ -97,6 +97,7 @@ class Broker:
         #: what each node link calls with each message it reads (router/node_messages.py)
         self.on_node_message = functools.partial(node_messages.on_node_message, self)
         self.quorum = quorum.QuorumLeaders()  #: quorum queues' leaders (router/quorum.py)
+        self.topology.usable = self._local
         self.congested_links = 0         #: node links whose queue is full (router/pushback.py)
         #: TOPOLOGY_SNAPSHOT per node, asked when it comes up (router/node_events.py)
         self.snapshots: dict[str, asyncio.Future] = {}
@@ -159,6 +160,15 @@ class Broker:
 
     def queue_link(self, vhost: str, name: str) -> NodeLink:
         return self.links[self.owner(vhost, name, "q")]
+
+    def _local(self, vhost: str, name: str) -> bool:
+        """Whether a local-random exchange may pick queue ``name``: a classic queue (not
+        replicated, as RabbitMQ 4 picks only classic queues' processes) whose node this
+        router reaches (router/routing.py ``Topology.usable``)."""
+        if (vhost, name) in self.quorum.leaders:
+            return False
+        link = self.links.get(self.owner(vhost, name, "q"))
+        return link is not None and link.up
 
     async def declare_request(self, vhost: str, name: str, msg: list) -> Any:
         """QUEUE_DECLARE ``msg`` (non-passive) of queue ``name``: sent where the queue is, or

@@ -235,6 +235,15 @@ def is_quorum(broker: Any, vhost: str, name: str) -> bool:
     return (vhost, name) in broker.quorum.leaders
 
 
+def queue_type(broker: Any, vhost: str, name: str) -> str:
+    """"stream", "quorum" or "classic": queue ``name``'s type as this router knows it from
+    its leaders' announcements (a replicated queue not announced yet counts as classic)."""
+    key = (vhost, name)
+    if key in broker.quorum.streams:
+        return "stream"
+    return "quorum" if key in broker.quorum.leaders else "classic"
+
+
 async def consume(broker: Any, vhost: str, c: Any) -> tuple[str, Any]:
     """Register consumer ``c`` (its CONSUME in ``c.request``) at the node that serves its
     queue, asked again at the leader after MOVED (:func:`queue_request`). Returns (node id,

@@ -8,7 +8,9 @@ routing never waits on a node.
 Exchange types: direct, fanout, topic (``*`` one word, ``#`` zero or more words; the bindings
 in a trie of their words, topic.py), headers
 (``x-match`` = all | any; ``all-with-x`` / ``any-with-x`` also compare ``x-`` headers) and
-``x-consistent-hash`` (one destination by a hash of the routing key: consistent_hash.py).
+``x-consistent-hash`` (one destination by a hash of the routing key: consistent_hash.py) and
+``x-local-random`` (RabbitMQ 4: one of its queues at random, among those ``Topology.usable``
+admits).
 Exchange-to-exchange bindings are followed, each exchange visited once per publish.
 A binding with ``x-filter-jms-selector`` (Qpid, seed 003 "bindings with selectors") routes only
 messages its selector accepts (shoal.shared.selector); properties are decoded only when the
@@ -17,6 +19,7 @@ receives what the exchange could not route anywhere.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -25,7 +28,7 @@ from shoal.router.topic import TopicTrie
 from shoal.shared import wire
 from shoal.shared.errors import PRECONDITION_FAILED, AMQPError, soft_error
 from shoal.shared.selector import Selector, check_arguments, selector_fields
-from shoal.shared.topology import BUILTIN_EXCHANGES, CONSISTENT_HASH
+from shoal.shared.topology import BUILTIN_EXCHANGES, CONSISTENT_HASH, LOCAL_RANDOM
 from shoal.shared.topology import freeze as _freeze
 
 
@@ -115,6 +118,9 @@ class Topology:
 
     def __init__(self, vhosts: list[str]) -> None:
         self.exchanges: dict[tuple[str, str], Exchange] = {}
+        #: whether a local-random exchange may pick queue (vhost, name): the broker admits a
+        #: classic queue whose node this router reaches (router/broker.py)
+        self.usable: Callable[[str, str], bool] = lambda vhost, name: True
         for vhost in vhosts:
             self.add_builtins(vhost)
 
@@ -284,8 +290,7 @@ class Topology:
                     todo.append(b.destination)
         return out
 
-    @staticmethod
-    def _matches(ex: Exchange, routing_key: str, headers: Callable[[], dict | None],
+    def _matches(self, ex: Exchange, routing_key: str, headers: Callable[[], dict | None],
                  props: Callable[[], Any]):
         if ex.type == "direct":
             return ex.by_key.get(routing_key, ())
@@ -300,7 +305,20 @@ class Topology:
             return [b for b in ex.bindings.values() if headers_match(b.arguments, h)]
         if ex.type == CONSISTENT_HASH:
             return consistent_hash.route(ex, routing_key, headers, props)
+        if ex.type == LOCAL_RANDOM:
+            return self._local_random(ex)
         return ()
+
+    def _local_random(self, ex: Exchange) -> list[Binding]:
+        """One binding of local-random exchange ``ex`` at random, among its bindings to
+        queues that :attr:`usable` admits; none when there is no such queue (unroutable).
+        RabbitMQ 4 picks among the bound classic queues on the publishing connection's node
+        (rabbit_exchange_type_local_random ``route``); a router owns no queues and reaches
+        every node's in one hop, so here every reachable classic queue is local."""
+        usable = self.usable
+        found = [b for b in ex.bindings.values()
+                 if b.dest_kind == wire.DEST_QUEUE and usable(ex.vhost, b.destination)]
+        return [random.choice(found)] if found else []
 
 
 def _properties(header: bytes | None) -> Any:

@@ -7,6 +7,8 @@
 * :func:`check_hash_arguments`, :func:`hash_arguments`, :func:`hash_weight`: what a
   consistent-hash exchange (``x-consistent-hash``) and its bindings accept (the owning node
   refuses the rest) and what it hashes on.
+* :func:`check_local_random_binding`: what a local-random exchange (``x-local-random``)
+  may be bound to.
 * :func:`freeze`: the identity of a binding's arguments table, so that the same binding is the
   same on every router, on the owning node and in its journal.
 """
@@ -29,7 +31,11 @@ BUILTIN_EXCHANGES: dict[str, str] = {
 #: RabbitMQ's rabbitmq_consistent_hash_exchange plugin's type (router/consistent_hash.py)
 CONSISTENT_HASH = "x-consistent-hash"
 
-EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers", CONSISTENT_HASH})
+#: RabbitMQ 4's local-random exchange type (router/routing.py; rabbit_exchange_type_local_random)
+LOCAL_RANDOM = "x-local-random"
+
+EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers", CONSISTENT_HASH,
+                            LOCAL_RANDOM})
 
 #: the largest weight (binding key) of a consistent-hash binding (RabbitMQ's
 #: ``MAX_BINDING_WEIGHT``)
@@ -94,6 +100,23 @@ def hash_weight(routing_key: str) -> int:
         raise soft_error(PRECONDITION_FAILED,
                          f"The binding key must not exceed {MAX_HASH_WEIGHT}")
     return weight
+
+
+def check_local_random_binding(dest_kind: str, routing_key: str,
+                               queue_type: str = "classic") -> None:
+    """A local-random exchange's binding: to a classic queue (``dest_kind`` "q",
+    ``queue_type`` "classic"), with the empty routing key. Raises 406 PRECONDITION_FAILED
+    (soft) with RabbitMQ 4's texts and in its order: the key, then the destination
+    (rabbit_exchange_type_local_random ``validate_binding``, since RabbitMQ 4.0; an exchange
+    is a destination it does not find). ``queue_type`` is "classic", "quorum" or "stream"."""
+    if routing_key != "":
+        raise soft_error(PRECONDITION_FAILED,
+                         f"Non empty binding '{routing_key}' key not permitted")
+    if dest_kind != "q":
+        raise soft_error(PRECONDITION_FAILED, "Destination not found")
+    if queue_type != "classic":
+        raise soft_error(PRECONDITION_FAILED,
+                         f"Queue type rabbit_{queue_type}_queue not valid for this exchange type")
 
 
 def freeze(value: Any) -> Any:

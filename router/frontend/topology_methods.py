@@ -18,9 +18,11 @@ from shoal.shared import wire
 from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, NOT_FOUND,
                                  PRECONDITION_FAILED, AMQPError, hard_error, soft_error)
 from shoal.shared.selector import check_arguments as check_selector
-from shoal.shared.topology import BUILTIN_EXCHANGES, EXCHANGE_TYPES
+from shoal.shared.topology import (BUILTIN_EXCHANGES, EXCHANGE_TYPES, LOCAL_RANDOM,
+                                   check_local_random_binding)
 from shoal.shared.wire import T
 
+from shoal.router import quorum
 from shoal.router.access.users import CONFIGURE, READ, WRITE
 from shoal.router.amqp.methods import QueueDeclareOk
 from shoal.router.broker import Broker
@@ -127,7 +129,8 @@ async def _bind(ch: TopologyChannel, tag: int, exchange: str, kind: str, dest: s
     exchange, no read permission on the source, or no topic read permission on the binding
     key; in that order, as RabbitMQ's binding_action), 404 (a missing exchange or queue, on
     bind only: unbinding what does not exist is unbind-ok, as RabbitMQ 3.10 answers), 405
-    (another connection's exclusive queue), 406 (a bad selector or x-match)."""
+    (another connection's exclusive queue), 406 (a bad selector or x-match; a local-random
+    exchange's binding with a key, to an exchange or to a replicated queue)."""
     b = ch.broker
     ch.check_access(WRITE, "queue" if kind == wire.DEST_QUEUE else "exchange", dest)
     if exchange == "" or (kind == wire.DEST_EXCHANGE and dest == ""):
@@ -154,8 +157,12 @@ async def _bind(ch: TopologyChannel, tag: int, exchange: str, kind: str, dest: s
             raise
     if tag == T.BIND:
         check_selector(arguments)   # 406 naming the error position (x-filter-jms-selector)
-        if b.topology.get(ch.vhost, exchange).type == "headers":
+        source_type = b.topology.get(ch.vhost, exchange).type
+        if source_type == "headers":
             check_x_match(arguments)
+        elif source_type == LOCAL_RANDOM:
+            check_local_random_binding(kind, key, quorum.queue_type(b, ch.vhost, dest)
+                                       if kind == wire.DEST_QUEUE else "classic")
     await b.exchange_link(ch.vhost, exchange).request(
         [tag, ch.vhost, exchange, kind, dest, key, arguments or {}])
 

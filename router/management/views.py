@@ -21,10 +21,11 @@ from pamqp.header import ContentHeader
 from shoal.shared import wire
 from shoal.shared.definitions import access_document
 from shoal.shared.errors import AMQPError
-from shoal.shared.topology import BUILTIN_EXCHANGES, EXCHANGE_TYPES
+from shoal.shared.topology import (BUILTIN_EXCHANGES, EXCHANGE_TYPES, LOCAL_RANDOM,
+                                   check_local_random_binding)
 from shoal.shared.wire import T
 
-from shoal.router import live
+from shoal.router import live, quorum
 from shoal.router.amqp.handshake import shoal_version
 from shoal.router.broker import Broker
 
@@ -234,13 +235,19 @@ async def bindings(request: web.Request):
 
 
 async def bind(request: web.Request):
-    """POST /api/bindings/{vhost}/e/{source}/{q|e}/{destination}: a binding (201)."""
+    """POST /api/bindings/{vhost}/e/{source}/{q|e}/{destination}: a binding (201). A
+    local-random source's binding to a replicated queue: 400 (RabbitMQ's 406 text; the
+    owning node checks the rest)."""
     b, vhost = _broker(request), _vhost(request)
     source, dest = _arg(request, "source"), _arg(request, "dest")
-    if b.topology.get(vhost, source) is None:
+    ex = b.topology.get(vhost, source)
+    if ex is None:
         raise ApiError(404, "not_found", "Object Not Found")
     body = await _body(request)
     kind = wire.DEST_QUEUE if request.match_info["kind"] == "q" else wire.DEST_EXCHANGE
+    if ex.type == LOCAL_RANDOM and kind == wire.DEST_QUEUE:
+        check_local_random_binding(kind, body.get("routing_key", ""),
+                                   quorum.queue_type(b, vhost, dest))
     await b.exchange_link(vhost, source).request(
         [T.BIND, vhost, source, kind, dest, body.get("routing_key", ""),
          body.get("arguments") or {}])
@@ -322,8 +329,22 @@ async def overview(request: web.Request):
                          "messages_unacknowledged": sum(r["messages_unacknowledged"]
                                                         for r in rows)},
         "message_stats": message_stats(request.app, objects["stats"]),
-        "listeners": [], "contexts": [],
+        "listeners": [], "contexts": [], "exchange_types": EXCHANGE_TYPE_ROWS,
     }
+
+
+#: the overview's ``exchange_types`` (its "add exchange" form's choices), sorted by name,
+#: with RabbitMQ's descriptions (each type module's ``description/0``)
+EXCHANGE_TYPE_ROWS = [{"name": name, "description": text, "enabled": True}
+                      for name, text in sorted({
+                          "direct": "AMQP direct exchange, as per the AMQP specification",
+                          "fanout": "AMQP fanout exchange, as per the AMQP specification",
+                          "headers": "AMQP headers exchange, as per the AMQP specification",
+                          "topic": "AMQP topic exchange, as per the AMQP specification",
+                          "x-consistent-hash": "Consistent Hashing Exchange",
+                          "x-local-random": "Picks one random local binding (queue) to "
+                                            "route via (to).",
+                      }.items())]
 
 
 #: RabbitMQ's message_stats names -> the routers' summed counters (router/live.py)

@@ -69,6 +69,8 @@ def test_overview_and_whoami(mgmt):
     stats = body["message_stats"]               # summed over routers, RabbitMQ's names
     assert {"publish", "deliver_get", "ack", "confirm"} <= set(stats)
     assert set(stats["publish_details"]) == {"rate"}
+    assert [t["name"] for t in body["exchange_types"]] == [   # the console's choices
+        "direct", "fanout", "headers", "topic", "x-consistent-hash", "x-local-random"]
     assert call(mgmt, "GET", "/whoami")[1] == {"name": "guest", "tags": ["administrator"]}
     assert call(mgmt, "GET", "/health/checks/alarms")[:2] == (200, {"status": "ok"})
     nodes = call(mgmt, "GET", "/nodes")[1]
