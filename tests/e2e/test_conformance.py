@@ -1,5 +1,6 @@
 """Issue 21: what standard clients and their own test suites found Shoal doing differently from
-RabbitMQ 3.10, each checked end to end with the client library that exposed it.
+RabbitMQ 3.10 (or, where RabbitMQ 4 answers otherwise and its clients expect that, from
+RabbitMQ 4), each checked end to end with the client library that exposed it.
 
 Queue names RabbitMQ accepts, an unexpected exception becoming 541 INTERNAL_ERROR (never a
 client waiting forever), ``connection.update-secret``, ``channel_max`` as a count of channels,
@@ -289,3 +290,19 @@ def test_headers_binding_checks_x_match_and_compares_kinds(cluster, uid):
     ch.exchange_delete(ex)
     ch.queue_delete(q)
     conn.close()
+
+
+def test_an_unknown_exchange_type_closes_the_channel_with_406_as_rabbitmq_4(cluster, uid):
+    """RabbitMQ 4's answer (rabbit_exchange:check_type since 4.0.0; 3.10 closed the
+    connection with 503), which pika's own acceptance tests expect: the connection stays."""
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url))
+    try:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as e:
+            conn.channel().exchange_declare(f"odd-{uid}", "x-no-such-type")
+        assert (e.value.reply_code, e.value.reply_text) == (
+            406, "PRECONDITION_FAILED - unknown exchange type 'x-no-such-type'")
+        ch = conn.channel()
+        ch.exchange_declare(f"odd-{uid}", "direct", auto_delete=True)
+        ch.exchange_delete(f"odd-{uid}")
+    finally:
+        conn.close()
