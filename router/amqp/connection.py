@@ -34,9 +34,9 @@ from shoal.router.amqp.frame_rules import (CHANNEL as TO_CHANNEL, CONNECTION as 
                                            check_other_frame, frame_end_error, frame_error,
                                            method_id, route_method)
 from shoal.router.amqp.framing import (FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD,
-                                       FRAME_OVERHEAD, FRAME_TYPES,
-                                       HEARTBEAT_FRAME, PROTOCOL_HEADER, decode_method,
-                                       method_frame, unpack_frame_header)
+                                       FRAME_TYPES, HEARTBEAT_FRAME,
+                                       PROTOCOL_HEADER, decode_method, method_frame,
+                                       payload_limit, unpack_frame_header)
 from shoal.router.amqp.handshake import LOCALES, server_properties as default_server_properties
 from shoal.router.amqp.liveness import HEARTBEAT, Liveness
 from shoal.router.amqp.login import Login
@@ -109,7 +109,7 @@ class AMQPConnection:
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._need = len(PROTOCOL_HEADER)
-        self._max_payload = frame_max - FRAME_OVERHEAD
+        self._max_payload = payload_limit(frame_max)
         # output
         self._out: list[bytes] = []
         self.pending_output = 0
@@ -247,7 +247,7 @@ class AMQPConnection:
                 break
             frame_type, ch, size = unpack_frame_header(buf, pos)
             if size > max_payload or frame_type not in FRAME_TYPES:
-                self._fatal(frame_error(frame_type, ch, size, max_payload), events)
+                self._fatal(frame_error(frame_type, ch, size, self.frame_max), events)
                 return
             fend = pos + 7 + size
             if fend >= end:
@@ -348,7 +348,7 @@ class AMQPConnection:
         elif event == ConnectionInput.TUNE_OK:
             self.channel_max, self.frame_max, self.heartbeat = login.tune_ok(method)
             self._table.channel_max = self.channel_max
-            self._max_payload = self.frame_max - FRAME_OVERHEAD
+            self._max_payload = payload_limit(self.frame_max)
         elif event == ConnectionInput.OPEN:
             login.open(method.virtual_host)
             self._write(method_frame(0, commands.Connection.OpenOk()))

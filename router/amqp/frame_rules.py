@@ -40,14 +40,14 @@ DISCARD, CONNECTION, CHANNEL = 0, 1, 2
 _CLOSING, _OPEN = ConnectionState.CLOSING, ConnectionState.OPEN
 
 
-def frame_error(frame_type: int, ch: int, size: int, max_payload: int) -> AMQPError:
+def frame_error(frame_type: int, ch: int, size: int, frame_max: int) -> AMQPError:
     """501 for a frame header with an unknown type or a payload of ``size`` octets above
-    ``max_payload`` (frame_max less the 8 octets of framing)."""
+    what ``frame_max`` admits (framing.py ``payload_limit``: RabbitMQ's allowance included)."""
     if frame_type not in FRAME_TYPES:
         text = f"unknown frame type {frame_type} on channel {ch}"
     else:
         text = (f"frame size {size + FRAME_OVERHEAD} on channel {ch} is larger than "
-                f"frame_max {max_payload + FRAME_OVERHEAD}")
+                f"frame_max {frame_max}")
     return hard_error(FRAME_ERROR, text)
 
 

@@ -22,6 +22,19 @@ FRAME_END_BYTE = b"\xce"
 FRAME_HEADER_SIZE = 7
 #: header (7) + end octet (1): payload size = frame size - FRAME_OVERHEAD
 FRAME_OVERHEAD = 8
+#: how far past frame_max a frame received may run, as RabbitMQ allows (rabbit_reader's
+#: FRAME_SIZE_FUDGE: clients are often off by 1 or by the 8 octets of framing, e.g.
+#: AMQPStorm's body frames of frame_max octets): a payload of up to frame_max octets is read.
+#: Frames Shoal sends keep to frame_max.
+FRAME_SIZE_FUDGE = FRAME_OVERHEAD
+
+
+def payload_limit(frame_max: int) -> int:
+    """The largest payload (octets) read from a peer that negotiated ``frame_max`` (octets,
+    whole frame): frame_max less the framing, plus :data:`FRAME_SIZE_FUDGE`."""
+    return frame_max - FRAME_OVERHEAD + FRAME_SIZE_FUDGE
+
+
 #: spec 4.2.3: peers must accept frames up to this size before and after tuning
 FRAME_MIN_SIZE = 4096
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import aiormq
 import pika
 import pika.exceptions
 import pytest
-from pamqp import commands
+from pamqp import commands, frame
 
-from .amqp_raw import PROTOCOL_HEADER, RawAMQP
+from .amqp_raw import PROTOCOL_HEADER, RawAMQP, publish_frames
 from .clients import BrokerError
 from .conftest import unsupported
 
@@ -306,3 +307,25 @@ def test_an_unknown_exchange_type_closes_the_channel_with_406_as_rabbitmq_4(clus
         ch.exchange_delete(f"odd-{uid}")
     finally:
         conn.close()
+
+
+def test_body_frames_of_frame_max_octets_are_read_as_rabbitmq_reads_them(cluster, uid):
+    """AMQPStorm sends body frames whose payload is frame_max octets (8 over the limit, with
+    the framing); RabbitMQ reads them (rabbit_reader's FRAME_SIZE_FUDGE), and so does Shoal.
+    AMQPStorm's large-message tests failed with 501 before."""
+    q = f"fudge-{uid}"
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url))
+    ch = conn.channel()
+    ch.queue_declare(q, auto_delete=True)
+    raw = RawAMQP(cluster.host, cluster.port).open()
+    raw.open_channel(1)
+    body = bytes(range(256)) * (2 * raw.frame_max // 256 + 3)   # three body frames
+    raw.send(publish_frames(1, "", q, body, frame_max=raw.frame_max + 8))
+    raw.send(frame.marshal(commands.Basic.Qos(prefetch_count=1), 1))   # a round trip after
+    raw.expect(commands.Basic.QosOk, 1)
+    deadline = time.monotonic() + 10
+    while (got := ch.basic_get(q, auto_ack=True)[2]) is None and time.monotonic() < deadline:
+        conn.sleep(0.05)
+    assert got == body
+    raw.close()
+    conn.close()

@@ -144,7 +144,7 @@ def test_content_errors(data, code):
 @pytest.mark.parametrize("data,text", [
     (raw_frame(1, 1, b"\x00\x14\x00\x28", end=0xCF), "frame end"),     # bad end octet
     (raw_frame(9, 0, b""), "unknown frame type"),                     # unknown type
-    (struct.pack(">BHI", 3, 1, 131072 - 7), "frame_max"),             # too large: header only
+    (struct.pack(">BHI", 3, 1, 131072 + 1), "frame_max"),             # too large: header only
 ])
 def test_frame_errors_close_at_once(data, text):
     conn = open_conn()
@@ -168,12 +168,32 @@ def test_frame_max_is_checked_before_buffering():
     assert hard(conn, 504)  # (no channel open) but not a frame error
 
 
+@pytest.mark.parametrize("payload, closes", [(131072 - 8, False), (131072 - 7, False),
+                                             (131072, False), (131072 + 1, True)])
+def test_a_frame_may_run_past_frame_max_by_its_framing_as_rabbitmq_allows(payload, closes):
+    """rabbit_reader's FRAME_SIZE_FUDGE: a payload of up to frame_max octets is read (clients
+    such as AMQPStorm send body frames of frame_max octets); one octet more is 501."""
+    conn = open_conn()
+    open_channel(conn, 1)
+    data = b"x" * payload
+    events = conn.receive_data(
+        m(commands.Basic.Publish(exchange="", routing_key="q"), 1)
+        + raw_frame(2, 1, header.ContentHeader(0, payload, commands.Basic.Properties()).marshal())
+        + raw_frame(3, 1, data))
+    if closes:
+        close = hard(conn, 501)
+        assert close.reply_text == (f"FRAME_ERROR - frame size {payload + 8} on channel 1 is "
+                                    f"larger than frame_max 131072")
+    else:
+        assert [e.body for e in events if isinstance(e, MessagePublished)] == [data]
+
+
 def test_frame_max_follows_tune_ok():
     from amqp_testkit import handshake, make_conn
     conn = make_conn()
     handshake(conn, tune=(0, 4096, 0))
     open_channel(conn, 1)
-    conn.receive_data(raw_frame(3, 1, b"x" * (4096 - 7)))
+    conn.receive_data(raw_frame(3, 1, b"x" * (4096 + 1)))
     assert hard(conn, 501) and conn.is_closed
 
 
