@@ -92,6 +92,25 @@ async def delete_user(request: web.Request):
     return None
 
 
+async def delete_users(request: web.Request):
+    """POST /api/users/bulk-delete ``{"users": [names]}``: 204; each named user that exists
+    is deleted as by ``DELETE /api/users/{name}``, in one change. 400 without ``users``
+    (rabbit_mgmt_wm_users_bulk_delete)."""
+    names = (await _body(request)).get("users")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ApiError(400, "bad_request", "key_missing: users (a list of user names)")
+    gone = set(names)
+
+    def edit(defs: Definitions) -> Definitions:
+        for name in gone & set(defs.users):
+            del defs.users[name]
+        defs.permissions = {k: p for k, p in defs.permissions.items() if p.user not in gone}
+        defs.topic_permissions = [t for t in defs.topic_permissions if t.user not in gone]
+        return defs
+    await access_sync.change(_broker(request), edit)
+    return web.Response(status=204)
+
+
 async def vhost(request: web.Request):
     b, name = _broker(request), _arg(request, "name")
     if name not in b.users.vhosts:
@@ -259,6 +278,7 @@ async def import_definitions(request: web.Request):
 def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_post("/api/definitions", import_definitions)
+    r.add_post("/api/users/bulk-delete", delete_users)
     r.add_get("/api/users/{name}", user)
     r.add_put("/api/users/{name}", put_user)
     r.add_delete("/api/users/{name}", delete_user)

@@ -26,7 +26,8 @@ from shoal.shared.errors import AMQPError, ConfigError
 
 from shoal.router.broker import Broker
 from shoal.router.links.node_link import NodeDown
-from shoal.router.management import access_views, live_views, messages, quorum_views, views
+from shoal.router.management import (access_views, binding_views, live_views, messages,
+                                     quorum_views, views)
 
 log = logging.getLogger("shoal.router.management")
 
@@ -189,6 +190,7 @@ def make_app(broker: Broker) -> web.Application:
     app["broker"] = broker
     app["rates"] = {}
     views.add_routes(app)
+    binding_views.add_routes(app)
     app.router.add_get("/", _console_page)
     app.router.add_static("/console/", CONSOLE)
     messages.add_routes(app)

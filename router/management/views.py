@@ -1,7 +1,7 @@
 """The management API's endpoints (RabbitMQ management plugin's paths and JSON fields): the
 overview, nodes, vhosts, users and permissions (read-only in this slice), queues (list, show,
-declare, delete, purge), exchanges (list, show, declare, delete), bindings, definitions export
-and the alarms health check. Names in paths are percent-encoded (``%2F`` is the vhost ``/``).
+declare, delete, purge), exchanges (list, show, declare, delete), the definitions export and
+the health checks (bindings: binding_views.py). Names in paths are percent-encoded (``%2F`` is the vhost ``/``).
 
 Queues are asked of every node (wire QUEUE_LIST) within ``NODE_TIMEOUT_S``; a node that does
 not answer is left out and named in the ``X-Shoal-Missing-Nodes`` header.
@@ -21,11 +21,10 @@ from pamqp.header import ContentHeader
 from shoal.shared import wire
 from shoal.shared.definitions import access_document
 from shoal.shared.errors import AMQPError
-from shoal.shared.topology import (BUILTIN_EXCHANGES, EXCHANGE_TYPES, LOCAL_RANDOM,
-                                   check_local_random_binding)
+from shoal.shared.topology import BUILTIN_EXCHANGES, EXCHANGE_TYPES
 from shoal.shared.wire import T
 
-from shoal.router import live, quorum
+from shoal.router import live
 from shoal.router.amqp.handshake import shoal_version
 from shoal.router.broker import Broker
 
@@ -230,60 +229,6 @@ def binding_rows(broker: Broker, vhost: str | None) -> list[dict]:
     return rows
 
 
-async def bindings(request: web.Request):
-    return binding_rows(_broker(request), _vhost(request))
-
-
-async def bind(request: web.Request):
-    """POST /api/bindings/{vhost}/e/{source}/{q|e}/{destination}: a binding (201). A
-    local-random source's binding to a replicated queue: 400 (RabbitMQ's 406 text; the
-    owning node checks the rest)."""
-    b, vhost = _broker(request), _vhost(request)
-    source, dest = _arg(request, "source"), _arg(request, "dest")
-    ex = b.topology.get(vhost, source)
-    if ex is None:
-        raise ApiError(404, "not_found", "Object Not Found")
-    body = await _body(request)
-    kind = wire.DEST_QUEUE if request.match_info["kind"] == "q" else wire.DEST_EXCHANGE
-    if ex.type == LOCAL_RANDOM and kind == wire.DEST_QUEUE:
-        check_local_random_binding(kind, body.get("routing_key", ""),
-                                   quorum.queue_type(b, vhost, dest))
-    await b.exchange_link(vhost, source).request(
-        [T.BIND, vhost, source, kind, dest, body.get("routing_key", ""),
-         body.get("arguments") or {}])
-    return web.Response(status=201)
-
-
-def _pair_rows(request: web.Request) -> list[dict]:
-    b, vhost = _broker(request), _vhost(request)
-    source, dest = _arg(request, "source"), _arg(request, "dest")
-    kind = "queue" if request.match_info["kind"] == "q" else "exchange"
-    if b.topology.get(vhost, source) is None:
-        raise ApiError(404, "not_found", "Object Not Found")
-    return [r for r in binding_rows(b, vhost) if r["source"] == source
-            and r["destination"] == dest and r["destination_type"] == kind]
-
-
-async def bindings_between(request: web.Request):
-    """GET /api/bindings/{vhost}/e/{source}/{q|e}/{destination}: the bindings between them."""
-    return _pair_rows(request)
-
-
-async def unbind(request: web.Request):
-    """DELETE /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{props}: ``props`` is the
-    binding's ``properties_key`` (its routing key, ``~`` for an empty one). 404 if none."""
-    b, vhost, source = _broker(request), _vhost(request), _arg(request, "source")
-    props = _arg(request, "props")
-    row = next((r for r in _pair_rows(request) if r["properties_key"] == props), None)
-    if row is None:
-        raise ApiError(404, "not_found", "Object Not Found")
-    kind = wire.DEST_QUEUE if row["destination_type"] == "queue" else wire.DEST_EXCHANGE
-    await b.exchange_link(vhost, source).request(
-        [T.UNBIND, vhost, source, kind, row["destination"], row["routing_key"],
-         row["arguments"]])
-    return None
-
-
 async def publish(request: web.Request):
     """POST /api/exchanges/{vhost}/{name}/publish: ``{"routed": bool}``; the message goes
     without a confirm, as RabbitMQ's HTTP publish (meant for tests and operators)."""
@@ -319,7 +264,7 @@ async def overview(request: web.Request):
     return {
         "management_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
         "product_name": "Shoal", "product_version": shoal_version(),
-        "cluster_name": f"shoal@{request.host.split(':')[0]}", "node": b.router_id,
+        "cluster_name": _cluster_name(request), "node": b.router_id,
         "object_totals": {"connections": len(objects["connections"]),
                           "channels": len(objects["channels"]),
                           "exchanges": len(b.topology.exchanges), "queues": len(rows),
@@ -329,8 +274,20 @@ async def overview(request: web.Request):
                          "messages_unacknowledged": sum(r["messages_unacknowledged"]
                                                         for r in rows)},
         "message_stats": message_stats(request.app, objects["stats"]),
-        "listeners": [], "contexts": [], "exchange_types": EXCHANGE_TYPE_ROWS,
+        "listeners": [], "exchange_types": EXCHANGE_TYPE_ROWS,
+        "contexts": [{"node": b.router_id, "description": "RabbitMQ Management", "path": "/",
+                      "port": str(request.url.port or "")}],
     }
+
+
+def _cluster_name(request: web.Request) -> str:
+    return f"shoal@{request.host.split(':')[0]}"
+
+
+async def cluster_name(request: web.Request):
+    """GET /api/cluster-name: ``{"name": ...}``, the overview's ``cluster_name`` (setting
+    it, RabbitMQ's PUT, is not supported: 405)."""
+    return {"name": _cluster_name(request)}
 
 
 #: the overview's ``exchange_types`` (its "add exchange" form's choices), sorted by name,
@@ -384,6 +341,15 @@ async def nodes(request: web.Request):
                     "paged_bytes": st.get("paged_bytes", 0),
                     "mem_alarm": st.get("blocked", "") == "low on memory"})
     return out
+
+
+async def node(request: web.Request):
+    """GET /api/nodes/{name}: one row of :func:`nodes`; 404 for a name that is not a node."""
+    name = _arg(request, "name")
+    for row in await nodes(request):
+        if row["name"] == name:
+            return row
+    raise ApiError(404, "not_found", "Object Not Found")
 
 
 async def node_stats(broker: Broker) -> dict[str, tuple[dict | None, float]]:
@@ -460,6 +426,25 @@ async def alarms(request: web.Request):
                              status=503)
 
 
+async def node_health(request: web.Request):
+    """RabbitMQ's deprecated /api/healthchecks/node[/{node}] (still in RabbitMQ 4): 200
+    ``{"status": "ok"}``, or 503 ``{"status": "failed", "reason": ...}``. ``node`` is a node
+    of /api/nodes (ok while this router reaches it) or this router (the overview's
+    ``contexts``; also the default: ok while it reaches at least one node); another name 404
+    (rabbit_mgmt_wm_healthchecks)."""
+    b = _broker(request)
+    name = _arg(request, "node") if "node" in request.match_info else b.router_id
+    if name == b.router_id:
+        up, reason = any(link.up for link in b.links.values()), "no node is reachable"
+    elif name in b.links:
+        up, reason = b.links[name].up, f"node {name} is not reachable"
+    else:
+        raise ApiError(404, "not_found", "Object Not Found")
+    if up:
+        return {"status": "ok"}
+    return web.json_response({"status": "failed", "reason": reason}, status=503)
+
+
 async def ready_to_serve_clients(request: web.Request):
     """RabbitMQ 3.13's /api/health/checks/ready-to-serve-clients, a router's readiness
     (Helm's readinessProbe): 200 ``{"status": "ok"}`` while it reaches at least one node, 503
@@ -478,6 +463,10 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/overview", overview)
     r.add_get("/api/whoami", whoami)
     r.add_get("/api/nodes", nodes)
+    r.add_get("/api/nodes/{name}", node)
+    r.add_get("/api/cluster-name", cluster_name)
+    r.add_get("/api/healthchecks/node", node_health)
+    r.add_get("/api/healthchecks/node/{node}", node_health)
     r.add_get("/api/vhosts", vhosts)
     r.add_get("/api/users", users)
     r.add_get("/api/permissions", permissions)
@@ -494,10 +483,5 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/exchanges/{vhost}/{name}", exchange)
     r.add_put("/api/exchanges/{vhost}/{name}", declare_exchange)
     r.add_delete("/api/exchanges/{vhost}/{name}", delete_exchange)
-    r.add_get("/api/bindings", bindings)
-    r.add_get("/api/bindings/{vhost}", bindings)
-    r.add_post("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", bind)
-    r.add_get("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", bindings_between)
-    r.add_delete("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}/{props}", unbind)
     r.add_post("/api/exchanges/{vhost}/{name}/publish", publish)
 

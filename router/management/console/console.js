@@ -179,7 +179,8 @@ async function exchanges() {
       ["type", "Type"], ["durable", "Durable"]], xs)}
     <h2>Bindings</h2>
     ${table("bindings", [["source", "Source"], ["destination", "Destination"],
-      ["destination_type", "Kind"], ["routing_key", "Routing key"]], bs)}`;
+      ["destination_type", "Kind"], ["routing_key", "Routing key"]],
+      bs.filter((b) => b.source !== ""))}`;   // not each queue's default-exchange binding
 }
 
 async function act(ev, fn) {

@@ -127,6 +127,62 @@ def test_exchanges_and_bindings(mgmt, uid):
     assert call(mgmt, "DELETE", f"/queues/%2F/{q}")[0] == 204
 
 
+def test_a_queues_and_an_exchanges_bindings_as_rabbitmq_lists_them(mgmt, uid):
+    """The management UI's queue and exchange pages and AMQPStorm's ``queue.bindings`` /
+    ``exchange.bindings``: a queue's binding to the default exchange comes first, as RabbitMQ's
+    implicit bindings do (also in /api/bindings, never in the definitions export)."""
+    x, y, q = f"mgmt-bx-{uid}", f"mgmt-by-{uid}", f"mgmt-bq2-{uid}"
+    for name, type_ in ((x, "direct"), (y, "fanout")):
+        assert call(mgmt, "PUT", f"/exchanges/%2F/{name}", {"type": type_})[0] == 201
+    assert call(mgmt, "PUT", f"/queues/%2F/{q}", {})[0] == 201
+    assert call(mgmt, "POST", f"/bindings/%2F/e/{x}/q/{q}", {"routing_key": "k"})[0] == 201
+    assert call(mgmt, "POST", f"/bindings/%2F/e/{x}/e/{y}", {"routing_key": "r"})[0] == 201
+    default = {"source": "", "vhost": "/", "destination": q, "destination_type": "queue",
+               "routing_key": q, "arguments": {}, "properties_key": q}
+    listed = call(mgmt, "GET", f"/queues/%2F/{q}/bindings")[1]
+    assert listed[0] == default
+    assert [(b["source"], b["routing_key"]) for b in listed[1:]] == [(x, "k")]
+    source = call(mgmt, "GET", f"/exchanges/%2F/{x}/bindings/source")[1]
+    assert sorted((b["destination"], b["destination_type"]) for b in source) == \
+        sorted([(q, "queue"), (y, "exchange")])
+    assert [b["source"] for b in
+            call(mgmt, "GET", f"/exchanges/%2F/{y}/bindings/destination")[1]] == [x]
+    assert call(mgmt, "GET", f"/exchanges/%2F/{y}/bindings/source")[1] == []
+    assert default in call(mgmt, "GET", "/exchanges/%2F/amq.default/bindings/source")[1]
+    assert default in call(mgmt, "GET", "/bindings/%2F")[1]
+    exported = call(mgmt, "GET", "/definitions")[1]["bindings"]
+    assert not [b for b in exported if b["source"] == ""]
+    for path in (f"/queues/%2F/nope-{uid}/bindings", f"/exchanges/%2F/nope-{uid}/bindings/source"):
+        assert call(mgmt, "GET", path)[:2] == (404, {"error": "not_found",
+                                                     "reason": "Object Not Found"})
+    for path in (f"/exchanges/%2F/{x}", f"/exchanges/%2F/{y}", f"/queues/%2F/{q}"):
+        assert call(mgmt, "DELETE", path)[0] == 204
+
+
+def test_one_node_the_cluster_name_and_the_node_health_checks(mgmt):
+    overview = call(mgmt, "GET", "/overview")[1]
+    assert call(mgmt, "GET", "/cluster-name")[1] == {"name": overview["cluster_name"]}
+    assert call(mgmt, "GET", "/nodes/node-1")[1]["name"] == "node-1"
+    assert call(mgmt, "GET", "/nodes/node-9")[0] == 404
+    router = overview["contexts"][0]["node"]          # AMQPStorm's healthchecks test asks it
+    for path in ("/healthchecks/node", f"/healthchecks/node/{router}",
+                 "/healthchecks/node/node-0"):
+        assert call(mgmt, "GET", path)[:2] == (200, {"status": "ok"})
+    assert call(mgmt, "GET", "/healthchecks/node/node-9")[0] == 404
+
+
+def test_users_deleted_in_bulk(mgmt, uid):
+    names = [f"bulk-{uid}-{i}" for i in range(3)]
+    for n in names:
+        assert call(mgmt, "PUT", f"/users/{n}", {"password": "pw", "tags": ""})[0] == 201
+    assert call(mgmt, "POST", "/users/bulk-delete",
+                {"users": names[:2] + [f"never-{uid}"]})[0] == 204
+    assert [call(mgmt, "GET", f"/users/{n}")[0] for n in names] == [404, 404, 200]
+    assert call(mgmt, "POST", "/users/bulk-delete", {"names": names})[:2] == (
+        400, {"error": "bad_request", "reason": "key_missing: users (a list of user names)"})
+    assert call(mgmt, "DELETE", f"/users/{names[2]}")[0] == 204
+
+
 def test_bad_input_gets_json_errors(mgmt, uid):
     status, body, _ = call(mgmt, "PUT", f"/queues/%2F/mgmt-bad-{uid}", b"{not json")
     assert status == 400 and body["error"] == "bad_request"
