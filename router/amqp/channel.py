@@ -14,7 +14,7 @@ from shoal.shared.errors import (CHANNEL_ERROR, COMMAND_INVALID, FRAME_ERROR, NO
 
 from shoal.router.amqp import fastpath
 from shoal.router.amqp.events import ChannelClosed, ChannelOpened, MessagePublished, MethodReceived
-from shoal.router.amqp.framing import decode_method, method_frame
+from shoal.router.amqp.framing import channel_open_ok, decode_method, method_frame
 from shoal.router.amqp.methods import (BASIC_CANCEL_OK, CHANNEL_CLOSE, CHANNEL_CLOSE_OK,
                                        CHANNEL_FLOW, CHANNEL_FLOW_OK, CHANNEL_OPEN,
                                        CLIENT_CHANNEL_METHODS, close_frame, name, with_ids)
@@ -152,7 +152,7 @@ class ChannelTable:
             if refusal is not None:
                 raise hard_error(NOT_ALLOWED, refusal)
             channels[ch] = Channel()
-            self._write(method_frame(ch, commands.Channel.OpenOk()))
+            self._write(channel_open_ok(ch))
             events.append(ChannelOpened(ch))
             return
         cstate = chan.state

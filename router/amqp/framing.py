@@ -97,6 +97,18 @@ def frame(frame_type: int, channel: int, payload: bytes) -> bytes:
                      FRAME_END_BYTE))
 
 
+#: channel.open-ok's payload as RabbitMQ sends it: class 20, method 11, an empty longstr
+#: (the reserved ``channel-id``). pamqp's ``Channel.OpenOk`` writes "0" there and refuses an
+#: empty one; clients that skip the field as empty (@cloudamqp/amqp-client) then misread the
+#: rest of the read as another frame.
+CHANNEL_OPEN_OK_PAYLOAD = b"\x00\x14\x00\x0b\x00\x00\x00\x00"
+
+
+def channel_open_ok(channel: int) -> bytes:
+    """The channel.open-ok frame for ``channel`` (spec 1.5.2.2), as RabbitMQ writes it."""
+    return frame(FRAME_METHOD, channel, CHANNEL_OPEN_OK_PAYLOAD)
+
+
 _SHORTSTR_CACHE: dict[str, bytes] = {}
 _SHORTSTR_CACHE_MAX = 4096
 

@@ -26,6 +26,16 @@ def test_open_and_client_close():
     assert conn.receive_data(m(commands.Channel.Open(), 1)) == [ChannelOpened(1)]  # reuse
 
 
+def test_open_ok_carries_an_empty_reserved_field_as_rabbitmq_sends_it():
+    """Octet for octet RabbitMQ's channel.open-ok (its reserved longstr empty; pamqp's
+    default writes "0"): @cloudamqp/amqp-client reads the field as empty and took the
+    remaining octet for a frame of its own."""
+    conn = open_conn()
+    conn.receive_data(m(commands.Channel.Open(), 7))
+    assert conn.data_to_send() == (b"\x01\x00\x07\x00\x00\x00\x08"       # method, channel 7
+                                   b"\x00\x14\x00\x0b\x00\x00\x00\x00\xce")
+
+
 def test_channel_flow_active_is_answered_and_inactive_is_540_as_rabbitmq():
     """RabbitMQ 3.10 answers channel.flow active=true with flow-ok and refuses active=false
     with 540 NOT_IMPLEMENTED "active=false" (a connection error)."""
