@@ -268,10 +268,14 @@ class AMQP10Connection(asyncio.Protocol):
         self.engine.closed = True
         self.flush()
 
-    def tick(self, now: float) -> None:
-        if not self._done:
-            self._handle(self.engine.tick(now))
-            self.flush()
+    def tick(self, now: float) -> float | None:
+        """The idle clock at ``now``; returns the seconds to its next tick this connection
+        needs (half the peer's idle time-out), or None."""
+        if self._done:
+            return None
+        self._handle(self.engine.tick(now))
+        self.flush()
+        return self.engine.remote_idle_timeout_ms / 2000 or None
 
     def shutdown(self, code: int, text: str) -> None:
         """Broker shutdown or a forced close: close with amqp:connection:forced."""

@@ -285,12 +285,16 @@ class ClientConnection(asyncio.BufferedProtocol):
             if not self.transport.is_closing():
                 self.transport.close()
 
-    def tick(self, now: float) -> None:
-        if self.amqp is not None and not self._done:
-            if self._alarm_paused or self._congestion_paused:
-                self.amqp.mark_received()     # our pause, not the client's silence
-            self._handle(self.amqp.tick(now))
-            self.flush()
+    def tick(self, now: float) -> float | None:
+        """The heartbeat clock at ``now``; returns the seconds to its next tick this connection
+        needs (half the negotiated heartbeat), or None."""
+        if self.amqp is None or self._done:
+            return None
+        if self._alarm_paused or self._congestion_paused:
+            self.amqp.mark_received()     # our pause, not the client's silence
+        self._handle(self.amqp.tick(now))
+        self.flush()
+        return self.amqp.heartbeat / 2 if self.amqp.heartbeat else None
 
     def shutdown(self, code: int, text: str) -> None:
         """Broker shutdown: connection.close ``code`` (320) to the client."""
@@ -314,13 +318,30 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.broker.report_soon.set()
 
 
+#: the heartbeat clock's longest and shortest period (s)
+TICK_S, MIN_TICK_S = 1.0, 0.1
+
+
 async def heartbeat_loop(broker: Broker) -> None:
-    """Drive every connection's heartbeat clock once a second."""
+    """Drive every connection's heartbeat clock: once a second, or as often as the connection
+    needing it most asks (half its heartbeat or idle time-out, at least :data:`MIN_TICK_S`).
+    RabbitMQ sends a heartbeat after half the heartbeat's silence (rabbit_heartbeat); a client
+    that drops a connection after one heartbeat without a read (@cloudamqp/amqp-client)
+    needs them that often, which a 1 s clock misses for a heartbeat of 1 s."""
+    period = TICK_S
     while True:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(period)
         now = time.monotonic()
+        wanted: list[float | None] = []
         for client in list(broker.connections):
             try:
-                client.tick(now)
+                wanted.append(client.tick(now))
             except Exception:  # one bad connection must not stop the clock for the others
                 log.exception("heartbeat tick failed")
+        period = tick_period(wanted)
+
+
+def tick_period(wanted: list[float | None]) -> float:
+    """The heartbeat clock's next period (s): the shortest the connections asked for (None:
+    no need), within :data:`MIN_TICK_S` .. :data:`TICK_S`."""
+    return max(MIN_TICK_S, min([TICK_S, *(w for w in wanted if w is not None)]))

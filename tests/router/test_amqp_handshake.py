@@ -231,6 +231,28 @@ def test_heartbeat_sent_when_idle_and_peer_dropped_after_two_intervals():
     assert conn.is_closed and conn.tick(200.0) == []
 
 
+def test_a_heartbeat_of_one_second_is_kept_by_a_clock_at_half_of_it():
+    """The router's clock ticks as often as its connections need (client.py tick_period:
+    half a heartbeat); with a heartbeat of 1 s a heartbeat leaves every 0.5 s of silence,
+    as RabbitMQ sends them, so a client that drops the link after 1 s without a read
+    (@cloudamqp/amqp-client) stays connected. A 1 s clock left 1 s gaps."""
+    from shoal.router.frontend.client import tick_period
+    conn = make_conn(heartbeat=1)
+    handshake(conn, tune=(0, 131072, 1))
+    conn.data_to_send()
+    now, sent_at = 100.0, []
+    conn.tick(now)
+    for _ in range(8):
+        now += tick_period([conn.heartbeat / 2])
+        conn.receive_data(hb_frame())               # the client answers each heartbeat
+        conn.tick(now)
+        if conn.data_to_send() == hb_frame():
+            sent_at.append(now)
+    assert sent_at == [100.5 + 0.5 * i for i in range(8)]
+    assert tick_period([None, 30.0, 0.5]) == 0.5 and tick_period([]) == 1.0
+    assert tick_period([0.01]) == 0.1                  # an AMQP 1.0 idle time-out of 20 ms
+
+
 def test_traffic_counts_as_heartbeat_both_ways():
     conn = make_conn(heartbeat=10)
     handshake(conn, tune=(0, 0, 10))
