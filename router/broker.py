@@ -468,12 +468,19 @@ class Broker:
     def server_cancel(self, ch: BrokerChannel, t: ConsumerTarget) -> None:
         """The broker ends a consumer (a queue deleted, a node lost): its other queue
         consumers are cancelled too, and clients that announced ``consumer_cancel_notify``
-        (RabbitMQ extension) get basic.cancel."""
+        (RabbitMQ extension) get basic.cancel: after the queue.delete-ok when the channel is
+        deleting one of its queues (``ch.deleting``, topology_methods.on_queue_delete)."""
         if t.cancelled:
             return
+        queues = t.queues
         self.cancel_consumer(ch, t)
         if not ch.closed and ch.client.capabilities.get("consumer_cancel_notify"):
-            ch.send(C.Basic.Cancel(t.tag, nowait=True))
+            cancel = C.Basic.Cancel(t.tag, nowait=True)
+            held = next((ch.deleting[q] for q in queues if q in ch.deleting), None)
+            if held is not None:        # after the channel's own queue.delete-ok, as RabbitMQ
+                held.append(cancel)
+                return
+            ch.send(cancel)
             self.mark_dirty(ch.client)
 
     @property

@@ -74,6 +74,7 @@ class BrokerChannel(Protocol):
     pool: CreditPool
     unacked: dict[int, Delivery]
     lease_pace: Any                     #: router/lease.py's ConfirmPace, once it has one
+    deleting: dict[str, list[Any]]      #: held basic.cancel per queue being deleted
 
     @property
     def client(self) -> BrokerClient: ...

@@ -59,6 +59,9 @@ class Channel:
         self.lease_pace: Any = None
         self.tx: Transaction | None = None         # tx.select: publishes/acks wait for commit
         self.last_queue = ""
+        #: queues this channel is deleting -> the basic.cancel notifications held until its
+        #: queue.delete-ok has gone (topology_methods.on_queue_delete; broker.server_cancel)
+        self.deleting: dict[str, list[Any]] = {}
         self.reply_queue: str | None = None      # direct reply-to (direct_reply.py)
         self.closed = False
         self._busy = False

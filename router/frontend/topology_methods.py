@@ -37,6 +37,7 @@ class TopologyChannel(Protocol):
     broker: Broker
     vhost: str
     last_queue: str   #: the queue an empty queue name means (queue_name)
+    deleting: dict[str, list[Any]]    #: see on_queue_delete
 
     @property
     def client(self) -> ChannelClient: ...
@@ -260,9 +261,21 @@ async def on_queue_purge(ch: TopologyChannel, m: C.Queue.Purge) -> None:
 
 
 async def on_queue_delete(ch: TopologyChannel, m: C.Queue.Delete) -> None:
+    """queue.delete (spec 1.7.2.9). Raises 403 (no configure permission), 404, 405, 406
+    (if-unused, if-empty) from the queue's node. The basic.cancel of this channel's own
+    consumers of the queue follow its delete-ok, as RabbitMQ sends them (the queue's node
+    cancels them before it answers; they are held in ``ch.deleting`` meanwhile); amqplib's
+    tests close the connection on the cancel, before a delete-ok that came second."""
     name = queue_name(ch, m.queue)
     ch.check_access(CONFIGURE, "queue", name)
-    payload = await ch.broker.queue_request(ch.vhost, name,
-        [T.QUEUE_DELETE, ch.vhost, name, m.if_unused, m.if_empty, ch.client.owner])
-    if not m.nowait:
-        ch.send(C.Queue.DeleteOk(payload[0]))
+    held = ch.deleting.setdefault(name, [])
+    try:
+        payload = await ch.broker.queue_request(ch.vhost, name,
+            [T.QUEUE_DELETE, ch.vhost, name, m.if_unused, m.if_empty, ch.client.owner])
+        if not m.nowait:
+            ch.send(C.Queue.DeleteOk(payload[0]))
+    finally:
+        if ch.deleting.get(name) is held:
+            del ch.deleting[name]
+        for cancel in held:
+            ch.send(cancel)

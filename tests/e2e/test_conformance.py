@@ -329,3 +329,20 @@ def test_body_frames_of_frame_max_octets_are_read_as_rabbitmq_reads_them(cluster
     assert got == body
     raw.close()
     conn.close()
+
+
+def test_queue_delete_ok_comes_before_the_channels_own_consumer_cancel(cluster, uid):
+    """As RabbitMQ (side by side: parity scenario queue_delete_with_a_consumer_on_the_channel):
+    amqplib's own tests close the connection on the basic.cancel, and a delete-ok coming
+    after it was lost ("Channel ended, no reply will be forthcoming")."""
+    q = f"del-order-{uid}"
+    raw = RawAMQP(cluster.host, cluster.port).open()
+    raw.open_channel(1)
+    raw.send_frame(commands.Queue.Declare(queue=q), 1)
+    raw.expect(commands.Queue.DeclareOk, 1)
+    raw.send_frame(commands.Basic.Consume(queue=q, consumer_tag="c1"), 1)
+    raw.expect(commands.Basic.ConsumeOk, 1)
+    raw.send_frame(commands.Queue.Delete(queue=q), 1)
+    raw.expect(commands.Queue.DeleteOk, 1)
+    assert raw.expect(commands.Basic.Cancel, 1).consumer_tag == "c1"
+    raw.close()

@@ -220,6 +220,21 @@ def consumer_tags(rec: Rec) -> None:
 
 
 @scenario
+def queue_delete_with_a_consumer_on_the_channel(rec: Rec) -> None:
+    """queue.delete of a queue the same channel consumes from: delete-ok first, then the
+    consumer's basic.cancel (consumer_cancel_notify), as RabbitMQ's channel answers its own
+    method before the queue's notice (amqplib's own tests depend on it)."""
+    q = rec.q()
+    r = handshake(rec)
+    r.send_frame(C.Channel.Open(), 1)
+    r.expect(C.Channel.OpenOk, 1)
+    rec.raw_call(r, "declare", C.Queue.Declare(queue=q, auto_delete=False), 1)
+    rec.raw_call(r, "consume", C.Basic.Consume(queue=q, consumer_tag="c1"), 1)
+    rec.raw_call(r, "delete", C.Queue.Delete(queue=q), 1)
+    rec.reply(r, "then")
+
+
+@scenario
 def publish_immediate(rec: Rec) -> None:
     """basic.publish immediate=True (removed in RabbitMQ 3.0): RabbitMQ closes the
     connection with 540 NOT_IMPLEMENTED."""
