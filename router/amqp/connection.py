@@ -148,6 +148,10 @@ class AMQPConnection:
         """True once ConnectionClosed was emitted: the transport flushes and closes."""
         return self._state == _CONN_CLOSED
 
+    #: the client's connection.close ended it (we sent close-ok): the client closes the
+    #: socket (router/frontend/client.py waits for it, as RabbitMQ does)
+    closed_by_client = False
+
     @property
     def closing(self) -> bool:
         """True while we wait for the client's ``connection.close-ok``."""
@@ -356,6 +360,7 @@ class AMQPConnection:
         else:   # the client's close, or its close-ok after ours
             if event == ConnectionInput.CLIENT_CLOSE:
                 self._write(method_frame(0, commands.Connection.CloseOk()))
+                self.closed_by_client = True
                 if self._state != _CONN_CLOSING:
                     self._close_reason = (200, f"client closed connection: "
                                                f"{method.reply_code} {method.reply_text}")

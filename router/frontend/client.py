@@ -37,6 +37,9 @@ READ_MESSAGES = 16
 READ_MIN = 4 * 1024
 READ_MAX = 64 * 1024
 READ_START = 16 * 1024
+#: seconds a client may take to close its socket after our close-ok (RabbitMQ's
+#: ``CLOSING_TIMEOUT``, rabbit_reader)
+CLOSE_LINGER_S = 1.0
 
 
 class ClientConnection(asyncio.BufferedProtocol):
@@ -61,6 +64,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.amqp: AMQPConnection | None = None
         self._settings = s
         self._done = False
+        self._linger: asyncio.TimerHandle | None = None   #: see _await_client_close
         self.publisher = False  #: has published: paused while a node link is congested
         self._congestion_paused = False  #: reading paused by set_reading(False)
         self._alarm_paused = False  #: a publisher not read while the broker is blocked
@@ -175,6 +179,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
         self._teardown()
 
     def set_reading(self, on: bool) -> None:
@@ -282,8 +288,21 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.transport.write(data)
         if self.amqp.is_closed:
             self._teardown()
-            if not self.transport.is_closing():
-                self.transport.close()
+            if not self.transport.is_closing() and self._linger is None:
+                if self.amqp.closed_by_client:
+                    self._await_client_close()
+                else:
+                    self.transport.close()
+
+    def _await_client_close(self) -> None:
+        """After the close-ok of a client's connection.close, leave the socket to the client
+        for up to :data:`CLOSE_LINGER_S`, as RabbitMQ does (``rabbit_reader``'s closing
+        timeout, 1 s): what it still sends (amqplib writes its connection.close ahead of
+        channel frames it had buffered) is read and dropped, so its writes do not meet a
+        reset (EPIPE) when we close first."""
+        self._linger = asyncio.get_running_loop().call_later(CLOSE_LINGER_S,
+                                                             self.transport.close)
+        self.transport.resume_reading()     # whatever paused it: only dropped now
 
     def tick(self, now: float) -> float | None:
         """The heartbeat clock at ``now``; returns the seconds to its next tick this connection

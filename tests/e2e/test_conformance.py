@@ -346,3 +346,26 @@ def test_queue_delete_ok_comes_before_the_channels_own_consumer_cancel(cluster, 
     raw.expect(commands.Queue.DeleteOk, 1)
     assert raw.expect(commands.Basic.Cancel, 1).consumer_tag == "c1"
     raw.close()
+
+
+def test_after_a_clients_close_the_socket_is_left_for_the_client_to_close(cluster, uid):
+    """As RabbitMQ: after the close-ok of a client's connection.close the broker waits (1 s)
+    for the client to close the socket, dropping what still comes; amqplib writes its
+    connection.close ahead of channel frames it had buffered, and met EPIPE when the
+    broker closed first. The client here sends after close-ok, then closes its side, and
+    reads a clean end of stream, not a reset."""
+    import socket
+    raw = RawAMQP(cluster.host, cluster.port).open()
+    raw.open_channel(1)
+    raw.send_frame(commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0,
+                                             method_id=0), 0)
+    raw.send(publish_frames(1, "", f"late-{uid}", b"x" * 1000) * 20)   # after its close
+    raw.expect(commands.Connection.CloseOk, 0)
+    raw.send(publish_frames(1, "", f"late-{uid}", b"y" * 1000))
+    raw.sock.shutdown(socket.SHUT_WR)
+    raw.sock.settimeout(10)
+    rest = raw.buf
+    while chunk := raw.sock.recv(65536):    # a reset raises ConnectionResetError here
+        rest += chunk
+    assert rest == b""
+    raw.close()
