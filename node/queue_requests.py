@@ -102,13 +102,13 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
         if default_stream and plain_durable:
             args = {**args, "x-queue-type": "stream"}
         if args.get("x-queue-type") == "stream":       # node/streams/hosting.py
-            rep, peer = shard.replication, state.identity
+            reply = replication.declare_answer(shard.replication, state.identity, req_id, name)
 
-            def answer() -> None:       # once a leader is known (or, after waiting for the
-                made = shard.streams.streams.get((vhost, name))     # other nodes, alone)
-                if made is not None and made.replica is None:
+            def answer(moved: bool = False) -> None:    # once a leader is known (or, after
+                made = shard.streams.streams.get((vhost, name))     # waiting for the other
+                if not moved and made is not None and made.replica is None:    # nodes, alone)
                     shard.queue_added(made)
-                replication.reply(rep, peer, req_id, [name, 0, 0])
+                reply(moved)
             s = shard.streams.declare(vhost, name, bool(durable), bool(exclusive),
                                       bool(auto_delete), args, answer)
             if s is None or s.replica is not None:  # several members: answered once one

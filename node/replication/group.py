@@ -85,7 +85,8 @@ class QuorumGroup:
         self.leader_term = 0            # the term of the last leader announced
         self.known_leader: str | None = None
         self.snapshot: Snapshot | None = None     # the last one, for a log rewrite
-        self.pending_declares: list[Callable[[], None]] = []
+        #: declare answers waiting for a leader (requests.declare_answer)
+        self.pending_declares: list[Callable[[bool], None]] = []
         self.deleted = False
         #: the leader's lease: member -> when (ms) it last answered in this term
         self.acked_at: dict[str, float] = {}
@@ -344,10 +345,17 @@ class QuorumGroup:
             if self.pending_declares:
                 waiting, self.pending_declares = self.pending_declares, []
                 for fn in waiting:
-                    fn()
+                    fn(False)
             self.host.leader_changed(self)
         elif leader is None:
             self.known_leader = None
+
+    def drop_declares(self) -> None:
+        """This member goes before its group had a leader: the declares waiting for one
+        are answered MOVED (the router asks again where the queue is led)."""
+        waiting, self.pending_declares = self.pending_declares, []
+        for fn in waiting:
+            fn(True)
 
     def election_delay(self, lost_member: str) -> int:
         """Ticks this member waits before campaigning when the leader's link closed: its rank

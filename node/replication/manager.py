@@ -447,6 +447,7 @@ class Replication:
         so that the followers learn the delete is committed."""
         if self.groups.get(g.key) is g:
             del self.groups[g.key]
+        g.drop_declares()
         if g.leading:
             g.retire_ticks = RETIRE_TICKS
             self.retiring.append(g)
@@ -461,6 +462,7 @@ class Replication:
         of its queue, without telling the routers: the name may be another queue's now."""
         if self.groups.get(g.key) is g:
             del self.groups[g.key]
+        g.drop_declares()
         self.store.bury(g.key, g.uid, g.raft.hard_state())
         q = self.shard.queues.get(g.key)
         if q is g.queue:

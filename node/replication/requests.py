@@ -95,7 +95,7 @@ def create(rep: Any, peer: bytes, req_id: int, vhost: str, name: str, args: dict
     for m in members[1:]:
         rep.outgoing.append((membership.node_of(m), [_GROUP_CREATE, vhost, name, uid,
                                                         snap.to_wire()]))
-    g.pending_declares.append(lambda: reply(rep, peer, req_id, [name, 0, 0]))
+    g.pending_declares.append(declare_answer(rep, peer, req_id, name))
     raft.campaign()
     g.check_role()
 
@@ -137,6 +137,21 @@ def reply(rep: Any, peer: bytes, req_id: int, payload: Any, code: int = 0,
            text: str = "") -> None:
     if peer in rep.shard.peers:
         rep.shard.send(peer, [TAG_REPLY, req_id, code, text, payload])
+
+def declare_answer(rep: Any, peer: bytes, req_id: int, name: str) -> Any:
+    """The answer to a declare that made a replicated queue or stream, run once:
+    ``answer(False)`` declare-ok ([name, 0, 0]) when its group has a leader;
+    ``answer(True)`` MOVED when the group it made is dropped here before that (a node
+    whose disk was wiped made it anew while the queue's other members go on: the router
+    asks the leader again, which answers for the queue that exists)."""
+    def answer(moved: bool = False) -> None:
+        if moved:
+            reply(rep, peer, req_id, None, MOVED,
+                  f"queue '{name}' is not on this node any more; ask its leader")
+        else:
+            reply(rep, peer, req_id, [name, 0, 0])
+    return answer
+
 
 def moved(rep: Any, peer: bytes, req_id: int, g: QuorumGroup) -> None:
     """REPLY MOVED to a request this member cannot answer as a follower, after telling

@@ -126,12 +126,13 @@ class Streams:
 
     def declare(self, vhost: str, name: str, durable: bool, exclusive: bool,
                 auto_delete: bool, arguments: dict,
-                answer: Callable[[], None] | None = None) -> StreamQueue | None:
+                answer: Callable[[bool], None] | None = None) -> StreamQueue | None:
         """A new stream. On a node that serves quorum queues (members.py) it is
         replicated, even with one member (``x-initial-cluster-size: 1``, the others
         offline, or a node alone), so that ``add_member`` can grow it later, as RabbitMQ's
-        add_replica: ``answer()`` runs once it has a leader (``s.replica`` is then set: the
-        declare's answer waits), and None is returned while the node, just started, waits
+        add_replica: ``answer(False)`` runs once it has a leader (``s.replica`` is then set:
+        the declare's answer waits), ``answer(True)`` if its member here is dropped before
+        (replication/requests.py declare_answer), and None is returned while the node, just started, waits
         to hear from the nodes it would choose. A shard without replication (tests) serves
         it at once with one writer. Raises 406 with RabbitMQ's text (stream.py)."""
         try:

@@ -68,7 +68,7 @@ class Member:
         self.leading = False
         self.known_leader: str | None = None
         self.leader_term = 0
-        #: declare answers waiting for a leader
+        #: declare answers waiting for a leader (replication/requests.py declare_answer)
         self.pending_declares: list = []
         #: log index -> the turn barrier (hosting.py) waiting for it
         self.waiting: dict[int, Any] = {}
@@ -252,6 +252,9 @@ class StreamMembers:
                 if v != self.rep.member_id:
                     self.rep.to_peer(node_of(v), [STREAM_DELETE, s.vhost, s.name, m.uid])
         self._fail(m)
+        waiting, m.pending_declares = m.pending_declares, []
+        for fn in waiting:      # made here, dropped before it had a leader: MOVED
+            fn(True)
         m.rep.close()
 
     # ---- the clock and the turn ------------------------------------------------------------
@@ -343,11 +346,11 @@ class StreamMembers:
             for d in waiting:
                 if (d[0], d[1]) in self.streams.streams:
                     if d[6] is not None:
-                        d[6]()
+                        d[6](False)
                     continue
                 s = self.streams.declare(*d)
                 if s is not None and s.replica is None and d[6] is not None:
-                    d[6]()              # one member after all: served at once
+                    d[6](False)         # one member after all: served at once
         for m in list(self.members.values()):
             m.rep.tick()
             self.check_role(m)
@@ -438,7 +441,7 @@ class StreamMembers:
             if m.pending_declares:
                 waiting, m.pending_declares = m.pending_declares, []
                 for fn in waiting:
-                    fn()
+                    fn(False)
             if m.leading:
                 self.announce_all(m)
         elif leader is None:

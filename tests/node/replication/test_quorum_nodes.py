@@ -360,3 +360,30 @@ def test_a_publish_sent_again_before_its_first_copy_is_committed_waits_for_it(tm
     got = sorted(m[1] for m in c.take("node-0", T.PUBLISH_RESULT) if m[3] == 1)
     assert got == [-41, 40]
     assert [c.count(n) for n in c.ids] == [1, 1, 1]
+
+
+
+@pytest.mark.parametrize("args", [QQ, {"x-queue-type": "stream"}], ids=["quorum", "stream"])
+def test_a_declare_whose_group_is_dropped_before_it_has_a_leader_is_answered_moved(
+        tmp_path, args):
+    """A node whose disk was wiped can make a queue anew for a router that last saw it led
+    there, while the queue's other members go on; reconciling drops the new group (fault
+    campaign seed 17: its declare then waited for ever). The declare is answered MOVED, so
+    the router asks the leader again."""
+    c = Cluster(tmp_path)
+    c.tick(31)                  # past requests.STARTUP_TICKS: a declare makes its group
+    c.shards["node-0"].handle(b"router", [T.QUEUE_DECLARE, 77, "/", "q", 0, 1, 0, 0, args,
+                                          None], c.now)
+    c.crash("node-1")
+    c.crash("node-2")           # before they hear of it: the group made has no leader
+    c.tick(3)
+    assert not [m for m in c.inbox["node-0"] if m[0] == T.REPLY and m[1] == 77]
+    shard = c.shards["node-0"]
+    if args is QQ:
+        shard.replication.forget(shard.replication.groups[("/", "q")])
+    else:
+        mem = shard.streams.members
+        mem._drop(mem.members[("/", "q")])
+    c.pump()
+    [reply] = [m for m in c.inbox["node-0"] if m[0] == T.REPLY and m[1] == 77]
+    assert reply[2] == MOVED
