@@ -7,7 +7,7 @@ level errors itself. What it cannot decide alone reaches the broker logic as the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass(slots=True)
@@ -59,6 +59,9 @@ class MessagePublished:
     """A complete ``basic.publish``: method fields, then the content header frame payload
     (``header``: bytes exactly as received: class id, weight, body size, property flags and
     property list) and the body (all body frames joined)."""
+    #: basic.publish's class and method ids, for the close an error on it sends (as a pamqp
+    #: method's ``index``)
+    index: ClassVar[int] = 0x003C0028
     channel: int
     exchange: str
     routing_key: str

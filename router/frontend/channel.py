@@ -81,7 +81,7 @@ class Channel:
         try:                # _guard, inline: once per message
             self.publish(ev)
         except AMQPError as err:
-            self.client.fail(self.number, err)
+            self.client.fail(self.number, _with_method(err, ev))
         except Exception:   # noqa: BLE001 - a bug costs this connection, never the router
             self._internal_error("basic.publish")
 

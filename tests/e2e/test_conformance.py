@@ -19,7 +19,7 @@ import pika.exceptions
 import pytest
 from pamqp import commands, frame
 
-from .amqp_raw import PROTOCOL_HEADER, RawAMQP, publish_frames
+from .amqp_raw import PROTOCOL_HEADER, RawAMQP, publish_frames, raw_frame
 from .clients import BrokerError
 from .conftest import unsupported
 
@@ -368,4 +368,25 @@ def test_after_a_clients_close_the_socket_is_left_for_the_client_to_close(cluste
     while chunk := raw.sock.recv(65536):    # a reset raises ConnectionResetError here
         rest += chunk
     assert rest == b""
+    raw.close()
+
+
+@pytest.mark.parametrize("immediate, code, closes", [
+    (True, 540, commands.Connection.Close),       # NOT_IMPLEMENTED - immediate=true
+    (False, 404, commands.Channel.Close),         # no such exchange
+])
+def test_a_publish_refused_names_basic_publish_in_the_close(cluster, uid, immediate, code,
+                                                            closes):
+    """As RabbitMQ: the close names the method that failed, class 60 method 40 (py-amqp's own
+    integration tests read it as ``method_name == 'Basic.publish'``; Shoal sent 0, 0)."""
+    from pamqp import header
+    raw = RawAMQP(cluster.host, cluster.port).open()
+    raw.open_channel(1)
+    exchange = "" if immediate else f"nowhere-{uid}"
+    raw.send(frame.marshal(commands.Basic.Publish(exchange=exchange, routing_key="q",
+                                                  immediate=immediate), 1)
+             + frame.marshal(header.ContentHeader(0, 1, commands.Basic.Properties()), 1)
+             + raw_frame(3, 1, b"x"))
+    close = raw.expect(closes)
+    assert (close.reply_code, close.class_id, close.method_id) == (code, 60, 40)
     raw.close()
