@@ -59,20 +59,29 @@ LOAD_TIMEOUT_S = 600.0
 #: connections draw from that), and apart from the ports the test suite hands its own
 #: clusters (tests/conftest.py: 20000 up, one slice per xdist worker)
 FREE_PORTS = range(10000, 15000)
+#: the ports :func:`free_port` gave in this process, not given again: a cluster picks all its
+#: ports before its containers bind any, so a pick free at the time could be another pick of
+#: the same cluster (CI 139: "port 13260 is in use" for a router's AMQP port)
+_given: set[int] = set()
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, picked at random in :data:`FREE_PORTS`: one that
-    ``bind(0)`` gave could be taken by an outgoing connection before the container bound it
-    (CI 127: a router's "port 49981 is in use", picked with ``bind(0)`` while its nodes
-    started). Falls back to ``bind(0)`` if none of 64 tries binds."""
+    """A TCP port free on 127.0.0.1 now and not given before by this process, picked at
+    random in :data:`FREE_PORTS`: one that ``bind(0)`` gave could be taken by an outgoing
+    connection before the container bound it (CI 127: a router's "port 49981 is in use",
+    picked with ``bind(0)`` while its nodes started). Falls back to ``bind(0)`` if none of
+    64 tries binds."""
     rng = random.SystemRandom()
-    port = first_free(rng.choice(FREE_PORTS) for _ in range(64))
-    if port is not None:
-        return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    port = first_free(p for p in (rng.choice(FREE_PORTS) for _ in range(64))
+                      if p not in _given)
+    if port is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    if len(_given) >= len(FREE_PORTS) // 2:     # a long-lived process: start afresh
+        _given.clear()
+    _given.add(port)
+    return port
 
 
 def first_free(ports: Iterable[int]) -> int | None:
