@@ -61,6 +61,15 @@ class GroupHost(Protocol):
     def deleted(self, group: "QuorumGroup") -> None: ...
 
 
+def answer_declares(holder: Any, moved: bool) -> None:
+    """Answer, once, the declares waiting in ``holder.pending_declares`` (a quorum group's
+    or a stream member's; requests.declare_answer): declare-ok when it knows a leader, MOVED
+    (``moved``) when it goes before it had one (the router asks the leader again)."""
+    waiting, holder.pending_declares = holder.pending_declares, []
+    for fn in waiting:
+        fn(moved)
+
+
 class QuorumGroup:
     """The member ``member_id`` of quorum queue ``queue``.
 
@@ -342,20 +351,10 @@ class QuorumGroup:
         leader = node_of(r.leader) if r.leader else None
         if (leader, r.term) != (self.known_leader, self.leader_term) and leader is not None:
             self.known_leader, self.leader_term = leader, r.term
-            if self.pending_declares:
-                waiting, self.pending_declares = self.pending_declares, []
-                for fn in waiting:
-                    fn(False)
+            answer_declares(self, moved=False)
             self.host.leader_changed(self)
         elif leader is None:
             self.known_leader = None
-
-    def drop_declares(self) -> None:
-        """This member goes before its group had a leader: the declares waiting for one
-        are answered MOVED (the router asks again where the queue is led)."""
-        waiting, self.pending_declares = self.pending_declares, []
-        for fn in waiting:
-            fn(True)
 
     def election_delay(self, lost_member: str) -> int:
         """Ticks this member waits before campaigning when the leader's link closed: its rank

@@ -22,7 +22,7 @@ from shoal.shared.wire import EV_QUEUE_LEADER, TAG_TOPOLOGY_EVENT, WIRE_VERSION,
 
 from shoal.node.replication import catalogue, dead_letters, membership, reconcile, requests
 from shoal.node.replication.catalogue import Catalogue
-from shoal.node.replication.group import QuorumGroup, new_raft
+from shoal.node.replication.group import QuorumGroup, answer_declares, new_raft
 from shoal.node.replication.links import PeerLinks
 from shoal.node.replication.log import Snapshot
 from shoal.node.replication.machine import LAZY_MAX, QueueMachine
@@ -447,7 +447,7 @@ class Replication:
         so that the followers learn the delete is committed."""
         if self.groups.get(g.key) is g:
             del self.groups[g.key]
-        g.drop_declares()
+        answer_declares(g, moved=True)
         if g.leading:
             g.retire_ticks = RETIRE_TICKS
             self.retiring.append(g)
@@ -462,7 +462,7 @@ class Replication:
         of its queue, without telling the routers: the name may be another queue's now."""
         if self.groups.get(g.key) is g:
             del self.groups[g.key]
-        g.drop_declares()
+        answer_declares(g, moved=True)
         self.store.bury(g.key, g.uid, g.raft.hard_state())
         q = self.shard.queues.get(g.key)
         if q is g.queue:

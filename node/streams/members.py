@@ -36,7 +36,7 @@ from shoal.shared.wire import EV_QUEUE_LEADER, MOVED, TAG_TOPOLOGY_EVENT, T
 
 from shoal.node.peers import DEFERRED
 from shoal.node.replication import membership, reconcile
-from shoal.node.replication.group import ELECTION_TICKS, HEARTBEAT_TICKS
+from shoal.node.replication.group import ELECTION_TICKS, HEARTBEAT_TICKS, answer_declares
 from shoal.node.replication.membership import node_of
 from shoal.node.replication.raft import APP, SNAP, Message
 from shoal.node.replication.requests import STARTUP_TICKS
@@ -252,9 +252,7 @@ class StreamMembers:
                 if v != self.rep.member_id:
                     self.rep.to_peer(node_of(v), [STREAM_DELETE, s.vhost, s.name, m.uid])
         self._fail(m)
-        waiting, m.pending_declares = m.pending_declares, []
-        for fn in waiting:      # made here, dropped before it had a leader: MOVED
-            fn(True)
+        answer_declares(m, moved=True)     # made here, gone before it had a leader
         m.rep.close()
 
     # ---- the clock and the turn ------------------------------------------------------------
@@ -438,10 +436,7 @@ class StreamMembers:
         leader = node_of(r.leader) if r.leader else None
         if leader is not None and (leader, r.term) != (m.known_leader, m.leader_term):
             m.known_leader, m.leader_term = leader, r.term
-            if m.pending_declares:
-                waiting, m.pending_declares = m.pending_declares, []
-                for fn in waiting:
-                    fn(False)
+            answer_declares(m, moved=False)
             if m.leading:
                 self.announce_all(m)
         elif leader is None:
