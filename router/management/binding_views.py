@@ -22,8 +22,8 @@ from shoal.shared.wire import T
 
 from shoal.router import quorum
 from shoal.router.broker import Broker
-from shoal.router.management.views import (ApiError, _arg, _body, _broker, _vhost, binding_rows,
-                                           queue_rows)
+from shoal.router.management.views import (ApiError, _arg, _body, _broker, _exchange, _vhost,
+                                           binding_rows, queue_rows)
 
 
 def _implicit(vhost: str, queue: str) -> dict:
@@ -56,9 +56,7 @@ async def queue_bindings(request: web.Request):
 
 
 async def exchange_bindings(request: web.Request):
-    b, vhost, name = _broker(request), _vhost(request), _arg(request, "name")
-    if name == "amq.default":       # RabbitMQ's name for the default exchange in paths
-        name = ""
+    b, vhost, name = _broker(request), _vhost(request), _exchange(request)
     if b.topology.get(vhost, name) is None:
         raise ApiError(404, "not_found", "Object Not Found")
     if request.match_info["side"] == "source":

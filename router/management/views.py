@@ -50,6 +50,13 @@ def _arg(request: web.Request, key: str) -> str:
     return urllib.parse.unquote(request.match_info[key])
 
 
+def _exchange(request: web.Request) -> str:
+    """The exchange a path names, ``amq.default`` being RabbitMQ's name for the default
+    exchange ("") in paths."""
+    name = _arg(request, "name")
+    return "" if name == "amq.default" else name
+
+
 def _vhost(request: web.Request) -> str | None:
     if "vhost" not in request.match_info:
         return None
@@ -232,8 +239,7 @@ def binding_rows(broker: Broker, vhost: str | None) -> list[dict]:
 async def publish(request: web.Request):
     """POST /api/exchanges/{vhost}/{name}/publish: ``{"routed": bool}``; the message goes
     without a confirm, as RabbitMQ's HTTP publish (meant for tests and operators)."""
-    b, vhost, name = _broker(request), _vhost(request), _arg(request, "name")
-    name = "" if name == "amq.default" else name
+    b, vhost, name = _broker(request), _vhost(request), _exchange(request)
     body = await _body(request)
     if b.topology.get(vhost, name) is None:
         raise ApiError(404, "not_found", "Object Not Found")
