@@ -10,7 +10,8 @@ views.py ``binding_rows``):
   exchange's bindings as source (the default exchange's: every queue's implicit one) or as
   destination; 404 for an exchange that does not exist.
 - ``POST /api/bindings/{vhost}/e/{source}/{q|e}/{destination}``: a binding (201), ``GET``
-  the bindings between the two, ``DELETE .../{props}`` one by its ``properties_key``.
+  the bindings between the two; ``GET`` and ``DELETE .../{props}`` one by its
+  ``properties_key`` (binding_rows.py), 404 if there is none.
 """
 from __future__ import annotations
 
@@ -22,14 +23,17 @@ from shoal.shared.wire import T
 
 from shoal.router import quorum
 from shoal.router.broker import Broker
+from shoal.router.management import binding_rows as props
+from shoal.router.management.binding_rows import binding_rows
 from shoal.router.management.views import (ApiError, _arg, _body, _broker, _exchange, _vhost,
-                                           binding_rows, queue_rows)
+                                           queue_rows)
 
 
 def _implicit(vhost: str, queue: str) -> dict:
     """A queue's binding to the default exchange, as RabbitMQ's API shows it."""
     return {"source": "", "vhost": vhost, "destination": queue, "destination_type": "queue",
-            "routing_key": queue, "arguments": {}, "properties_key": queue}
+            "routing_key": queue, "arguments": {},
+            "properties_key": props.properties_key(queue, {})}
 
 
 async def _queues(broker: Broker, vhost: str | None,
@@ -72,7 +76,7 @@ async def bind(request: web.Request):
     local-random source's binding to a replicated queue: 400 (RabbitMQ's 406 text; the
     owning node checks the rest)."""
     b, vhost = _broker(request), _vhost(request)
-    source, dest = _arg(request, "source"), _arg(request, "dest")
+    source, dest = _exchange(request, "source"), _exchange(request, "dest")
     ex = b.topology.get(vhost, source)
     if ex is None:
         raise ApiError(404, "not_found", "Object Not Found")
@@ -89,7 +93,7 @@ async def bind(request: web.Request):
 
 def _pair_rows(request: web.Request) -> list[dict]:
     b, vhost = _broker(request), _vhost(request)
-    source, dest = _arg(request, "source"), _arg(request, "dest")
+    source, dest = _exchange(request, "source"), _exchange(request, "dest")
     kind = "queue" if request.match_info["kind"] == "q" else "exchange"
     if b.topology.get(vhost, source) is None:
         raise ApiError(404, "not_found", "Object Not Found")
@@ -102,20 +106,31 @@ async def bindings_between(request: web.Request):
     return _pair_rows(request)
 
 
-async def unbind(request: web.Request):
-    """DELETE /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{props}: ``props`` is the
-    binding's ``properties_key`` (its routing key, ``~`` for an empty one). 404 if none."""
-    b, vhost, source = _broker(request), _vhost(request), _arg(request, "source")
-    props = _arg(request, "props")
-    row = next((r for r in _pair_rows(request) if r["properties_key"] == props), None)
+def _one(request: web.Request) -> dict:
+    """The binding a path's ``{props}`` names (binding_rows.py ``unpack``), or 404."""
+    unpacked = props.unpack(_arg(request, "props"))
+    row = None if unpacked is None else next(
+        (r for r in _pair_rows(request) if props.matches(r, *unpacked)), None)
     if row is None:
         raise ApiError(404, "not_found", "Object Not Found")
+    return row
+
+
+async def binding(request: web.Request):
+    """GET /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{props}: one binding."""
+    return _one(request)
+
+
+async def unbind(request: web.Request):
+    """DELETE /api/bindings/{vhost}/e/{source}/{q|e}/{destination}/{props}: one binding,
+    by its ``properties_key``. 404 if none."""
+    b, vhost, source = _broker(request), _vhost(request), _exchange(request, "source")
+    row = _one(request)
     kind = wire.DEST_QUEUE if row["destination_type"] == "queue" else wire.DEST_EXCHANGE
     await b.exchange_link(vhost, source).request(
         [T.UNBIND, vhost, source, kind, row["destination"], row["routing_key"],
          row["arguments"]])
     return None
-
 
 
 def add_routes(app: web.Application) -> None:
@@ -124,6 +139,7 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/bindings/{vhost}", bindings)
     r.add_post("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", bind)
     r.add_get("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", bindings_between)
+    r.add_get("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}/{props}", binding)
     r.add_delete("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}/{props}", unbind)
     r.add_get("/api/queues/{vhost}/{name}/bindings", queue_bindings)
     r.add_get("/api/exchanges/{vhost}/{name}/bindings/{side:source|destination}",

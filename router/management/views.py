@@ -12,13 +12,11 @@ import asyncio
 import base64
 import json
 import time
-import urllib.parse
 
 from aiohttp import web
 from pamqp import commands as C
 from pamqp.header import ContentHeader
 
-from shoal.shared import wire
 from shoal.shared.definitions import access_document
 from shoal.shared.errors import AMQPError
 from shoal.shared.topology import BUILTIN_EXCHANGES, EXCHANGE_TYPES
@@ -27,6 +25,7 @@ from shoal.shared.wire import T
 from shoal.router import live
 from shoal.router.amqp.handshake import shoal_version
 from shoal.router.broker import Broker
+from shoal.router.management.binding_rows import binding_rows
 
 #: a router's readiness, asked without credentials (router/management/server.py)
 READY_PATH = "/api/health/checks/ready-to-serve-clients"
@@ -47,13 +46,16 @@ def _broker(request: web.Request) -> Broker:
 
 
 def _arg(request: web.Request, key: str) -> str:
-    return urllib.parse.unquote(request.match_info[key])
+    """A name from the path, percent-decoded once (aiohttp decodes ``match_info``), as
+    RabbitMQ's cowboy does: a queue named ``a%41`` is ``a%2541`` in a path."""
+    return request.match_info[key]
 
 
-def _exchange(request: web.Request) -> str:
+def _exchange(request: web.Request, key: str = "name") -> str:
     """The exchange a path names, ``amq.default`` being RabbitMQ's name for the default
-    exchange ("") in paths."""
-    name = _arg(request, "name")
+    exchange ("") in paths (``rabbit_mgmt_util:id``: for a binding's source and destination
+    too)."""
+    name = _arg(request, key)
     return "" if name == "amq.default" else name
 
 
@@ -192,7 +194,7 @@ async def exchanges(request: web.Request):
 
 
 async def exchange(request: web.Request):
-    ex = _broker(request).topology.get(_vhost(request), _arg(request, "name"))
+    ex = _broker(request).topology.get(_vhost(request), _exchange(request))
     if ex is None:
         raise ApiError(404, "not_found", "Object Not Found")
     return exchange_row(ex)
@@ -221,19 +223,6 @@ async def delete_exchange(request: web.Request):
     await b.exchange_link(vhost, name).request(
         [T.EXCHANGE_DELETE, vhost, name, request.query.get("if-unused") == "true"])
     return None
-
-
-def binding_rows(broker: Broker, vhost: str | None) -> list[dict]:
-    rows = []
-    for (vh, name), ex in sorted(broker.topology.exchanges.items()):
-        if vhost is not None and vh != vhost:
-            continue
-        for b in ex.bindings.values():
-            rows.append({"source": name, "vhost": vh, "destination": b.destination,
-                         "destination_type": "queue" if b.dest_kind == wire.DEST_QUEUE
-                         else "exchange", "routing_key": b.routing_key,
-                         "arguments": b.arguments, "properties_key": b.routing_key or "~"})
-    return rows
 
 
 async def publish(request: web.Request):

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -115,7 +116,7 @@ def test_exchanges_and_bindings(mgmt, uid):
                 {"routing_key": "a.b", "payload": "m", "properties": {}})[1] == {"routed": True}
     assert call(mgmt, "GET", f"/queues/%2F/{q}")[1]["messages"] == 1
     pair = call(mgmt, "GET", f"/bindings/%2F/e/{x}/q/{q}")[1]
-    assert [b["properties_key"] for b in pair] == ["a.#"]
+    assert [b["properties_key"] for b in pair] == ["a.%23"]      # quoted, as RabbitMQ
     assert call(mgmt, "DELETE", f"/bindings/%2F/e/{x}/q/{q}/a.%23")[0] == 204
     assert call(mgmt, "GET", f"/bindings/%2F/e/{x}/q/{q}")[1] == []
     assert call(mgmt, "POST", f"/exchanges/%2F/{x}/publish",
@@ -231,3 +232,46 @@ def test_rabbitmqadmin_declare_list_publish_purge_delete(mgmt, uid, tmp_path):
     assert rabbitmqadmin(mgmt, "delete", "queue", f"name={q}").returncode == 0
     out = rabbitmqadmin(mgmt, "-f", "tsv", "list", "queues", "name")
     assert q not in out.stdout
+
+
+def test_bindings_that_differ_only_in_arguments_have_their_own_properties_keys(mgmt, uid):
+    """RabbitMQ's ``properties_key``: the routing key quoted as a query string is, and
+    ``~hash`` of the arguments when there are any, so each of a headers exchange's bindings
+    can be shown and deleted on its own; the key goes back in the path percent-encoded."""
+    x, q = f"mgmt-hx-{uid}", f"mgmt-hq-{uid}"
+    assert call(mgmt, "PUT", f"/exchanges/%2F/{x}", {"type": "headers"})[0] == 201
+    assert call(mgmt, "PUT", f"/queues/%2F/{q}", {})[0] == 201
+    for args in ({"x-match": "all", "a": "1"}, {"x-match": "all", "a": "2"}):
+        assert call(mgmt, "POST", f"/bindings/%2F/e/{x}/q/{q}",
+                    {"routing_key": "k/1 ~", "arguments": args})[0] == 201
+    assert call(mgmt, "POST", f"/bindings/%2F/e/{x}/q/{q}", {"routing_key": ""})[0] == 201
+    pair = call(mgmt, "GET", f"/bindings/%2F/e/{x}/q/{q}")[1]
+    keys = {b["arguments"].get("a"): b["properties_key"] for b in pair}
+    assert keys[None] == "~"
+    assert keys["1"] != keys["2"]
+    assert all(keys[a].startswith("k%2F1+%7E~") for a in ("1", "2"))
+    path = f"/bindings/%2F/e/{x}/q/{q}/" + urllib.parse.quote(keys["2"], safe="")
+    assert call(mgmt, "GET", path)[1]["arguments"] == {"x-match": "all", "a": "2"}
+    assert call(mgmt, "DELETE", path)[0] == 204
+    assert call(mgmt, "GET", path)[0] == 404
+    left = call(mgmt, "GET", f"/bindings/%2F/e/{x}/q/{q}")[1]
+    assert sorted(b["properties_key"] for b in left) == sorted([keys["1"], "~"])
+    assert call(mgmt, "DELETE", f"/bindings/%2F/e/{x}/q/{q}/~")[0] == 204
+    assert call(mgmt, "GET", f"/bindings/%2F/e/{x}/q/{q}/a~b~c")[0] == 404
+    for path in (f"/exchanges/%2F/{x}", f"/queues/%2F/{q}"):
+        assert call(mgmt, "DELETE", path)[0] == 204
+
+
+def test_names_in_paths_are_decoded_once_and_amq_default_is_the_default_exchange(mgmt, uid):
+    """A queue named ``p%41`` is ``p%2541`` in a path, as with RabbitMQ (it was read as
+    ``pA``); ``/api/exchanges/V/amq.default`` is the default exchange, named ``""``."""
+    q = f"mgmt-p%41-{uid}"
+    quoted = urllib.parse.quote(q, safe="")
+    assert call(mgmt, "PUT", f"/queues/%2F/{quoted}", {})[0] == 201
+    assert call(mgmt, "GET", f"/queues/%2F/{quoted}")[1]["name"] == q
+    assert q in [r["name"] for r in call(mgmt, "GET", "/queues/%2F")[1]]
+    assert call(mgmt, "GET", f"/queues/%2F/{quoted}/bindings")[1][0]["properties_key"] == \
+        urllib.parse.quote_plus(q)
+    assert call(mgmt, "DELETE", f"/queues/%2F/{quoted}")[0] == 204
+    status, row, _ = call(mgmt, "GET", "/exchanges/%2F/amq.default")
+    assert (status, row["name"], row["type"]) == (200, "", "direct")
