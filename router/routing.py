@@ -226,14 +226,16 @@ class Topology:
 
     # ---- routing -----------------------------------------------------------------------------
     def route(self, vhost: str, exchange: str, routing_key: str,
-              headers: Callable[[], dict | None] | None, header: bytes | None = None
-              ) -> set[str]:
+              headers: Callable[[], dict | None] | None, header: bytes | None = None,
+              also: tuple[str, ...] = ()) -> set[str]:
         """Queue names a publish reaches. ``headers`` is called at most once, lazily, when a
         headers exchange needs the message's headers (None: decoded from ``header``, the
-        content-header payload, which selector bindings also read). The exchange must exist
-        (the caller checks and raises 404). Unroutable: the exchange's alternate-exchange."""
+        content-header payload, which selector bindings also read). ``also``: more routing
+        keys (a publish's CC and BCC, router/sender_selected.py), each routed as the key is,
+        on every exchange the publish passes through. The exchange must exist (the caller
+        checks and raises 404). Unroutable: the exchange's alternate-exchange."""
         if exchange == "":
-            return {routing_key}
+            return {routing_key, *also} if also else {routing_key}
         props: list = []
 
         def get_props() -> Any:
@@ -254,7 +256,7 @@ class Topology:
 
         tried: set[str] = set()
         while True:
-            out = self._route_from(vhost, exchange, routing_key, get_headers, get_props)
+            out = self._route_from(vhost, exchange, routing_key, get_headers, get_props, also)
             tried.add(exchange)
             ex = self.exchanges.get((vhost, exchange))
             ae = ex.arguments.get("alternate-exchange") if ex is not None else None
@@ -265,8 +267,8 @@ class Topology:
             exchange = ae
 
     def _route_from(self, vhost: str, exchange: str, routing_key: str,
-                    get_headers: Callable[[], dict | None], get_props: Callable[[], Any]
-                    ) -> set[str]:
+                    get_headers: Callable[[], dict | None], get_props: Callable[[], Any],
+                    also: tuple[str, ...] = ()) -> set[str]:
         out: set[str] = set()
         seen: set[str] = set()
         todo = [exchange]
@@ -280,6 +282,10 @@ class Topology:
             if ex is None:
                 continue
             matched = self._matches(ex, routing_key, get_headers, get_props)
+            if also and ex.type in _BY_KEY:
+                matched = list(matched)
+                for key in also:
+                    matched.extend(self._matches(ex, key, get_headers, get_props))
             if ex.selectors and matched:
                 fields = selector_fields(get_props())
                 matched = [b for b in matched if b.selector is None or b.selector.matches(fields)]
@@ -319,6 +325,11 @@ class Topology:
         found = [b for b in ex.bindings.values()
                  if b.dest_kind == wire.DEST_QUEUE and usable(ex.vhost, b.destination)]
         return [random.choice(found)] if found else []
+
+
+#: the exchange types whose routing reads the routing key, and so a CC's or BCC's keys too
+#: (a consistent-hash exchange hashes the publish's own key, as RabbitMQ's does)
+_BY_KEY = frozenset(("direct", "topic"))
 
 
 def _properties(header: bytes | None) -> Any:

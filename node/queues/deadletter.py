@@ -27,7 +27,7 @@ from pamqp.commands import Basic
 
 from shoal.shared.wire import TAG_REPUBLISH
 
-from shoal.node.queues.header_table import Long, raw_headers, splice_headers
+from shoal.shared.header_table import Long, raw_headers, splice_headers
 from shoal.node.queues.message import encode_header, parse_properties
 from shoal.node.queues.paging import body_bytes
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from shoal.shared.header_table import F_HEADERS
 from shoal.shared.wire import scheduled
 
 from shoal.node.queues.entry import QueueEntry
 from shoal.node.queues.entry_list import (LastValueQueueEntryList, PriorityQueueEntryList, QueueEntryList,
                          SortedQueueEntryList, StandardQueueEntryList)
-from shoal.node.queues.message import (F_EXPIRATION, F_HEADERS, F_PRIORITY, expiration_ms, header_value,
-                      parse_properties)
+from shoal.node.queues.message import (F_EXPIRATION, F_PRIORITY, expiration_ms, header_value,
+                                       parse_properties)
 from shoal.node.queues.args import QueueConfig, QueueType
 
 #: entry.props after a parse that found nothing usable (None means "not parsed yet")

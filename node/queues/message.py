@@ -18,9 +18,6 @@ from pamqp.header import ContentHeader
 log = logging.getLogger("shoal.node")
 
 # Property flag bits (spec 1.8 "basic" class properties, in order).
-F_CONTENT_TYPE = 0x8000
-F_CONTENT_ENCODING = 0x4000
-F_HEADERS = 0x2000
 F_DELIVERY_MODE = 0x1000
 F_PRIORITY = 0x0800
 F_CORRELATION_ID = 0x0400

@@ -44,7 +44,7 @@ from shoal.shared.errors import (NOT_IMPLEMENTED, PRECONDITION_FAILED, RESOURCE_
                                  hard_error, soft_error)
 from shoal.shared.wire import TAG_DELIVER, T
 
-from shoal.node.queues.header_table import Long, add_header
+from shoal.shared.header_table import Long, add_header
 from shoal.node.replication.messages import HardState
 from shoal.node.streams import chunk as chunks
 from shoal.node.streams.answers import Barrier

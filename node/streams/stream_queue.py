@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shoal.node.queues.header_table import raw_headers
+from shoal.shared.header_table import raw_headers
 from shoal.node.streams.segments import SegmentLog
 from shoal.node.streams.stream import StreamConfig, StreamReader, StreamWriter
 

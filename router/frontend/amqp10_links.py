@@ -88,6 +88,9 @@ def modified_annotations(annotations: Any) -> bytes:
 class LinkChannel(Channel):
     """AMQP 1.0 session ``number`` of a client connection (router/frontend/amqp10_client.py)."""
 
+    #: an application property named CC routes nothing (RabbitMQ 4 reads 1.0's ``x-cc``)
+    SENDER_SELECTED = False
+
     def __init__(self, client: Any, number: int, broker: Any, session: Any) -> None:
         super().__init__(client, number, broker)
         self.session = session

@@ -35,12 +35,16 @@ from shoal.router.consumers import Consumer, ConsumerTarget, CreditPool
 from shoal.router.session import ChannelClient, Delivery
 from shoal.router.frontend.topology_methods import queue_name
 from shoal.router.frontend.transactions import Transaction
+from shoal.router.sender_selected import header_routes
 
 log = logging.getLogger("shoal.router.frontend.channel")
 
 
 class Channel:
     """Channel ``number`` of one client connection."""
+
+    #: whether a publish's CC and BCC headers route it (router/sender_selected.py): 0-9-1's
+    SENDER_SELECTED = True
 
     def __init__(self, client: ChannelClient, number: int, broker: Broker) -> None:
         self.client = client
@@ -161,7 +165,8 @@ class Channel:
         """Route one basic.publish (spec 1.8.3.7) and forward it to the nodes of its queues.
 
         Raises 403 (no write permission on the exchange, or topic permission on the routing
-        key; router/access/users.py), 404 (no such exchange), 403 (internal exchange), 540
+        key; router/access/users.py), 404 (no such exchange), 403 (internal exchange), 406
+        (a CC or BCC header that is not an array, router/sender_selected.py), 540
         (immediate=true, as RabbitMQ). Confirms: basic.ack once every target node accepted it, basic.nack if one
         failed; mandatory and unroutable: basic.return 312 NO_ROUTE before the confirm.
         """
@@ -183,8 +188,12 @@ class Channel:
         if ex.internal:
             raise soft_error(ACCESS_REFUSED,
                              f"cannot publish to internal exchange '{ev.exchange}'")
+        if self.SENDER_SELECTED and b"CC" in ev.header:
+            also, ev.header = header_routes(ev.header)
+        else:
+            also = ()
         queues = b.topology.route(self.vhost, ev.exchange, ev.routing_key,
-                                  None, ev.header)  # headers decoded once, only if needed
+                                  None, ev.header, also)  # headers decoded once, if needed
         if self.tx is not None:
             self.tx.publishes.append((ev, queues))
             return

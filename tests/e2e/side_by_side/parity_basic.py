@@ -527,3 +527,45 @@ def direct_reply_to(rec: Rec) -> None:
     other = rec.channel()
     rec.do("publish-without-reply-consumer", other.basic_publish, "", q, b"x",
            pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"), sync=other)
+
+
+@scenario
+def sender_selected_distribution(rec: Rec) -> None:
+    """RabbitMQ's sender-selected distribution: a publish's ``CC`` and ``BCC`` headers (arrays
+    of strings) are routing keys too, on a direct, a topic and the default exchange; a queue
+    matched by several keys gets one copy; ``BCC`` is taken out of the message, ``CC`` stays;
+    the delivery's routing key is the publish's. A ``CC`` that is not an array closes the
+    channel (recorded: 406?); non-string items of the array are ignored."""
+    ex, tx = rec.x("ssd"), rec.x("ssd-topic")
+    c = rec.conn()
+    ch = rec.channel(c, confirm=True)
+    ch.exchange_declare(ex, "direct")
+    ch.exchange_declare(tx, "topic")
+    qs = {k: rec.q(f"ssd-{k}") for k in ("one", "two", "three", "four", "t")}
+    for k, q in qs.items():
+        ch.queue_declare(q)
+        if k == "t":
+            ch.queue_bind(q, tx, "a.*")
+        else:
+            ch.queue_bind(q, ex, k)
+    ch.basic_publish(ex, "one", b"cc", pika.BasicProperties(
+        headers={"CC": ["two", "three"], "BCC": ["four"], "other": 1}))
+    ch.basic_publish(ex, "one", b"cc-dup", pika.BasicProperties(headers={"CC": ["one", "one"]}))
+    ch.basic_publish(ex, "nowhere", b"bcc-only", pika.BasicProperties(headers={"BCC": ["two"]}))
+    ch.basic_publish(ex, "one", b"cc-mixed", pika.BasicProperties(headers={"CC": ["three", 5]}))
+    ch.basic_publish(tx, "b.x", b"topic", pika.BasicProperties(headers={"CC": ["a.y"]}))
+    ch.basic_publish("", qs["one"], b"default", pika.BasicProperties(headers={"CC": [qs["two"]]}))
+    get = c.channel()
+    for k, q in qs.items():
+        got = []
+        while (res := get.basic_get(q, auto_ack=True))[0] is not None:
+            m, props, body = res
+            got.append((body.decode(), m.routing_key, sorted((props.headers or {}).items())))
+        rec.add(k, got)
+    bad = rec.channel()
+    rec.do("CC a string", bad.basic_publish, ex, "one", b"bad",
+           pika.BasicProperties(headers={"CC": "two"}), sync=bad)
+    bad = rec.channel()
+    rec.do("BCC a table", bad.basic_publish, ex, "one", b"bad",
+           pika.BasicProperties(headers={"BCC": {"a": "b"}}), sync=bad)
+    rec.drain(c.channel(), qs["two"], "after bad")

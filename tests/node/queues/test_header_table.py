@@ -1,4 +1,4 @@
-"""node/queues/header_table.py and the dead-letter header it writes: the publisher's header types
+"""shared/header_table.py and the dead-letter header it writes: the publisher's header types
 survive, the broker's fields have RabbitMQ's types (issue 21: x-death count is 'l')."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pamqp import decode
 from pamqp.commands import Basic
 
 from shoal.node.queues.deadletter import dead_letter_header, delivery_count_header
-from shoal.node.queues.header_table import raw_headers, split_table, table
+from shoal.shared.header_table import raw_headers, split_table, table
 from shoal.node.queues.message import encode_header, parse_properties
 
 

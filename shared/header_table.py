@@ -1,4 +1,5 @@
-"""A message's ``headers`` table rewritten entry by entry: what the publisher wrote stays as
+"""A message's ``headers`` table read and rewritten entry by entry, on the raw content-header
+payload (the node's dead letters and stream offsets, the router's CC and BCC): what the publisher wrote stays as
 the bytes it sent, and what the broker adds is written with RabbitMQ's field types.
 
 Decoding a field table into Python values and encoding it again loses the publisher's types
@@ -19,7 +20,11 @@ from typing import Any
 
 from pamqp import encode
 
-from shoal.node.queues.message import F_CONTENT_ENCODING, F_CONTENT_TYPE, F_HEADERS
+#: the first three property flags of the ``basic`` class (spec 1.8: content-type,
+#: content-encoding, headers, in that order)
+F_CONTENT_TYPE = 0x8000
+F_CONTENT_ENCODING = 0x4000
+F_HEADERS = 0x2000
 
 #: type octet -> size of its value (fixed-size types)
 _FIXED = {0x74: 1, 0x62: 1, 0x42: 1, 0x73: 2, 0x75: 2, 0x49: 4, 0x69: 4, 0x6C: 8, 0x4C: 8,
@@ -32,6 +37,21 @@ class Long(int):
     """An integer written as a signed 64-bit field ('l'), as RabbitMQ writes counts."""
 
 
+def _value_end(raw: bytes, pos: int, end: int) -> int:
+    """Where the field value whose type octet is at ``pos`` ends. Raises ValueError."""
+    kind = raw[pos]
+    pos += 1
+    if kind in _FIXED:
+        pos += _FIXED[kind]
+    elif kind in _SIZED:
+        pos += 4 + _U32.unpack_from(raw, pos)[0]
+    else:
+        raise ValueError(f"unknown field type {chr(kind)!r}")
+    if pos > end:
+        raise ValueError("field runs past its table or array")
+    return pos
+
+
 def split_table(raw: bytes) -> list[tuple[str, bytes]]:
     """A field table's content (without its length) as ``[(key, type octet + value)]``.
     Raises ValueError on a table that does not parse."""
@@ -39,19 +59,19 @@ def split_table(raw: bytes) -> list[tuple[str, bytes]]:
     while pos < end:
         klen = raw[pos]
         key = raw[pos + 1:pos + 1 + klen].decode("utf-8")
-        pos += 1 + klen
-        start = pos
-        kind = raw[pos]
-        pos += 1
-        if kind in _FIXED:
-            pos += _FIXED[kind]
-        elif kind in _SIZED:
-            pos += 4 + _U32.unpack_from(raw, pos)[0]
-        else:
-            raise ValueError(f"unknown field type {chr(kind)!r}")
-        if pos > end:
-            raise ValueError("field runs past the table")
+        start = pos + 1 + klen
+        pos = _value_end(raw, start, end)
         out.append((key, raw[start:pos]))
+    return out
+
+
+def split_array(raw: bytes) -> list[bytes]:
+    """A field array's content (without its length) as its items, each a type octet and its
+    value. Raises ValueError on an array that does not parse."""
+    out, pos, end = [], 0, len(raw)
+    while pos < end:
+        start, pos = pos, _value_end(raw, pos, end)
+        out.append(raw[start:pos])
     return out
 
 
@@ -133,3 +153,16 @@ def add_header(header: bytes, key: str, value: Any) -> bytes:
     end = pos + 4 + n
     return header[:pos] + _U32.pack(n + len(entry)) + header[pos + 4:end] + entry + \
         header[end:]
+
+
+def without_headers(header: bytes, keys: frozenset[str]) -> bytes:
+    """``header`` (a content-header payload) with the entries named in ``keys`` taken out of
+    its headers table, every other byte as it was (an emptied table stays, empty). Raises
+    ValueError when its headers do not parse."""
+    entries = raw_headers(header)
+    if entries is None:
+        raise ValueError("headers table does not parse")
+    pos = _headers_at(header)
+    end = pos + 4 + _U32.unpack_from(header, pos)[0]
+    data = table([(k, v) for k, v in entries if k not in keys])
+    return header[:pos] + _U32.pack(len(data)) + data + header[end:]
