@@ -453,10 +453,11 @@ class Broker:
                                            "message; see the broker log")
 
     def publish_unconfirmed(self, vhost: str, exchange: str, routing_key: str, header: bytes,
-                            body: bytes) -> bool:
+                            body: bytes, also: tuple[str, ...] = ()) -> bool:
         """Route a message like basic.publish without a channel or a confirm (dead letters,
-        the management API's publish); returns whether any queue was routed to."""
-        queues = self.topology.route(vhost, exchange, routing_key, None, header)
+        the management API's publish); ``also``: more routing keys (router/sender_selected.py).
+        Returns whether any queue was routed to."""
+        queues = self.topology.route(vhost, exchange, routing_key, None, header, also)
         if self.leases.held:
             self.leases.end_for(vhost, queues)
         for node_id, qs in self._by_node(vhost, queues).items():

@@ -17,6 +17,8 @@ from typing import Any
 
 from shoal.shared.wire import T
 
+from shoal.router.sender_selected import stored_routes
+
 log = logging.getLogger("shoal.router")
 
 
@@ -72,7 +74,8 @@ async def republish_confirmed(broker: Any, link: Any, confirm: int, vhost: str,
             log.info("dead letter not routed: no exchange '%s' in vhost '%s' (kept by its "
                      "queue and sent again)", exchange, vhost)
         else:
-            queues = broker.topology.route(vhost, exchange, routing_key, None, header)
+            queues = broker.topology.route(vhost, exchange, routing_key, None, header,
+                                           stored_routes(header))
             if queues:
                 done: asyncio.Future = asyncio.get_running_loop().create_future()
                 broker.publish(DeadLetterChannel(vhost), 0,

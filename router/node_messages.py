@@ -17,6 +17,7 @@ from shoal.shared.wire import T, TAG_DELIVER, TAG_PUBLISH_MOVED, TAG_PUBLISH_RES
 
 from shoal.router import consumers as credit, dead_letters, node_events, pushback, quorum
 from shoal.router.links.node_link import NodeLink
+from shoal.router.sender_selected import stored_routes
 
 log = logging.getLogger("shoal.router.broker")
 
@@ -122,4 +123,5 @@ def _republish(broker: Any, vhost: str, exchange: str, routing_key: str, header:
     if broker.topology.get(vhost, exchange) is None:
         log.info("dropping dead letter: no exchange '%s' in vhost '%s'", exchange, vhost)
         return
-    broker.publish_unconfirmed(vhost, exchange, routing_key, header, body)
+    broker.publish_unconfirmed(vhost, exchange, routing_key, header, body,
+                               stored_routes(header))

@@ -75,6 +75,19 @@ def split_array(raw: bytes) -> list[bytes]:
     return out
 
 
+def array_strings(value: bytes) -> list[str]:
+    """The long-string items ('S') of a field value given as its type octet and value, when
+    that is an array ('A'); other items are left out. [] for any other value, or an array
+    that does not parse."""
+    if value[:1] != b"A":
+        return []
+    try:
+        items = split_array(value[5:5 + _U32.unpack_from(value, 1)[0]])
+    except (IndexError, ValueError, struct.error):
+        return []
+    return [item[5:].decode("utf-8", "replace") for item in items if item[:1] == b"S"]
+
+
 def typed(value: Any) -> bytes:
     """``value`` as a type octet and its encoding: :class:`Long` as 'l', str as 'S',
     datetimes as 'T', lists and dicts item by item (so Longs inside stay 'l'), anything else

@@ -27,13 +27,14 @@ from pamqp.commands import Basic
 
 from shoal.shared.wire import TAG_REPUBLISH
 
-from shoal.shared.header_table import Long, raw_headers, splice_headers
+from shoal.shared.header_table import Long, array_strings, raw_headers, splice_headers
 from shoal.node.queues.message import encode_header, parse_properties
 from shoal.node.queues.paging import body_bytes
 
 log = logging.getLogger("shoal.node")
 
 _FIRST_DEATH_KEYS = ("x-first-death-reason", "x-first-death-queue", "x-first-death-exchange")
+_CC = frozenset(("CC",))
 
 
 def _text(v: Any) -> Any:
@@ -55,8 +56,14 @@ def _death(d: dict) -> dict:
 
 
 def dead_letter_header(header: bytes, body_size: int, queue: str, reason: str,
-                       exchange: str, routing_key: str, wall_ms: float) -> bytes | None:
-    """The content-header payload of the dead-lettered copy, or None (cycle: drop it)."""
+                       exchange: str, routing_key: str, wall_ms: float,
+                       drop_cc: bool = False) -> bytes | None:
+    """The content-header payload of the dead-lettered copy, or None (cycle: drop it).
+
+    A new death's ``routing-keys`` are the publish's routing key and the message's ``CC``
+    keys (sender-selected distribution; ``BCC`` was taken out when it was published).
+    ``drop_cc``: the queue has an ``x-dead-letter-routing-key``, which alone routes the copy,
+    so its ``CC`` header goes (RabbitMQ 3.10's ``rabbit_dead_letter:make_msg``)."""
     props = parse_properties(header) or Basic.Properties()
     headers = dict(props.headers or {})
     deaths = [dict(d) for d in headers.get("x-death") or [] if isinstance(d, dict)]
@@ -74,8 +81,10 @@ def dead_letter_header(header: bytes, body_size: int, queue: str, reason: str,
         found["count"] = int(found.get("count") or 0) + 1
         found["time"] = when
     else:
+        cc = array_strings(dict(raw_headers(header) or ()).get("CC", b"")) \
+            if b"CC" in header else []
         found = {"count": 1, "reason": reason, "queue": queue, "time": when,
-                 "exchange": exchange, "routing-keys": [routing_key]}
+                 "exchange": exchange, "routing-keys": [routing_key, *cc]}
         if props.expiration is not None:
             found["original-expiration"] = props.expiration
     deaths.insert(0, found)
@@ -83,7 +92,7 @@ def dead_letter_header(header: bytes, body_size: int, queue: str, reason: str,
     if "x-first-death-reason" not in headers:
         added.update(zip(_FIRST_DEATH_KEYS, (reason, queue, exchange)))
     props.expiration = None
-    return _rewrite(header, props, body_size, added)
+    return _rewrite(header, props, body_size, added, _CC if drop_cc else frozenset())
 
 
 def delivery_count_header(header: bytes, body_size: int, count: int) -> bytes:
@@ -106,18 +115,18 @@ def annotated_header(header: bytes, table: bytes) -> bytes:
 
 
 def _rewrite(header: bytes, props: Basic.Properties, body_size: int,
-             added: dict[str, Any]) -> bytes:
+             added: dict[str, Any], removed: frozenset[str] = frozenset()) -> bytes:
     """``props`` encoded, its headers the publisher's entries as sent (less those in
-    ``added``) followed by ``added``. A headers table that does not split is decoded and
-    encoded again instead (pamqp's types)."""
+    ``added`` and ``removed``) followed by ``added``. A headers table that does not split is
+    decoded and encoded again instead (pamqp's types)."""
     kept = raw_headers(header)
     if kept is None:
-        headers = dict(props.headers or {})
+        headers = {k: v for k, v in (props.headers or {}).items() if k not in removed}
         headers.update(added)
         props.headers = headers
         return encode_header(props, body_size)
     props.headers = None
-    entries: list = [(k, v) for k, v in kept if k not in added]
+    entries: list = [(k, v) for k, v in kept if k not in added and k not in removed]
     entries += list(added.items())
     return splice_headers(encode_header(props, body_size), entries)
 
@@ -142,7 +151,7 @@ def republish(shard: Any, q: Any, exchange: str, routing_key: str, header: bytes
     cycle (logged: it is dropped)."""
     t = shard.timers
     copy = dead_letter_header(header, len(body), q.name, reason, exchange, routing_key,
-                              t.now + t.wall_offset_ms)
+                              t.now + t.wall_offset_ms, drop_cc=q.cfg.dlrk is not None)
     if copy is None:
         log.info("dropping dead letter cycling through queue '%s'", q.name)
         return None

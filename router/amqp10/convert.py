@@ -39,11 +39,15 @@ _EPOCH = datetime.timezone.utc
 
 class Incoming:
     """A message published over AMQP 1.0, as the router needs it: the 0-9-1 ``header`` and
-    ``body``, and the ``to`` and ``subject`` properties (addresses and routing keys)."""
-    __slots__ = ("header", "body", "to", "subject")
+    ``body``, the ``to`` and ``subject`` properties (addresses and routing keys), and ``cc``:
+    the routing keys of its ``x-cc`` message annotation (RabbitMQ 4's sender-selected
+    distribution), ``()`` without one, None when it is not a list of strings."""
+    __slots__ = ("header", "body", "to", "subject", "cc")
 
-    def __init__(self, header: bytes, body: bytes, to: str | None, subject: str | None):
+    def __init__(self, header: bytes, body: bytes, to: str | None, subject: str | None,
+                 cc: tuple[str, ...] | None = ()):
         self.header, self.body, self.to, self.subject = header, body, to, subject
+        self.cc = cc
 
 
 def sections(payload: bytes) -> list[tuple[int, int, int, int]]:
@@ -166,7 +170,18 @@ def to_091(payload: bytes) -> Incoming:
             done = _HEADERS[key] = _converted(head_raw, props_raw, None, None, len(body))
         return Incoming(done[0], body, done[1], done[2])
     header, to, subject = _converted(head_raw, props_raw, ann, app, len(body))
-    return Incoming(header, body, to, subject)
+    return Incoming(header, body, to, subject, _cc(ann))
+
+
+def _cc(ann: Any) -> tuple[str, ...] | None:
+    """The keys of an ``x-cc`` annotation: a list of strings (RabbitMQ 4's
+    ``rabbit_amqp_session``), ``()`` without one, None for any other value."""
+    if not isinstance(ann, dict) or "x-cc" not in ann:
+        return ()
+    value = ann["x-cc"]
+    if isinstance(value, list) and all(type(k) is str for k in value):
+        return tuple(value)
+    return None
 
 
 #: to_091's headers of messages without annotations or application properties, by their
@@ -185,7 +200,7 @@ def _converted(head_raw: bytes, props_raw: bytes, ann: Any, app: Any,
         for k, v in ann.items():
             if isinstance(k, str) and k.startswith("x-") and _shortstr(k) and \
                     k not in ("x-exchange", "x-routing-key"):
-                headers[str(k)] = to_field(v)
+                headers["CC" if k == "x-cc" else str(k)] = to_field(v)    # as mc_amqpl
     if isinstance(app, dict):
         for k, v in app.items():
             if isinstance(k, str) and _shortstr(k):

@@ -88,7 +88,8 @@ def modified_annotations(annotations: Any) -> bytes:
 class LinkChannel(Channel):
     """AMQP 1.0 session ``number`` of a client connection (router/frontend/amqp10_client.py)."""
 
-    #: an application property named CC routes nothing (RabbitMQ 4 reads 1.0's ``x-cc``)
+    #: an application property named CC routes nothing: a 1.0 message's more keys are its
+    #: ``x-cc`` annotation (RabbitMQ 4; :meth:`publish_message`)
     SENDER_SELECTED = False
 
     def __init__(self, client: Any, number: int, broker: Any, session: Any) -> None:
@@ -172,12 +173,17 @@ class LinkChannel(Channel):
         key = target.routing_key
         if key is None:             # a v1 address without a key: the subject, else ""
             key = msg.subject or ""
+        if msg.cc is None:          # RabbitMQ 4's rabbit_amqp_session: invalid-field
+            self._settle_now(link, delivery_id, settled, Rejected(error(
+                "amqp:invalid-field", "bad value for 'x-cc' message-annotation: it must be "
+                                      "a list of strings")))
+            return
         ev = MessagePublished(self.number, target.exchange, key, not settled, False,
                               msg.header, msg.body)
         self.confirm = not settled
         self._publishing = (link, delivery_id)
         try:
-            self.publish(ev)
+            self.publish(ev, msg.cc)
         except AMQPError as err:
             if not settled:
                 self._by_seq.pop(self.publish_seq, None)

@@ -161,8 +161,10 @@ class Channel:
         if not m.nowait:
             self.send(C.Confirm.SelectOk())
 
-    def publish(self, ev: Any) -> None:
+    def publish(self, ev: Any, also: tuple[str, ...] = ()) -> None:
         """Route one basic.publish (spec 1.8.3.7) and forward it to the nodes of its queues.
+        ``also``: more routing keys (an AMQP 1.0 message's ``x-cc``; a 0-9-1 publish's come
+        from its CC and BCC headers, router/sender_selected.py).
 
         Raises 403 (no write permission on the exchange, or topic permission on the routing
         key; router/access/users.py), 404 (no such exchange), 403 (internal exchange), 406
@@ -190,8 +192,6 @@ class Channel:
                              f"cannot publish to internal exchange '{ev.exchange}'")
         if self.SENDER_SELECTED and b"CC" in ev.header:
             also, ev.header = header_routes(ev.header)
-        else:
-            also = ()
         queues = b.topology.route(self.vhost, ev.exchange, ev.routing_key,
                                   None, ev.header, also)  # headers decoded once, if needed
         if self.tx is not None:

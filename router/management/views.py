@@ -26,6 +26,7 @@ from shoal.router import live
 from shoal.router.amqp.handshake import shoal_version
 from shoal.router.broker import Broker
 from shoal.router.management.binding_rows import binding_rows
+from shoal.router.sender_selected import header_routes
 
 #: a router's readiness, asked without credentials (router/management/server.py)
 READY_PATH = "/api/health/checks/ready-to-serve-clients"
@@ -249,7 +250,11 @@ async def publish(request: web.Request):
                 [T.QUEUE_DECLARE, vhost, key, True, False, False, False, {}, None])
         except AMQPError:
             return {"routed": False}
-    return {"routed": b.publish_unconfirmed(vhost, name, key, header, data)}
+    try:
+        also, header = header_routes(header)
+    except AMQPError as err:
+        raise ApiError(400, "bad_request", err.text) from None
+    return {"routed": b.publish_unconfirmed(vhost, name, key, header, data, also)}
 
 
 # ---- the rest -------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from pamqp import commands as C
 from pamqp.header import ContentHeader
 
 from shoal.router.routing import Topology
-from shoal.router.sender_selected import header_routes
+from shoal.router.sender_selected import header_routes, stored_routes
 from shoal.shared import wire
 from shoal.shared.errors import AMQPError
 from shoal.shared.header_table import raw_headers
@@ -47,6 +47,14 @@ def test_a_cc_or_bcc_that_is_not_an_array_is_406_with_rabbitmqs_text(name, value
     assert e.value.reply_code == 406
     assert e.value.text.endswith(
         f'invalid message: {{unacceptable_type_in_header,"{name}",{kind}}}')
+
+
+def test_a_stored_messages_keys_never_raise():
+    """A dead letter is routed by its CC keys (and a BCC an AMQP 1.0 message's application
+    properties carried); what is not an array of strings is no key, not an error."""
+    assert stored_routes(header(CC=["two"], other=1)) == ("two",)
+    assert stored_routes(header(CC="two")) == ()
+    assert stored_routes(header(other="x")) == ()
 
 
 def _topology():

@@ -12,9 +12,10 @@ pytest.importorskip("proton", reason="python-qpid-proton is not installed "
                     "(pip install -e '.[test]')")
 
 from proton import Delivery, Message, symbol  # noqa: E402
+from proton.utils import SendException  # noqa: E402
 
-from .helpers import (TIMEOUT, body, declare, pika_channel, pika_get_all,  # noqa: E402
-                      proton_conn, queue_addr, recv, send)
+from .helpers import (TIMEOUT, body, declare, exchange_addr, pika_channel,  # noqa: E402
+                      pika_get_all, proton_conn, queue_addr, recv, send)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -171,3 +172,30 @@ def test_round_trip_0_9_1_to_0_9_1_through_a_1_0_hop(cluster, names):
     props, got = pika_get_one(cluster, q2)
     assert (got, props.content_type, props.message_id, props.headers, props.delivery_mode) \
         == (b"hop", "text/x", "m-4", {"a": "b"}, 2)
+
+
+# ---------------------------------------------------------------- sender-selected distribution
+
+def test_an_x_cc_annotation_routes_by_its_keys_too_and_reaches_091_as_cc(cluster, names):
+    """RabbitMQ 4's sender-selected distribution over AMQP 1.0: the ``x-cc`` message
+    annotation (a list of strings) adds routing keys; a 0-9-1 consumer sees it as the ``CC``
+    header (mc_amqpl); any other value is rejected with amqp:invalid-field."""
+    x = names("x")
+    queues = {k: names(k) for k in ("one", "two", "three")}
+    with pika_channel(cluster) as ch:
+        ch.exchange_declare(x, "direct")
+        for key, q in queues.items():
+            ch.queue_declare(q)
+            ch.queue_bind(q, x, key)
+    with proton_conn(cluster) as c:
+        assert send(c, exchange_addr(x, "one"), Message(
+            body=b"cc", inferred=True,
+            annotations={symbol("x-cc"): ["two"]})) == [Delivery.ACCEPTED]
+        with pytest.raises(SendException) as refused:       # proton raises on rejected
+            send(c, exchange_addr(x, "one"), Message(
+                body=b"bad", inferred=True, annotations={symbol("x-cc"): "two"}))
+        assert refused.value.state == Delivery.REJECTED
+    props, got = pika_get_one(cluster, queues["two"])
+    assert got == b"cc" and props.headers["CC"] == ["two"]
+    assert pika_get_one(cluster, queues["one"])[1] == b"cc"
+    assert pika_get_all(cluster, queues["three"]) == []

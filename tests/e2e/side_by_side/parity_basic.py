@@ -569,3 +569,39 @@ def sender_selected_distribution(rec: Rec) -> None:
     rec.do("BCC a table", bad.basic_publish, ex, "one", b"bad",
            pika.BasicProperties(headers={"BCC": {"a": "b"}}), sync=bad)
     rec.drain(c.channel(), qs["two"], "after bad")
+
+
+@scenario
+def sender_selected_dead_letters(rec: Rec) -> None:
+    """Dead letters of messages published with ``CC``: without x-dead-letter-routing-key the
+    copy is routed by the routing key and the CC keys, and x-death's routing-keys lists them;
+    with one, by that key alone, and the CC header is gone (x-death still lists the CC keys).
+    A BCC key is in neither (taken out at publish)."""
+    src, dlx = rec.x("ssd-src"), rec.x("ssd-dlx")
+    c = rec.conn()
+    ch = rec.channel(c, confirm=True)
+    ch.exchange_declare(src, "direct")
+    ch.exchange_declare(dlx, "direct")
+    dead = {k: rec.q(f"dl-{k}") for k in ("a", "cc", "k", "bcc")}
+    for k, q in dead.items():
+        ch.queue_declare(q)
+        ch.queue_bind(q, dlx, k)
+    plain, keyed = rec.q("ssd-plain"), rec.q("ssd-keyed")
+    ch.queue_declare(plain, arguments={"x-dead-letter-exchange": dlx})
+    ch.queue_declare(keyed, arguments={"x-dead-letter-exchange": dlx,
+                                       "x-dead-letter-routing-key": "k"})
+    ch.queue_bind(plain, src, "a")
+    ch.queue_bind(keyed, src, "b")
+    ch.basic_publish(src, "a", b"to-plain", pika.BasicProperties(headers={"CC": ["cc"]}))
+    ch.basic_publish(src, "b", b"to-keyed", pika.BasicProperties(headers={"CC": ["cc"]}))
+    for q in (plain, keyed):
+        m = ch.basic_get(q)[0]
+        rec.do(f"reject {q}", ch.basic_reject, m.delivery_tag, requeue=False, sync=ch)
+    for k, q in dead.items():
+        got = []
+        while (res := ch.basic_get(q, auto_ack=True))[0] is not None:
+            m, p, body = res
+            h = dict(p.headers or {})
+            deaths = [(d.get("queue"), d.get("routing-keys")) for d in h.pop("x-death", [])]
+            got.append((body.decode(), m.routing_key, deaths, sorted(h)))
+        rec.add(k, got)

@@ -61,6 +61,18 @@ def test_a_second_death_counts_up_and_stays_long():
     assert dict(split_table(entries["x-death"][10:]))["count"][:1] == b"l"
 
 
+def test_a_dead_letters_routing_keys_list_its_cc_keys_and_a_dead_letter_key_drops_cc():
+    """RabbitMQ 3.10's rabbit_dead_letter: x-death's routing-keys are the publish's key and
+    its CC keys; with an x-dead-letter-routing-key the copy's CC header goes."""
+    h = encode_header(Basic.Properties(headers={"CC": ["two", "three"], "n": 1}), 3)
+    for drop, kept in ((False, {"CC", "n"}), (True, {"n"})):
+        out = dead_letter_header(h, 3, "src", "rejected", "x", "one", 1e12, drop_cc=drop)
+        entries = dict(raw_headers(out))
+        _, deaths = decode.field_array(entries.pop("x-death")[1:])
+        assert deaths[0]["routing-keys"] == ["one", "two", "three"]
+        assert {k for k in entries if not k.startswith("x-first-death")} == kept
+
+
 def test_delivery_count_is_long_and_a_header_without_headers_gets_one():
     h = delivery_count_header(encode_header(Basic.Properties(), 0), 0, 3)
     assert dict(raw_headers(h)) == {"x-delivery-count": b"l" + struct.pack(">q", 3)}
