@@ -380,8 +380,9 @@ class Channel:
         header, body = for_091(header, body)        # an AMQP 1.0 message kept whole
         self.client.amqp.send_deliver(self.number, t.tag, tag, redelivered, exchange,
                                       routing_key, header, body)
-        if t.no_ack:
-            self.broker.replenish(self, t)
+        pool = self.pool
+        if t.no_ack or not (pool.prefetch_count or pool.global_prefetch):
+            self.broker.replenish(self, t)      # standing credit: used up by deliveries
 
     # ---- settlement --------------------------------------------------------------------------
     def _take(self, delivery_tag: int, multiple: bool) -> list[tuple[int, Delivery]]:

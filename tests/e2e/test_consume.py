@@ -114,6 +114,25 @@ def test_prefetch_is_never_exceeded(make_client, names, prefetch):
     assert len(c.settle_quietly(QUIET)) == 2 * prefetch + 1
 
 
+@pytest.mark.parametrize("queue_first", [True, False])
+def test_without_a_prefetch_limit_every_message_is_delivered_unacked(make_client, names,
+                                                                     queue_first):
+    """No basic.qos: prefetch is unlimited (spec 1.8.3.13; RabbitMQ delivers the whole queue
+    to a consumer that acks nothing). Shoal gave such a consumer's node credit in chunks of
+    512 and topped it up only on acks, so it stopped after 512 (amqp091-go's
+    TestCorruptedMessageIssue7). Messages already queued, and messages published to the
+    consumer's empty queue (a delivery lease's path)."""
+    q, n = names("unlimited"), 1200
+    bodies = fill(make_client, q, n) if queue_first else []
+    c = make_client()
+    if not queue_first:
+        c.declare_queue(q)
+    c.consume(q)
+    if not queue_first:
+        bodies = fill(make_client, q, n)
+    assert [d.body for d in c.wait_for(n)] == bodies
+
+
 def test_global_prefetch_over_consumers_on_two_nodes(make_client, names, cluster):
     qa, qb = cluster.queues_on_distinct_nodes(2, "gqos")
     fill(make_client, qa, 10, "a")
