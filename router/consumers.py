@@ -36,7 +36,8 @@ consumer following its leader, router/quorum.py) is granted nothing until the no
 credit that reached the node first would be dropped there, and counted as granted here.
 
 Unlimited prefetch (0) and ``no_ack`` consumers get standing credit in chunks of
-:data:`CHUNK`, topped up below :data:`LOW_WATER`, and nothing while the client socket is
+:data:`CHUNK`, topped up below :data:`LOW_WATER` after each delivery (Channel.deliver: a
+consumer that acks nothing still gets the whole queue), and nothing while the client socket is
 backed up (``pool.paused``). Lowering ``prefetch_count`` applies to credit granted afterwards;
 deliveries already granted under the old value still arrive (as in RabbitMQ).
 """
