@@ -597,6 +597,12 @@ def sender_selected_dead_letters(rec: Rec) -> None:
     for q in (plain, keyed):
         m = ch.basic_get(q)[0]
         rec.do(f"reject {q}", ch.basic_reject, m.delivery_tag, requeue=False, sync=ch)
+    # dead-lettering is asynchronous on both brokers: wait (at most 3 s) for the three
+    # copies RabbitMQ makes before reading, so a copy still on its way is not read as none
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and sum(
+            ch.queue_declare(q, passive=True).method.message_count for q in dead.values()) < 3:
+        time.sleep(0.05)
     for k, q in dead.items():
         got = []
         while (res := ch.basic_get(q, auto_ack=True))[0] is not None:
