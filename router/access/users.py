@@ -58,6 +58,8 @@ class VhostAccess:
     vhost: str
     permission: Permission
     topics: dict[str, tuple[str, str]] = field(default_factory=dict)  #: exchange -> (w, r)
+    #: the user has the ``impersonator`` tag: its publishes may name another ``user_id``
+    impersonator: bool = False
 
     def __post_init__(self) -> None:
         p = self.permission
@@ -145,4 +147,6 @@ class UserStore:
         perm = self.permissions.get((user, vhost))
         if perm is None:
             return None
-        return VhostAccess(user, vhost, perm, dict(self.topics.get((user, vhost), {})))
+        u = self.users.get(user)
+        return VhostAccess(user, vhost, perm, dict(self.topics.get((user, vhost), {})),
+                           u is not None and "impersonator" in u.tags)

@@ -144,3 +144,28 @@ def _value(buf: bytes, pos: int, end: int, depth: int) -> int:
     if pos > end:
         raise _Bad
     return pos
+
+
+#: property flag bits of the shortstr properties read by :func:`shortstr_property`
+EXPIRATION, USER_ID = 0x0100, 0x0010
+
+
+def shortstr_property(header: bytes, bit: int) -> bytes | None:
+    """The octets of the shortstr property ``bit`` (:data:`EXPIRATION`, :data:`USER_ID`, ...)
+    of a content header payload that :func:`check_properties` accepted, or None when the
+    flags do not announce it. Builds nothing but the value."""
+    flags = (header[12] << 8) | header[13]
+    if not flags & bit:
+        return None
+    pos = 14
+    for b, kind in _BASIC:
+        if b == bit:
+            return bytes(header[pos + 1:pos + 1 + header[pos]])
+        if flags & b:
+            if kind is _SHORTSTR:
+                pos += 1 + header[pos]
+            elif kind is _TABLE:
+                pos += 4 + _U32(header, pos)[0]
+            else:
+                pos += kind
+    return None

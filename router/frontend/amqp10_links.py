@@ -23,7 +23,7 @@ from typing import Any
 from pamqp import commands as C
 
 from shoal.shared import wire
-from shoal.shared.errors import AMQPError
+from shoal.shared.errors import ACCESS_REFUSED, AMQPError
 
 from shoal.router import consumers as credit, dead_letters
 from shoal.router.amqp.events import MessagePublished
@@ -91,6 +91,9 @@ class LinkChannel(Channel):
     #: an application property named CC routes nothing: a 1.0 message's more keys are its
     #: ``x-cc`` annotation (RabbitMQ 4; :meth:`publish_message`)
     SENDER_SELECTED = False
+    #: a user-id that is not the connection's user: RabbitMQ 4 detaches the link with
+    #: amqp:unauthorized-access (rabbit_amqp_session ``check_user_id``), as for 403
+    USER_ID_REFUSAL = ACCESS_REFUSED
 
     def __init__(self, client: Any, number: int, broker: Any, session: Any) -> None:
         super().__init__(client, number, broker)

@@ -26,7 +26,7 @@ from shoal.shared.errors import (ACCESS_REFUSED, INTERNAL_ERROR, NO_ROUTE, NOT_A
 from shoal.shared.wire import T, TAG_SETTLE
 
 from shoal.router import consumers as credit
-from shoal.router.frontend import direct_reply, topology_methods, transactions
+from shoal.router.frontend import direct_reply, publish_rules, topology_methods, transactions
 from shoal.router.access.users import READ, WRITE
 from shoal.router.amqp10.whole import for_091
 from shoal.router.amqp.events import MessagePublished
@@ -45,6 +45,9 @@ class Channel:
 
     #: whether a publish's CC and BCC headers route it (router/sender_selected.py): 0-9-1's
     SENDER_SELECTED = True
+    #: the reply code of a publish whose user_id is not the connection's user
+    #: (router/frontend/publish_rules.py): RabbitMQ 3.10's 406 over 0-9-1
+    USER_ID_REFUSAL = PRECONDITION_FAILED
 
     def __init__(self, client: ChannelClient, number: int, broker: Broker) -> None:
         self.client = client
@@ -168,7 +171,8 @@ class Channel:
 
         Raises 403 (no write permission on the exchange, or topic permission on the routing
         key; router/access/users.py), 404 (no such exchange), 403 (internal exchange), 406
-        (a CC or BCC header that is not an array, router/sender_selected.py), 540
+        (a user_id not the connection's user, a bad expiration: router/frontend/
+        publish_rules.py; a CC or BCC header that is not an array, router/sender_selected.py), 540
         (immediate=true, as RabbitMQ). Confirms: basic.ack once every target node accepted it, basic.nack if one
         failed; mandatory and unroutable: basic.return 312 NO_ROUTE before the confirm.
         """
@@ -190,6 +194,9 @@ class Channel:
         if ex.internal:
             raise soft_error(ACCESS_REFUSED,
                              f"cannot publish to internal exchange '{ev.exchange}'")
+        header = ev.header
+        if header[12] & 0x01 or header[13] & 0x10:      # expiration or user_id (inline
+            publish_rules.check(header, acc, self.USER_ID_REFUSAL)   # publish_rules.announced)
         if self.SENDER_SELECTED and b"CC" in ev.header:
             also, ev.header = header_routes(ev.header)
         queues = b.topology.route(self.vhost, ev.exchange, ev.routing_key,

@@ -611,3 +611,22 @@ def sender_selected_dead_letters(rec: Rec) -> None:
             deaths = [(d.get("queue"), d.get("routing-keys")) for d in h.pop("x-death", [])]
             got.append((body.decode(), m.routing_key, deaths, sorted(h)))
         rec.add(k, got)
+
+
+@scenario
+def publish_property_checks(rec: Rec) -> None:
+    """RabbitMQ's channel checks of a publish's properties: a ``user_id`` other than the
+    connection's user closes the channel (406, "Validated User-ID"); the connection's own is
+    accepted. An ``expiration`` that is not a decimal integer of ms, at least 0, closes it
+    too (406 "invalid expiration"); a sign and a zero are accepted."""
+    q = rec.q()
+    c = rec.conn()
+    c.channel().queue_declare(q)
+    cases = [("user_id own", {"user_id": rec.user}), ("user_id other", {"user_id": "mallory"}),
+             ("user_id empty", {"user_id": ""})]
+    cases += [(f"expiration {e!r}", {"expiration": e})
+              for e in ("-1", "foo", "1000foo", "", " 5", "+5", "0", "5000", "1.5")]
+    for label, props in cases:
+        ch = rec.channel(c, confirm=True)
+        rec.do(label, ch.basic_publish, "", q, label.encode(), pika.BasicProperties(**props))
+    rec.drain(rec.channel(c), q)
