@@ -143,6 +143,8 @@ def on_publish(shard: ShardCore, state: RouterPeer, msg: list) -> None:
             q = queues.get((vhost, name))
             if q is not None:
                 q.notify_work()
+                if q.features.zero_ttl:
+                    q.features.expire_untaken()
                 if q.qcm.interested_count:
                     lease.maybe_grant(shard, q)
 

@@ -33,12 +33,15 @@ class QueueFeatures:
     groups are the queue's, read and changed through ``self.queue``.
     """
 
-    __slots__ = ("queue",)
+    __slots__ = ("queue", "zero_ttl")
 
     def __init__(self, queue: Any) -> None:
         #: the :class:`~shoal.node.queues.queue.Queue` that holds this object (typed ``Any``:
         #: importing ``Queue`` here, even for type checkers, would be an import circle)
         self.queue = queue
+        #: entries just published with a TTL of 0 ms: expired by :meth:`expire_untaken`
+        #: unless a consumer took them as they arrived
+        self.zero_ttl: list[QueueEntry] = []
 
     def enqueue(self, entry: QueueEntry, flags: int, at: float | None = None) -> QueueEntry | None:
         """Add ``entry`` with its features; ``at``: its enqueue time on the queue's clock
@@ -64,6 +67,8 @@ class QueueFeatures:
             entry.expires_at = now + ttl
             if leads:
                 q.timers.add(entry.expires_at + 1, self.expire_due, entry)
+                if ttl == 0 and rep is None and at is None:
+                    self.zero_ttl.append(entry)
         due = not_before(props, now, q.timers.wall_to_monotonic)
         if due > now:
             entry.state = HELD
@@ -145,6 +150,18 @@ class QueueFeatures:
         q = self.queue
         return e.expires_at != 0 and q.timers.now > e.expires_at and \
             (q.replica is None or q.replica.leading)
+
+    def expire_untaken(self) -> None:
+        """After a publish was offered to the consumers: its messages with a TTL of 0 that no
+        consumer took expire now (RabbitMQ: a message with TTL 0 is delivered at once or
+        not at all, so a basic.get right after it finds nothing; one that a consumer took
+        and gave back expires when it is released). Classic queues only: a quorum queue's
+        leader expires it on its timer, 1 ms on."""
+        q = self.queue
+        zero, self.zero_ttl = self.zero_ttl, []
+        for e in zero:
+            if not q.deleted and e.state is AVAILABLE:
+                self.remove_ready(e, EXPIRED)
 
     def expire_due(self, e: QueueEntry) -> None:
         """Timer: a message's TTL passed. Ready ones go now; acquired ones when released."""

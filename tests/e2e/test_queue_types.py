@@ -157,6 +157,30 @@ def test_queue_ttl_expires_messages(make_client, names):
     assert d is None or d.body == b"young"
 
 
+def test_a_ttl_of_0_is_delivered_at_once_or_not_at_all(make_client, names):
+    """RabbitMQ: a message whose TTL is 0 goes to a consumer that can take it as it arrives,
+    else it expires at once: a basic.get right after the publish (no confirm, so the two may
+    reach the node together) finds nothing, and a delivery given back expires (the Java
+    client's TTLHandling ``zeroTTLDelivery``)."""
+    if QUEUE_TYPE == "quorum":
+        pytest.skip("a quorum queue's leader expires a TTL of 0 on its timer, 1 ms on "
+                    "(docs/queues.md)")
+    c = make_client()
+    q = names("ttl0")
+    c.declare_queue(q, arguments={"x-message-ttl": 0})
+    c.publish("", q, b"nobody waits")
+    c.publish("", q, b"nor here", {"expiration": "0"})
+    assert c.get(q) is None
+    consumer = make_client()
+    consumer.consume(q)
+    c.publish("", q, b"taken")
+    d = consumer.wait_for(1)[0]
+    assert d.body == b"taken"
+    consumer.reject(d, requeue=True)
+    assert len(consumer.settle_quietly(1.0)) == 1, "a TTL-0 message given back came again"
+    assert c.get(q) is None
+
+
 def test_expired_message_in_the_middle_is_never_delivered(make_client, names):
     c = make_client(confirms=True)
     q = names("ttl")

@@ -43,6 +43,28 @@ def test_reject_publish_answers_a_failure_code(net: Net):
     assert results[1][2] != 0 and results[1][3] == 0
 
 
+def test_a_ttl_of_0_goes_to_a_consumer_as_it_arrives_or_expires_at_once(net: Net):
+    """RabbitMQ: TTL 0 is "now or never". A basic.get on the same clock reading as the
+    publish found the message (its deadline not yet past); it now expires (dead-lettered
+    as expired) when no consumer took it as it arrived."""
+    net.now = 1000.0                    # a deadline of 0 ms would read as "never expires"
+    r = net.router()
+    r.declare("q", args={"x-message-ttl": 0, "x-dead-letter-exchange": "dlx"})
+    pub(r, "q")
+    pub(r, "q", body=b"own ttl", header=hdr(expiration="0"))
+    assert r.ok(T.GET, "/", "q", False, None) is None
+    assert [parse_properties(m[4]).headers["x-death"][0]["reason"]
+            for m in r.pending if m[0] == T.REPUBLISH] == ["expired", "expired"]
+    cid = r.consume("q")
+    r.credit(cid, 5)
+    pub(r, "q", body=b"taken")
+    [d] = [m for m in r.take() if m[0] == T.DELIVER]
+    assert d[7] == b"taken"
+    net.now += 0.5                                      # the requeue comes later
+    r.send(T.SETTLE, OUTCOME_REQUEUE, [d[2]])
+    assert bodies(r.take()) == []
+
+
 def test_ttl_expiry_on_tick_dead_letters(net: Net):
     r = net.router()
     r.declare("q", args={"x-message-ttl": 100, "x-dead-letter-exchange": "dlx"})
