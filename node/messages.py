@@ -345,7 +345,7 @@ def on_settle(shard: ShardCore, state: RouterPeer, msg: list) -> None:
             if e is not None and e.queue.release(e, outcome == OUTCOME_REQUEUE):
                 touched[e.queue] = None
         for q in touched:
-            q.notify_work()
+            q.requeued()
     elif outcome == OUTCOME_REJECT:
         for i in ids:
             e = unsettled.pop(i, None)
@@ -406,7 +406,7 @@ def settle_with_quorum(state: RouterPeer, outcome: int, ids: list,
         for op, entries in by_op.items():
             g.settle(op, entries, table if op in ("requeue", "release") else None)
     for q in touched:
-        q.notify_work()
+        q.requeued()
 
 
 def moved(shard: ShardCore, state: RouterPeer, q: Queue) -> AMQPError:

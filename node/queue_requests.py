@@ -67,11 +67,24 @@ def check_owner(q: Queue, owner: str | None) -> None:
                                           f"'{q.name}' in vhost '{q.vhost}'")
 
 
+#: the queue arguments a redeclare must repeat: RabbitMQ 3.10's (rabbit_amqqueue
+#: ``declare_args`` and the queue types' ``queue_arguments``: x-delivery-limit) and Shoal's
+#: own x- ones; RabbitMQ compares no other, so an application's own ``x-custom`` may differ
+COMPARED_ARGUMENTS = frozenset((
+    "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+    "x-dead-letter-strategy", "x-max-length", "x-max-length-bytes", "x-max-in-memory-length",
+    "x-max-in-memory-bytes", "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version",
+    "x-single-active-consumer", "x-queue-type", "x-quorum-initial-group-size", "x-max-age",
+    "x-stream-max-segment-size-bytes", "x-initial-cluster-size", "x-queue-leader-locator",
+    "x-delivery-limit", "x-qpid-priorities", "x-qpid-maximum-delivery-count"))
+
+
 def check_equivalent_queue(q: Any, durable: bool, auto_delete: bool, args: dict) -> None:
-    """406 "inequivalent arg" as RabbitMQ: durable, auto_delete, x- arguments (exclusive
-    is checked before, 405)."""
+    """406 "inequivalent arg" as RabbitMQ: durable, auto_delete, the
+    :data:`COMPARED_ARGUMENTS` (by type class and value: node/topology.py); exclusive is
+    checked before (405)."""
     checks = [("durable", durable, q.durable), ("auto_delete", auto_delete, q.auto_delete)]
-    keys = sorted(k for k in set(args) | set(q.arguments) if str(k).startswith("x-"))
+    keys = sorted(k for k in set(args) | set(q.arguments) if k in COMPARED_ARGUMENTS)
     checks += [(k, args.get(k), q.arguments.get(k)) for k in keys]
     check_equivalent("queue", q.vhost, q.name, checks)
 
@@ -143,6 +156,8 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
         args = {k: v for k, v in args.items() if k != "x-queue-type"}
     if passive:
         check_owner(q, owner)
+        if q.replica is None:
+            q.touch()   # RabbitMQ's stat (ensure_expiry_timer): a passive declare is a use too
     else:
         # RabbitMQ's strict check_exclusive_access: the redeclare's exclusivity must match
         # (same owner, or non-exclusive on both sides), else 405, before the 406 checks.
@@ -152,8 +167,8 @@ def on_queue_declare(shard: QueueHost, state: RouterPeer, msg: list) -> list:
                              f"declared on another connection or the exclusive property "
                              f"value does not match that of the original declaration.")
         if q.replica is None:
-            q.touch()   # a redeclare is a use (x-expires); a passive one is not; nor is
-            # any on a quorum queue (rabbit_fifo counts gets and consumers only)
+            q.touch()   # a redeclare is a use (x-expires); none is on a quorum queue
+            # (rabbit_fifo counts gets and consumers only)
         check_equivalent_queue(q, bool(durable), bool(auto_delete), args or {})
     return [name, q.message_count, q.consumer_count]
 

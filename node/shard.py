@@ -458,7 +458,7 @@ class Shard:
             self.delete_queue(q)
         for q in touched:
             if not q.deleted:
-                q.notify_work()
+                q.requeued()
 
     # ------------------------------------------------------------------ queues
     def queue_for(self, vhost: str, name: str, owner: str | None) -> Queue:

@@ -50,6 +50,21 @@ def _table_value(value: Any) -> str:
     return f"the value '{amqp_bool(value)}' of type '{kind}'"
 
 
+#: what check_equivalent compares that is a declare's property, not a table argument
+_PROPERTIES = frozenset(("type", "durable", "auto_delete", "internal", "exclusive"))
+
+
+def _type_class(value: Any) -> type:
+    """RabbitMQ compares table values by type class and value (rabbit_misc
+    ``assert_args_equivalence``): every integer type is one class, float and double
+    another, so a TTL of 10 is not equivalent to one of 10.0."""
+    if isinstance(value, bool):
+        return bool
+    if isinstance(value, int):
+        return int
+    return type(value)
+
+
 def check_equivalent(kind: str, vhost: str, name: str,
                      checks: list[tuple[str, Any, Any]]) -> None:
     """A redeclare must match what exists (spec 1.6.2.1 / 1.7.2.1 "equivalent"): ``checks``
@@ -58,8 +73,8 @@ def check_equivalent(kind: str, vhost: str, name: str,
     vhost '/': received 'true' but current is 'false'"; an ``x-`` argument given on one side
     only: "received none but current is the value '10' of type 'signedint'")."""
     for arg, received, current in checks:
-        if received != current:
-            if arg.startswith("x-") and (received is None or current is None):
+        if received != current or _type_class(received) != _type_class(current):
+            if arg not in _PROPERTIES and (received is None or current is None):
                 got = "none" if received is None else _table_value(received)
                 now = "none" if current is None else _table_value(current)
             else:
@@ -117,7 +132,8 @@ class Topology:
     def declare_exchange(self, vhost: str, name: str, type: str, passive: bool, durable: bool,
                          auto_delete: bool, internal: bool, arguments: dict | None) -> None:
         """``exchange.declare`` (spec 1.6.2.1). Raises 404 (passive, missing) or 406
-        (inequivalent type/durable/auto_delete/internal; a consistent-hash exchange's bad
+        (inequivalent type/durable/auto_delete/internal/alternate-exchange; a
+        consistent-hash exchange's bad
         ``hash-header``/``hash-property``, shared.topology ``check_hash_arguments``)."""
         if name in BUILTIN_EXCHANGES:
             return
@@ -136,7 +152,10 @@ class Topology:
         check_equivalent("exchange", vhost, name, [
             ("type", type, ex.type), ("durable", bool(durable), bool(ex.durable)),
             ("auto_delete", bool(auto_delete), bool(ex.auto_delete)),
-            ("internal", bool(internal), bool(ex.internal))])
+            ("internal", bool(internal), bool(ex.internal)),
+            # the one argument RabbitMQ compares (rabbit_exchange assert_args_equivalence)
+            ("alternate-exchange", (arguments or {}).get("alternate-exchange"),
+             (ex.arguments or {}).get("alternate-exchange"))])
 
     def delete_exchange(self, vhost: str, name: str, if_unused: bool) -> None:
         """``exchange.delete`` (spec 1.6.2.3). Missing: success (idempotent, as RabbitMQ).

@@ -457,7 +457,13 @@ class Broker:
         """Route a message like basic.publish without a channel or a confirm (dead letters,
         the management API's publish); ``also``: more routing keys (router/sender_selected.py).
         Returns whether any queue was routed to."""
-        queues = self.topology.route(vhost, exchange, routing_key, None, header, also)
+        return self.send_unconfirmed(vhost, self.topology.route(
+            vhost, exchange, routing_key, None, header, also), exchange, routing_key, header,
+            body)
+
+    def send_unconfirmed(self, vhost: str, queues: set[str], exchange: str, routing_key: str,
+                         header: bytes, body: bytes) -> bool:
+        """:meth:`publish_unconfirmed` to the ``queues`` already routed to."""
         if self.leases.held:
             self.leases.end_for(vhost, queues)
         for node_id, qs in self._by_node(vhost, queues).items():

@@ -15,8 +15,10 @@ import asyncio
 import logging
 from typing import Any
 
+from shoal.shared.errors import AMQPError
 from shoal.shared.wire import T
 
+from shoal.router.amqp.fastpath import parse_properties
 from shoal.router.sender_selected import stored_routes
 
 log = logging.getLogger("shoal.router")
@@ -63,6 +65,42 @@ class DeadLetter:
         self.mandatory = False
 
 
+def without_cycles(queues: set[str], header: bytes) -> set[str]:
+    """The queues a dead letter is routed to, less those it would cycle back into: a queue
+    already in its ``x-death`` history (newest first, the death just added included) with no
+    ``rejected`` death from the newest back to that queue's latest one (RabbitMQ's
+    ``rabbit_dead_letter:detect_cycles``; such a copy is dropped, logged). A queue that
+    dead-letters into itself through its own DLX is so dropped at once, unless rejected."""
+    if not queues or b"x-death" not in header:
+        return queues
+    try:
+        deaths = parse_properties(header).headers.get("x-death")
+    except (AMQPError, AttributeError):
+        return queues
+    if not isinstance(deaths, list):
+        return queues
+    out = set()
+    for q in queues:
+        for d in deaths:
+            if not isinstance(d, dict):
+                out.add(q)              # RabbitMQ: an entry that is no table breaks the cycle
+                break
+            if _text(d.get("reason")) == "rejected":
+                out.add(q)
+                break
+            if _text(d.get("queue")) == q:
+                log.info("dropping dead letter for queue '%s': it would cycle back into it "
+                         "with no rejection on the way", q)
+                break
+        else:
+            out.add(q)
+    return out
+
+
+def _text(v: Any) -> Any:
+    return bytes(v).decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else v
+
+
 async def republish_confirmed(broker: Any, link: Any, confirm: int, vhost: str,
                               exchange: str, routing_key: str, header: bytes,
                               body: bytes) -> None:
@@ -74,9 +112,12 @@ async def republish_confirmed(broker: Any, link: Any, confirm: int, vhost: str,
             log.info("dead letter not routed: no exchange '%s' in vhost '%s' (kept by its "
                      "queue and sent again)", exchange, vhost)
         else:
-            queues = broker.topology.route(vhost, exchange, routing_key, None, header,
+            routed = broker.topology.route(vhost, exchange, routing_key, None, header,
                                            stored_routes(header))
-            if queues:
+            queues = without_cycles(routed, header)
+            if routed and not queues:   # only cycles: dropped (rabbit_fifo_dlx_worker)
+                ok = True
+            elif queues:
                 done: asyncio.Future = asyncio.get_running_loop().create_future()
                 broker.publish(DeadLetterChannel(vhost), 0,
                                DeadLetter(exchange, routing_key, header, body), queues, done)

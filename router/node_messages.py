@@ -123,5 +123,7 @@ def _republish(broker: Any, vhost: str, exchange: str, routing_key: str, header:
     if broker.topology.get(vhost, exchange) is None:
         log.info("dropping dead letter: no exchange '%s' in vhost '%s'", exchange, vhost)
         return
-    broker.publish_unconfirmed(vhost, exchange, routing_key, header, body,
-                               stored_routes(header))
+    queues = broker.topology.route(vhost, exchange, routing_key, None, header,
+                                   stored_routes(header))
+    broker.send_unconfirmed(vhost, dead_letters.without_cycles(queues, header), exchange,
+                            routing_key, header, body)

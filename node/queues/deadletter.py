@@ -4,8 +4,9 @@
   an array of tables, newest first, one per (queue, reason) with ``count``, ``reason``,
   ``queue``, ``time``, ``exchange``, ``routing-keys`` and ``original-expiration`` when the
   message had a per-message TTL, which is removed so the copy does not expire again), plus
-  ``x-first-death-*`` (RabbitMQ 3.10 writes no ``x-last-death-*``; 3.13 added them). Returns None for a dead-letter cycle (the message
-  already died in this queue and no death in its history was a rejection): it is dropped.
+  ``x-first-death-*`` (RabbitMQ 3.10 writes no ``x-last-death-*``; 3.13 added them). A
+  copy that would cycle back into a queue is dropped where it is routed
+  (router/dead_letters.py ``without_cycles``).
 * :func:`send_dead_letter`: sends the copy to a router (REPUBLISH) to be routed;
   :func:`republish` makes that message (with a confirm id for at-least-once
   dead-lettering, node/replication/dead_letters.py).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import struct
 from typing import Any
 
 from pamqp import decode
@@ -27,7 +29,8 @@ from pamqp.commands import Basic
 
 from shoal.shared.wire import TAG_REPUBLISH
 
-from shoal.shared.header_table import Long, array_strings, raw_headers, splice_headers
+from shoal.shared.header_table import (Long, array_strings, raw_headers, splice_headers,
+                                      split_array, typed)
 from shoal.node.queues.message import encode_header, parse_properties
 from shoal.node.queues.paging import body_bytes
 
@@ -35,6 +38,7 @@ log = logging.getLogger("shoal.node")
 
 _FIRST_DEATH_KEYS = ("x-first-death-reason", "x-first-death-queue", "x-first-death-exchange")
 _CC = frozenset(("CC",))
+_U32 = struct.Struct(">I")
 
 
 def _text(v: Any) -> Any:
@@ -57,8 +61,10 @@ def _death(d: dict) -> dict:
 
 def dead_letter_header(header: bytes, body_size: int, queue: str, reason: str,
                        exchange: str, routing_key: str, wall_ms: float,
-                       drop_cc: bool = False) -> bytes | None:
-    """The content-header payload of the dead-lettered copy, or None (cycle: drop it).
+                       drop_cc: bool = False) -> bytes:
+    """The content-header payload of the dead-lettered copy. Whether the copy would cycle
+    back into a queue is decided where it is routed (router/dead_letters.py
+    ``without_cycles``, as RabbitMQ's ``detect_cycles``).
 
     A new death's ``routing-keys`` are the publish's routing key and the message's ``CC``
     keys (sender-selected distribution; ``BCC`` was taken out when it was published).
@@ -67,14 +73,14 @@ def dead_letter_header(header: bytes, body_size: int, queue: str, reason: str,
     props = parse_properties(header) or Basic.Properties()
     headers = dict(props.headers or {})
     deaths = [dict(d) for d in headers.get("x-death") or [] if isinstance(d, dict)]
-    if reason != "rejected" and any(_text(d.get("queue")) == queue for d in deaths) and \
-            not any(_text(d.get("reason")) == "rejected" for d in deaths):
-        return None
+    kept = _raw_deaths(header, headers.get("x-death"))
     when = datetime.datetime.fromtimestamp(int(wall_ms // 1000), tz=datetime.timezone.utc)
     found = None
-    for d in deaths:
+    for i, d in enumerate(deaths):
         if _text(d.get("queue")) == queue and _text(d.get("reason")) == reason:
             found = d
+            if kept is not None:
+                del kept[i]
             break
     if found is not None:
         deaths.remove(found)
@@ -88,11 +94,34 @@ def dead_letter_header(header: bytes, body_size: int, queue: str, reason: str,
         if props.expiration is not None:
             found["original-expiration"] = props.expiration
     deaths.insert(0, found)
-    added: dict[str, Any] = {"x-death": [_death(d) for d in deaths]}
+    added: dict[str, Any] = {"x-death": [_death(d) for d in deaths] if kept is None else
+                             _array([typed(_death(found)), *kept])}
     if "x-first-death-reason" not in headers:
         added.update(zip(_FIRST_DEATH_KEYS, (reason, queue, exchange)))
     props.expiration = None
     return _rewrite(header, props, body_size, added, _CC if drop_cc else frozenset())
+
+
+def _raw_deaths(header: bytes, decoded: Any) -> list[bytes] | None:
+    """The x-death array's items as sent (type octet and value), one per decoded table; None
+    when there is none, or it does not split so. The deaths this death leaves alone keep
+    their octets, and so their field types (RabbitMQ keeps them: a publisher's count 1 as an
+    int stays one; the count Shoal writes is a long)."""
+    if not isinstance(decoded, list) or not all(isinstance(d, dict) for d in decoded):
+        return None
+    raw = dict(raw_headers(header) or ()).get("x-death")
+    if raw is None or raw[:1] != b"A":
+        return None
+    try:
+        items = split_array(raw[5:5 + _U32.unpack_from(raw, 1)[0]])
+    except (IndexError, ValueError, struct.error):
+        return None
+    return items if len(items) == len(decoded) else None
+
+
+def _array(items: list[bytes]) -> bytes:
+    data = b"".join(items)
+    return b"A" + _U32.pack(len(data)) + data
 
 
 def delivery_count_header(header: bytes, body_size: int, count: int) -> bytes:
@@ -134,27 +163,22 @@ def _rewrite(header: bytes, props: Basic.Properties, body_size: int,
 def send_dead_letter(shard: Any, q: Any, entry: Any, reason: str) -> None:
     """Send ``entry`` of queue ``q`` to its x-dead-letter-exchange with an x-death header:
     REPUBLISH to one of ``shard``'s routers (routing needs the exchange cache routers have).
-    Dropped, logged, when no router is connected or the message cycles."""
+    Dropped, logged, when no router is connected."""
     if not shard.peers:
         log.warning("dropping dead letter from queue '%s': no router connected", q.name)
         return
-    msg = republish(shard, q, entry.exchange, entry.routing_key, entry.header,
-                    body_bytes(entry.body), reason)
-    if msg is not None:
-        shard.send(next(iter(shard.peers)), msg)
+    shard.send(next(iter(shard.peers)), republish(
+        shard, q, entry.exchange, entry.routing_key, entry.header, body_bytes(entry.body),
+        reason))
 
 
 def republish(shard: Any, q: Any, exchange: str, routing_key: str, header: bytes,
-              body: bytes, reason: str, confirm: int = 0) -> list | None:
+              body: bytes, reason: str, confirm: int = 0) -> list:
     """The REPUBLISH (shared/wire.py) of a message of queue ``q`` dead-lettered for
-    ``reason``, with ``confirm`` (an id) when the router must confirm it; None for a
-    cycle (logged: it is dropped)."""
+    ``reason``, with ``confirm`` (an id) when the router must confirm it."""
     t = shard.timers
     copy = dead_letter_header(header, len(body), q.name, reason, exchange, routing_key,
                               t.now + t.wall_offset_ms, drop_cc=q.cfg.dlrk is not None)
-    if copy is None:
-        log.info("dropping dead letter cycling through queue '%s'", q.name)
-        return None
     rk = q.cfg.dlrk if q.cfg.dlrk is not None else routing_key
     msg = [TAG_REPUBLISH, q.vhost, q.cfg.dlx, rk, copy, body]
     if confirm:

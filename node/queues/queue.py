@@ -29,7 +29,7 @@ from shoal.node.queues.consumer_manager import QueueConsumerManager
 from shoal.node.queues.entry import ACQUIRED, AVAILABLE, HELD, QueueEntry
 from shoal.node.queues.entry_features import make_entry_list, scheduled
 from shoal.node.queues.entry_list import QueueEntryList
-from shoal.node.queues.args import QueueConfig, parse_queue_arguments
+from shoal.node.queues.args import Overflow, QueueConfig, parse_queue_arguments
 from shoal.node.queues.features import DELIVERY_LIMIT, EXPIRED, REJECTED, QueueFeatures
 from shoal.node.timers import Timers
 
@@ -285,6 +285,14 @@ class Queue:
                 return False
         self.rewind_pointers(entry)
         return True
+
+    def requeued(self) -> None:
+        """Messages came back (:meth:`release`): over a length limit with drop-head, the
+        oldest ready ones go, the returned ones first (RabbitMQ's ``requeue_and_run``:
+        ``maybe_drop_head``); then the consumers are told. Not on a quorum queue."""
+        if self.cfg.overflow is Overflow.DROP_HEAD and self.replica is None:
+            self.features.drop_head()
+        self.notify_work()
 
     def dequeue(self, entry: QueueEntry) -> bool:
         """ACQUIRED -> DEQUEUED (acknowledged). False if not acquired (e.g. queue deleted)."""

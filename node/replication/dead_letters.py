@@ -97,9 +97,6 @@ class DeadLetters:
             msg = republish(shard, g.queue, exchange, routing_key, header, body, reason,
                             confirm)
             self.sent[index] = now
-            if msg is None:             # a cycle: it is dropped, as RabbitMQ does
-                self.confirmed.append(index)
-                continue
             shard.send(router, msg)
 
     def result(self, index: int, ok: bool, now: float) -> None:

@@ -22,8 +22,8 @@ from typing import Callable, Container, Iterable
 
 from pamqp import commands
 
-from shoal.shared.errors import (COMMAND_INVALID, CONNECTION_FORCED, FRAME_ERROR, AMQPError,
-                                 hard_error)
+from shoal.shared.errors import (ACCESS_REFUSED, COMMAND_INVALID, CONNECTION_FORCED, FRAME_ERROR,
+                                 AMQPError, hard_error)
 
 from shoal.router.amqp import fastpath
 from shoal.router.amqp.channel import (AFTER_PUBLISH, AWAIT_BODY as _AWAIT_BODY,
@@ -34,9 +34,9 @@ from shoal.router.amqp.frame_rules import (CHANNEL as TO_CHANNEL, CONNECTION as 
                                            check_other_frame, frame_end_error, frame_error,
                                            method_id, route_method)
 from shoal.router.amqp.framing import (FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD,
-                                       FRAME_TYPES, HEARTBEAT_FRAME,
+                                       FRAME_MIN_SIZE, FRAME_TYPES, HEARTBEAT_FRAME,
                                        PROTOCOL_HEADER, decode_method, method_frame,
-                                       payload_limit, unpack_frame_header)
+                                       frame_limit, payload_limit, unpack_frame_header)
 from shoal.router.amqp.handshake import LOCALES, server_properties as default_server_properties
 from shoal.router.amqp.liveness import HEARTBEAT, Liveness
 from shoal.router.amqp.login import Login
@@ -109,7 +109,7 @@ class AMQPConnection:
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._need = len(PROTOCOL_HEADER)
-        self._max_payload = payload_limit(frame_max)
+        self._max_payload = payload_limit(FRAME_MIN_SIZE)  # until tune-ok (spec 4.2.3)
         # output
         self._out: list[bytes] = []
         self.pending_output = 0
@@ -251,7 +251,8 @@ class AMQPConnection:
                 break
             frame_type, ch, size = unpack_frame_header(buf, pos)
             if size > max_payload or frame_type not in FRAME_TYPES:
-                self._fatal(frame_error(frame_type, ch, size, self.frame_max), events)
+                self._fatal(frame_error(frame_type, ch, size, frame_limit(max_payload)),
+                            events)
                 return
             fend = pos + 7 + size
             if fend >= end:
@@ -348,7 +349,13 @@ class AMQPConnection:
         nxt = connection_next(self._state, event)  # 503 when out of order
         method = decode_method(mid, buf[start + 4:fend])
         if event == ConnectionInput.START_OK:
-            self._write(method_frame(0, login.start_ok(method)))
+            try:
+                self._write(method_frame(0, login.start_ok(method)))
+            except AMQPError as err:     # a refused login: see Login.refusal_is_closed
+                if err.reply_code != ACCESS_REFUSED or login.refusal_is_closed:
+                    raise
+                events.extend(self._drop(err.reply_code, err.reply_text))
+                return
         elif event == ConnectionInput.TUNE_OK:
             self.channel_max, self.frame_max, self.heartbeat = login.tune_ok(method)
             self._table.channel_max = self.channel_max

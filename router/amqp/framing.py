@@ -35,6 +35,11 @@ def payload_limit(frame_max: int) -> int:
     return frame_max - FRAME_OVERHEAD + FRAME_SIZE_FUDGE
 
 
+def frame_limit(max_payload: int) -> int:
+    """The frame_max (octets) whose :func:`payload_limit` is ``max_payload``."""
+    return max_payload + FRAME_OVERHEAD - FRAME_SIZE_FUDGE
+
+
 #: spec 4.2.3: peers must accept frames up to this size before and after tuning
 FRAME_MIN_SIZE = 4096
 

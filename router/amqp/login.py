@@ -68,6 +68,14 @@ class Login:
         certificate)."""
         return MECHANISMS if self._external_identity is None else f"{MECHANISMS} EXTERNAL"
 
+    @property
+    def refusal_is_closed(self) -> bool:
+        """Whether a refused login is answered with connection.close 403: only for a client
+        whose capabilities say ``authentication_failure_close``; any other is told by the
+        socket closing, as the spec has it (1.4.2.2) and RabbitMQ does (rabbit_reader
+        ``auth_fail``), which such clients report as a possible authentication failure."""
+        return self.capabilities.get("authentication_failure_close") is True
+
     def start_ok(self, method: commands.Connection.StartOk) -> commands.Connection.Tune:
         """``connection.start-ok``: log in; returns the ``connection.tune`` to send. Raises
         403 ACCESS_REFUSED (hard) for bad credentials, an unknown mechanism, EXTERNAL without

@@ -55,6 +55,7 @@ async def on_exchange_declare(ch: TopologyChannel, m: C.Exchange.Declare) -> Non
     ``alternate-exchange``, no read on the exchange or write on the alternate), 406/404 from
     the owning node (RabbitMQ's order of checks, rabbit_channel)."""
     b = ch.broker
+    strip_cr_lf(m, "exchange")
     name, type_ = m.exchange, m.exchange_type
     if name in BUILTIN_EXCHANGES:
         if name == "" or not (m.passive or type_ == BUILTIN_EXCHANGES[name]):
@@ -101,6 +102,7 @@ async def _declare_exchange(b: Broker, vhost: str, m: C.Exchange.Declare, msg: l
 async def on_exchange_delete(ch: TopologyChannel, m: C.Exchange.Delete) -> None:
     """exchange.delete (spec 1.6.2.3). Raises 403 (a built-in exchange, no configure
     permission), 406 (if-unused and bound) from the owning node."""
+    strip_cr_lf(m, "exchange")
     if m.exchange in BUILTIN_EXCHANGES:
         raise soft_error(ACCESS_REFUSED, f"operation not permitted on exchange "
                                          f"'{m.exchange}' in vhost '{ch.vhost}'")
@@ -112,6 +114,7 @@ async def on_exchange_delete(ch: TopologyChannel, m: C.Exchange.Delete) -> None:
 
 
 async def on_exchange_bind(ch: TopologyChannel, m: C.Exchange.Bind) -> None:
+    strip_cr_lf(m, "source", "destination")
     await _bind(ch, T.BIND, m.source, wire.DEST_EXCHANGE, m.destination, m.routing_key,
                 m.arguments)
     if not m.nowait:
@@ -119,6 +122,7 @@ async def on_exchange_bind(ch: TopologyChannel, m: C.Exchange.Bind) -> None:
 
 
 async def on_exchange_unbind(ch: TopologyChannel, m: C.Exchange.Unbind) -> None:
+    strip_cr_lf(m, "source", "destination")
     await _bind(ch, T.UNBIND, m.source, wire.DEST_EXCHANGE, m.destination, m.routing_key,
                 m.arguments)
     if not m.nowait:
@@ -170,6 +174,17 @@ async def _bind(ch: TopologyChannel, tag: int, exchange: str, kind: str, dest: s
 
 
 # ---- names -----------------------------------------------------------------------------------
+def strip_cr_lf(m: Any, *fields: str) -> None:
+    """RabbitMQ's ``strip_cr_lf`` (rabbit_channel): CR and LF are taken out of the names a
+    declare, delete, bind or unbind gives (queue.purge, basic.publish and basic.consume keep
+    theirs), before anything reads them, so ``"que\nue"`` declares ``queue`` and declare-ok
+    names it so."""
+    for f in fields:
+        v = getattr(m, f)
+        if "\n" in v or "\r" in v:
+            setattr(m, f, v.replace("\n", "").replace("\r", ""))
+
+
 def check_name(kind: str, name: str) -> None:
     """The broker's rule for a new exchange or queue name (RabbitMQ's ``check_name``): any
     UTF-8 string of at most 255 octets (the shortstr limit, so the frame reader already holds
@@ -192,6 +207,7 @@ def queue_name(ch: TopologyChannel, name: str) -> str:
 
 
 async def on_queue_declare(ch: TopologyChannel, m: C.Queue.Declare) -> None:
+    strip_cr_lf(m, "queue")
     name = m.queue
     if name == "":
         if m.passive:
@@ -239,16 +255,26 @@ async def _check_queue_limit(ch: TopologyChannel, name: str, cap: int) -> None:
 
 
 async def on_queue_bind(ch: TopologyChannel, m: C.Queue.Bind) -> None:
-    await _bind(ch, T.BIND, m.exchange, wire.DEST_QUEUE, queue_name(ch, m.queue),
-                m.routing_key, m.arguments)
+    strip_cr_lf(m, "queue", "exchange")
+    await _bind(ch, T.BIND, m.exchange, wire.DEST_QUEUE, *_bound_queue(ch, m),
+                m.arguments)
     if not m.nowait:
         ch.send(C.Queue.BindOk())
 
 
 async def on_queue_unbind(ch: TopologyChannel, m: C.Queue.Unbind) -> None:
-    await _bind(ch, T.UNBIND, m.exchange, wire.DEST_QUEUE, queue_name(ch, m.queue),
-                m.routing_key, m.arguments)
+    strip_cr_lf(m, "queue", "exchange")
+    await _bind(ch, T.UNBIND, m.exchange, wire.DEST_QUEUE, *_bound_queue(ch, m),
+                m.arguments)
     ch.send(C.Queue.UnbindOk())
+
+
+def _bound_queue(ch: TopologyChannel, m: Any) -> tuple[str, str]:
+    """``(queue, routing key)`` of a queue.bind or unbind: no queue name is the channel's
+    last declared queue, and then no routing key is that queue's name too (spec 1.7.2.3
+    "routing-key"; RabbitMQ's ``expand_queue_name_shortcut``)."""
+    queue = queue_name(ch, m.queue)
+    return queue, (queue if m.queue == "" and m.routing_key == "" else m.routing_key)
 
 
 async def on_queue_purge(ch: TopologyChannel, m: C.Queue.Purge) -> None:
@@ -266,6 +292,7 @@ async def on_queue_delete(ch: TopologyChannel, m: C.Queue.Delete) -> None:
     consumers of the queue follow its delete-ok, as RabbitMQ sends them (the queue's node
     cancels them before it answers; they are held in ``ch.deleting`` meanwhile); amqplib's
     tests close the connection on the cancel, before a delete-ok that came second."""
+    strip_cr_lf(m, "queue")
     name = queue_name(ch, m.queue)
     ch.check_access(CONFIGURE, "queue", name)
     held = ch.deleting.setdefault(name, [])

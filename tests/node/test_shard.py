@@ -87,6 +87,22 @@ def test_declare_inequivalent(net: Net):
     rep = r.declare("q1", args={"x-max-length": 10})
     assert rep[2] == PRECONDITION_FAILED and "'x-max-length'" in rep[3]
     assert r.declare("q1", args={"other": 1})[2] == 0      # non x- arguments are not compared
+    assert r.declare("q1", args={"x-custom": 1})[2] == 0   # nor an application's own x- one
+
+
+def test_declare_compares_values_by_type_class_as_rabbitmq(net: Net):
+    """rabbit_misc assert_args_equivalence: integer types are one class, floats another, so
+    x-message-ttl 10.0 is not 10 (the Java client's PerQueueTTL
+    ``queueReDeclareSemanticNonEquivalence``); a bool is not 1."""
+    r = net.router()
+    r.declare("q", args={"x-message-ttl": 10, "x-single-active-consumer": True})
+    assert r.declare("q", args={"x-message-ttl": 10, "x-single-active-consumer": True}
+                     )[2] == 0
+    rep = r.declare("q", args={"x-message-ttl": 10.0, "x-single-active-consumer": True})
+    assert rep[2:4] == [PRECONDITION_FAILED, "inequivalent arg 'x-message-ttl' for queue 'q' "
+                        "in vhost '/': received '10.0' but current is '10'"]
+    assert r.declare("q", args={"x-message-ttl": 10, "x-single-active-consumer": 1}
+                     )[2] == PRECONDITION_FAILED
 
 
 def test_exclusive_queue_is_locked_to_its_owner(net: Net):

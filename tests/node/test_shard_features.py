@@ -107,6 +107,39 @@ def test_x_expires_deletes_unused_queue(net: Net):
     assert any(m[0] == T.TOPOLOGY_EVENT for m in r.take())
 
 
+def test_a_passive_declare_is_a_use_of_a_queue_with_x_expires(net: Net):
+    """RabbitMQ's queue ``stat`` restarts the expiry timer: a passive declare keeps an
+    unused queue alive as a redeclare does (the Java client's QueueLease
+    ``passiveQueueDeclareExtendsLease``; Shoal let the queue expire)."""
+    r = net.router()
+    r.declare("q", args={"x-expires": 1000})
+    net.now = 750
+    assert r.declare("q", passive=True)[2] == 0
+    net.shard.tick(1500)
+    assert ("/", "q") in net.shard.queues
+    net.shard.tick(1750)
+    assert ("/", "q") not in net.shard.queues
+
+
+def test_messages_requeued_past_max_length_drop_from_the_head(net: Net):
+    """RabbitMQ's requeue_and_run drops from the head while over x-max-length (drop-head):
+    the requeued messages, which stand at the head, go (dead-lettered ``maxlen``) and the
+    newer ones stay (the Java client's QueueSizeLimit ``requeue``: Shoal kept all four)."""
+    r = net.router()
+    r.declare("q", args={"x-max-length": 2, "x-dead-letter-exchange": "dlx"})
+    pub(r, "q", body=b"a")
+    pub(r, "q", body=b"b")
+    got = [r.ok(T.GET, "/", "q", False, None) for _ in range(2)]
+    pub(r, "q", body=b"c")
+    pub(r, "q", body=b"d")
+    r.send(T.SETTLE, OUTCOME_REQUEUE, [g[0] for g in got])
+    dead = [m for m in r.take() if m[0] == T.REPUBLISH]
+    assert [(m[5], parse_properties(m[4]).headers["x-death"][0]["reason"]) for m in dead] == \
+        [(b"a", "maxlen"), (b"b", "maxlen")]
+    assert [r.ok(T.GET, "/", "q", True, None)[5] for _ in range(2)] == [b"c", b"d"]
+    assert r.ok(T.GET, "/", "q", True, None) is None
+
+
 def test_consumer_timeout_releases_and_forgets_the_delivery(net: Net):
     r = net.router()
     r.declare("q")

@@ -64,9 +64,14 @@ def methods(conn: AMQPConnection) -> list[tuple[int, object]]:
     return parse(conn.data_to_send())
 
 
+#: what the usual clients (pika, the Java client, ...) announce: a refused login is then a
+#: connection.close 403, not only a closed socket (router/amqp/login.py)
+CAPABILITIES = {"basic.nack": True, "authentication_failure_close": True}
+
+
 def start_ok_plain(user: str = "guest", password: str = "guest", caps=None):
     return commands.Connection.StartOk(
-        client_properties={"product": "test", "capabilities": caps or {"basic.nack": True}},
+        client_properties={"product": "test", "capabilities": caps or CAPABILITIES},
         mechanism="PLAIN", response=f"\0{user}\0{password}")
 
 
@@ -117,7 +122,8 @@ def raw_frame(frame_type: int, channel: int, payload: bytes, end: int = 0xCE) ->
 def start_ok_raw(mechanism: str, response: bytes, client_properties=None) -> bytes:
     """A connection.start-ok frame with a binary SASL response (pamqp wants str)."""
     from pamqp import encode
-    payload = (struct.pack(">I", 0x000A000B) + encode.field_table(client_properties or {})
+    props = client_properties or {"capabilities": CAPABILITIES}
+    payload = (struct.pack(">I", 0x000A000B) + encode.field_table(props)
                + encode.short_string(mechanism) + struct.pack(">I", len(response)) + response
                + encode.short_string("en_US"))
     return raw_frame(1, 0, payload)

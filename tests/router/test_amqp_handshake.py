@@ -6,8 +6,9 @@ from importlib.metadata import version
 import pytest
 from pamqp import commands, encode
 
-from amqp_testkit import (PROTOCOL_HEADER, closed_events, handshake, hb_frame, last_close,
-                          m, make_conn, methods, open_conn, start_ok_plain, start_ok_raw)
+from amqp_testkit import (CAPABILITIES, PROTOCOL_HEADER, closed_events, handshake, hb_frame,
+                          last_close, m, make_conn, methods, open_conn, start_ok_plain,
+                          start_ok_raw)
 from shoal.router.amqp.events import ConnectionClosed, ConnectionOpened
 from shoal.router.amqp.states import ConnectionState
 
@@ -112,17 +113,32 @@ def test_bad_password_is_403_access_refused():
                                 "mechanism PLAIN. For details see the broker logfile.")
 
 
+def test_a_client_without_authentication_failure_close_sees_the_socket_close():
+    """RabbitMQ's rabbit_reader ``auth_fail``: connection.close 403 only for a client that
+    announces the capability; for any other the connection just ends (spec 1.4.2.2), which
+    the Java client reports as a PossibleAuthenticationFailureException (its own suite's
+    SaslMechanisms ``connectionCloseAuthFailure``)."""
+    conn = make_conn()
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.data_to_send()
+    [ev] = conn.receive_data(m(start_ok_plain("guest", "nope", caps={"basic.nack": True})))
+    assert isinstance(ev, ConnectionClosed) and ev.reply_code == 403
+    assert conn.data_to_send() == b"" and conn.is_closed
+
+
 def test_bad_amqplain_password_is_403():
     close = _refused(make_conn(), start_ok_raw("AMQPLAIN", amqplain("alice", "x")))
     assert "AMQPLAIN" in close.reply_text
 
 
 def test_unknown_mechanism_is_403():
-    _refused(make_conn(), commands.Connection.StartOk({}, "EXTERNAL", ""))
+    _refused(make_conn(), commands.Connection.StartOk({"capabilities": CAPABILITIES},
+                                                      "EXTERNAL", ""))
 
 
 def test_malformed_plain_response_is_403():
-    _refused(make_conn(), commands.Connection.StartOk({}, "PLAIN", "guest"))
+    _refused(make_conn(), commands.Connection.StartOk({"capabilities": CAPABILITIES},
+                                                      "PLAIN", "guest"))
 
 
 def test_guest_from_non_loopback_is_403_but_other_users_are_fine():

@@ -6,6 +6,7 @@ import time
 
 import pika
 
+from ..amqp_raw import method_frame
 from .parity import FAIL, Rec, _ch_steps, scenario
 
 
@@ -630,3 +631,95 @@ def publish_property_checks(rec: Rec) -> None:
         ch = rec.channel(c, confirm=True)
         rec.do(label, ch.basic_publish, "", q, label.encode(), pika.BasicProperties(**props))
     rec.drain(rec.channel(c), q)
+
+
+@scenario
+def dead_letter_cycles(rec: Rec) -> None:
+    """Dead-letter cycles (RabbitMQ's detect_cycles, at routing): a queue whose DLX routes
+    back to it drops an expired message rather than loop; a rejected one comes back (a
+    rejection breaks the cycle); a message carrying an earlier death in a queue that dies
+    there again for another reason still reaches the dead-letter queue, with both deaths
+    (the Java client's DeadLetterExchange ``republish``)."""
+    dlx, loop, dlq, src = rec.x("cyc-dlx"), rec.q("cyc-loop"), rec.q("cyc-dlq"), rec.q("cyc-src")
+    c = rec.conn()
+    ch = rec.channel(c, confirm=True)
+    ch.exchange_declare(dlx, "direct")
+    ch.queue_declare(loop, arguments={"x-dead-letter-exchange": dlx})
+    ch.queue_bind(loop, dlx, "loop")
+    ch.queue_declare(dlq)
+    ch.queue_bind(dlq, dlx, src)        # a dead letter keeps its routing key: src's name
+    ch.basic_publish("", loop, b"expires", pika.BasicProperties(expiration="1"))
+    time.sleep(0.3)                 # it expires, and its copy is dropped or comes back
+    ch.basic_publish(dlx, "loop", b"rejected")
+    deadline = time.monotonic() + 3.0
+    got = []
+    while time.monotonic() < deadline and len(got) < 2:
+        m, p, body = ch.basic_get(loop)
+        if m is None:
+            time.sleep(0.05)
+            continue
+        deaths = [(d.get("queue"), d.get("reason"))
+                  for d in (p.headers or {}).get("x-death", [])]
+        got.append((body.decode(), deaths))
+        ch.basic_reject(m.delivery_tag, requeue=False)
+    time.sleep(0.3)
+    rec.add("loop", got, ch.queue_declare(loop, passive=True).method.message_count)
+    ch.queue_declare(src, arguments={"x-dead-letter-exchange": dlx, "x-max-length": 0})
+    earlier = [{"count": 1, "reason": "expired", "queue": src, "exchange": "",
+                "routing-keys": [src]}]
+    ch.basic_publish("", src, b"again", pika.BasicProperties(headers={"x-death": earlier}))
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and \
+            ch.queue_declare(dlq, passive=True).method.message_count == 0:
+        time.sleep(0.05)
+    m, p, body = ch.basic_get(dlq, auto_ack=True)
+    rec.add("dlq", None if m is None else (body.decode(), [
+        (d.get("queue"), d.get("reason"), d.get("count"))
+        for d in (p.headers or {}).get("x-death", [])]))
+
+
+@scenario
+def declare_rules_rabbitmq_keeps(rec: Rec) -> None:
+    """Rules of RabbitMQ's channel a client library's own suite checks (the Java client's):
+    CR and LF are taken out of declared, deleted and bound names; queue.bind with no queue
+    and no routing key binds the last declared queue by its own name (spec 1.7.2.3); a
+    redeclare with another alternate-exchange is 406, as is one with another x-message-ttl;
+    an application's own x- argument is not compared. (A TTL of 10.0 against 10, also 406 on
+    RabbitMQ, is not here: pika cannot send a float; node tests have it.)"""
+    base, x = rec.q("crlf"), rec.x("ae")
+    r = rec.raw()                   # pamqp and pika refuse such names themselves
+    r.open_channel(1)
+    split = (base[:8] + "\r\n" + base[8:] + "\n").encode()
+    r.send(method_frame(1, 50, 10, b"\0\0" + bytes((len(split),)) + split + b"\0" + bytes(4)))
+    ok = rec.reply(r, "declare with CR LF")
+    rec.add("declared as", getattr(ok, "queue", None))
+    xsplit = (x[:5] + "\n" + x[5:]).encode()
+    r.send(method_frame(1, 40, 10, b"\0\0" + bytes((len(xsplit),)) + xsplit + b"\x06direct"
+                        + b"\0" + bytes(4)))
+    rec.reply(r, "exchange with LF")
+    c = rec.conn()
+    ch = c.channel()
+    rec.do("passive without", ch.queue_declare, base, passive=True)
+    rec.do("exchange passive", ch.exchange_declare, x, passive=True)
+    ch.queue_bind(base, x, "k")
+    last = rec.q("mrdq")
+    ch.queue_declare(last)
+    rec.do("bind shortcut", ch.queue_bind, "", x, "")
+    cch = rec.channel(c, confirm=True)
+    cch.basic_publish(x, last, b"by-name")
+    cch.basic_publish(x, "", b"by-empty")
+    rec.drain(cch, last, "last")
+    ax = rec.x("aeq")
+    ch.exchange_declare(ax, "direct", arguments={"alternate-exchange": "one"})
+    rec.do("same alternate", ch.exchange_declare, ax, "direct",
+           arguments={"alternate-exchange": "one"})
+    rec.do("other alternate", ch.exchange_declare, ax, "direct",
+           arguments={"alternate-exchange": "two"})
+    ch = c.channel()
+    rec.do("no alternate", ch.exchange_declare, ax, "direct")
+    q = rec.q("ttl-type")
+    ch = c.channel()
+    ch.queue_declare(q, arguments={"x-message-ttl": 10, "x-custom": 1})
+    rec.do("ttl 10 again", ch.queue_declare, q, arguments={"x-message-ttl": 10, "x-custom": 1})
+    rec.do("custom 2", ch.queue_declare, q, arguments={"x-message-ttl": 10, "x-custom": 2})
+    rec.do("ttl 11", ch.queue_declare, q, arguments={"x-message-ttl": 11, "x-custom": 1})
