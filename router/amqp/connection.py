@@ -148,9 +148,11 @@ class AMQPConnection:
         """True once ConnectionClosed was emitted: the transport flushes and closes."""
         return self._state == _CONN_CLOSED
 
-    #: the client's connection.close ended it (we sent close-ok): the client closes the
-    #: socket (router/frontend/client.py waits for it, as RabbitMQ does)
-    closed_by_client = False
+    #: the client's connection.close ended it (we sent close-ok), or a framing error after
+    #: which we sent connection.close and stopped reading: the socket is left to the client
+    #: for a moment (router/frontend/client.py), as RabbitMQ does, so that what it is still
+    #: writing does not reset the connection before it has read our close
+    linger_on_close = False
 
     @property
     def closing(self) -> bool:
@@ -367,7 +369,7 @@ class AMQPConnection:
         else:   # the client's close, or its close-ok after ours
             if event == ConnectionInput.CLIENT_CLOSE:
                 self._write(method_frame(0, commands.Connection.CloseOk()))
-                self.closed_by_client = True
+                self.linger_on_close = True
                 if self._state != _CONN_CLOSING:
                     self._close_reason = (200, f"client closed connection: "
                                                f"{method.reply_code} {method.reply_text}")
@@ -429,6 +431,7 @@ class AMQPConnection:
             self._write(close_frame(0, CONNECTION_CLOSE, error.reply_code, error.reply_text,
                                      error.class_id, error.method_id))
             self._close_reason = (error.reply_code, error.reply_text)
+        self.linger_on_close = True        # linger: see linger_on_close
         events.extend(self._drop(*self._close_reason))
 
     def _drop(self, reply_code: int, reply_text: str) -> list:

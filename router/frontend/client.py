@@ -306,7 +306,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self.amqp.is_closed:
             self._teardown()
             if not self.transport.is_closing() and self._linger is None:
-                if self.amqp.closed_by_client:
+                if self.amqp.linger_on_close:
                     self._await_client_close()
                 else:
                     self.transport.close()

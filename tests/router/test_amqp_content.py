@@ -195,6 +195,25 @@ def test_frame_max_follows_tune_ok():
     open_channel(conn, 1)
     conn.receive_data(raw_frame(3, 1, b"x" * (4096 + 1)))
     assert hard(conn, 501) and conn.is_closed
+    # the socket is left to the client a moment (client.py), so the rest of the frame it is
+    # still writing does not reset the connection before it reads our close (the Java
+    # client's FrameMax rejectExceedingFrameMax)
+    assert conn.linger_on_close
+
+
+def test_before_tune_ok_frames_are_limited_to_4096_octets():
+    """Spec 4.2.3 and RabbitMQ (rabbit_reader's initial frame_max): until tune-ok a peer
+    may send no frame over 4096 octets; Shoal read one of its own frame_max (the Java
+    client's FrameMax ``rejectLargeFramesDuringConnectionNegotiation``)."""
+    from amqp_testkit import PROTOCOL_HEADER, make_conn, start_ok_plain
+    conn = make_conn()
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.data_to_send()
+    big = start_ok_plain()
+    big.client_properties["too_long"] = "x" * 4096
+    conn.receive_data(m(big))
+    close = hard(conn, 501)
+    assert close.reply_text.endswith("is larger than frame_max 4096")
 
 
 def test_message_larger_than_max_size_is_soft_406_and_body_discarded():

@@ -312,7 +312,7 @@ def test_client_close_is_answered_and_ends_the_connection():
     events = conn.receive_data(m(commands.Connection.Close(200, "bye", 0, 0)))
     assert [type(e) for e in events] == [ConnectionClosed] and events[0].reply_code == 200
     assert isinstance(methods(conn)[-1][1], commands.Connection.CloseOk)
-    assert conn.is_closed and conn.closed_by_client   # the client closes the socket
+    assert conn.is_closed and conn.linger_on_close   # the client closes the socket
     assert conn.receive_data(m(commands.Channel.Open(), 1)) == []
     assert conn.receive_data(b"") == []
 
@@ -331,7 +331,7 @@ def test_server_close_waits_for_close_ok_and_ignores_other_input():
     assert conn.data_to_send() == b""
     [ev] = conn.receive_data(m(commands.Connection.CloseOk()))
     assert ev == ConnectionClosed(320, "CONNECTION_FORCED - broker shutdown")
-    assert conn.is_closed and not conn.closed_by_client    # ours to close at once
+    assert conn.is_closed and not conn.linger_on_close    # ours to close at once
 
 
 def test_crossing_closes():
