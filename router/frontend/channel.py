@@ -197,10 +197,11 @@ class Channel:
         header = ev.header
         if header[12] & 0x01 or header[13] & 0x10:      # expiration or user_id (inline
             publish_rules.check(header, acc, self.USER_ID_REFUSAL)   # publish_rules.announced)
-        if self.SENDER_SELECTED and b"CC" in ev.header:
-            also, ev.header = header_routes(ev.header)
+        if b"CC" in header and self.SENDER_SELECTED:
+            also, header = header_routes(header)
+            ev.header = header
         queues = b.topology.route(self.vhost, ev.exchange, ev.routing_key,
-                                  None, ev.header, also)  # headers decoded once, if needed
+                                  None, header, also)  # headers decoded once, if needed
         if self.tx is not None:
             self.tx.publishes.append((ev, queues))
             return
