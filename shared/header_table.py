@@ -75,17 +75,30 @@ def split_array(raw: bytes) -> list[bytes]:
     return out
 
 
+def array_items(value: bytes) -> list[bytes] | None:
+    """The items (type octet and value each) of a field value given as its type octet and
+    value, when that is an array ('A'); None for any other value, or an array that does not
+    parse."""
+    if value[:1] != b"A":
+        return None
+    try:
+        return split_array(value[5:5 + _U32.unpack_from(value, 1)[0]])
+    except (IndexError, ValueError, struct.error):
+        return None
+
+
+def array_of(items: list[bytes]) -> bytes:
+    """A field array ('A', length, items) of items already encoded (type octet and value)."""
+    data = b"".join(items)
+    return b"A" + _U32.pack(len(data)) + data
+
+
 def array_strings(value: bytes) -> list[str]:
     """The long-string items ('S') of a field value given as its type octet and value, when
     that is an array ('A'); other items are left out. [] for any other value, or an array
     that does not parse."""
-    if value[:1] != b"A":
-        return []
-    try:
-        items = split_array(value[5:5 + _U32.unpack_from(value, 1)[0]])
-    except (IndexError, ValueError, struct.error):
-        return []
-    return [item[5:].decode("utf-8", "replace") for item in items if item[:1] == b"S"]
+    return [item[5:].decode("utf-8", "replace") for item in array_items(value) or ()
+            if item[:1] == b"S"]
 
 
 def typed(value: Any) -> bytes:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import struct
 from typing import Any
 
 from pamqp import decode
@@ -29,8 +28,8 @@ from pamqp.commands import Basic
 
 from shoal.shared.wire import TAG_REPUBLISH
 
-from shoal.shared.header_table import (Long, array_strings, raw_headers, splice_headers,
-                                      split_array, typed)
+from shoal.shared.header_table import (Long, array_items, array_of, array_strings,
+                                      raw_headers, splice_headers, typed)
 from shoal.node.queues.message import encode_header, parse_properties
 from shoal.node.queues.paging import body_bytes
 
@@ -38,7 +37,6 @@ log = logging.getLogger("shoal.node")
 
 _FIRST_DEATH_KEYS = ("x-first-death-reason", "x-first-death-queue", "x-first-death-exchange")
 _CC = frozenset(("CC",))
-_U32 = struct.Struct(">I")
 
 
 def _text(v: Any) -> Any:
@@ -95,7 +93,7 @@ def dead_letter_header(header: bytes, body_size: int, queue: str, reason: str,
             found["original-expiration"] = props.expiration
     deaths.insert(0, found)
     added: dict[str, Any] = {"x-death": [_death(d) for d in deaths] if kept is None else
-                             _array([typed(_death(found)), *kept])}
+                             array_of([typed(_death(found)), *kept])}
     if "x-first-death-reason" not in headers:
         added.update(zip(_FIRST_DEATH_KEYS, (reason, queue, exchange)))
     props.expiration = None
@@ -109,19 +107,8 @@ def _raw_deaths(header: bytes, decoded: Any) -> list[bytes] | None:
     int stays one; the count Shoal writes is a long)."""
     if not isinstance(decoded, list) or not all(isinstance(d, dict) for d in decoded):
         return None
-    raw = dict(raw_headers(header) or ()).get("x-death")
-    if raw is None or raw[:1] != b"A":
-        return None
-    try:
-        items = split_array(raw[5:5 + _U32.unpack_from(raw, 1)[0]])
-    except (IndexError, ValueError, struct.error):
-        return None
-    return items if len(items) == len(decoded) else None
-
-
-def _array(items: list[bytes]) -> bytes:
-    data = b"".join(items)
-    return b"A" + _U32.pack(len(data)) + data
+    items = array_items(dict(raw_headers(header) or ()).get("x-death", b""))
+    return items if items is not None and len(items) == len(decoded) else None
 
 
 def delivery_count_header(header: bytes, body_size: int, count: int) -> bytes:
