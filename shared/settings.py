@@ -169,6 +169,9 @@ class Settings:
     #: a queue keeps in memory; later bodies go to page files beside the journal (RabbitMQ's
     #: paging; a queue's own ``x-max-in-memory-bytes``, or ``x-queue-mode: lazy`` = 0, wins)
     max_output_buffer: int = 4 * 1024 * 1024  #: bytes unflushed per client before pausing
+    send_timeout: int = 30000                #: ms a client may leave what it is sent unread
+    #: (the kernel taking none of it) before its connection is reset (RabbitMQ's
+    #: ``tcp_listen_options.send_timeout``, Ranch's default; router/frontend/send_timeout.py)
     management_port: int = 15672             #: router: the management HTTP API (RabbitMQ's
     #: port; 0 = off); routers on one host share it as they share the AMQP port
     prometheus_port: int = 15692             #: router: Prometheus metrics at /metrics
@@ -227,7 +230,7 @@ class Settings:
                 self.consumer_max_per_channel < 0:
             raise bad("consumer_max_per_channel", "must be 0 (no limit) or a positive integer")
         for name in ("link_heartbeat_ms", "max_output_buffer",
-                     "handshake_timeout"):
+                     "handshake_timeout", "send_timeout"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise bad(name, "must be a positive integer")
         check_keys(self)

@@ -30,6 +30,7 @@ from shoal.router.broker import Broker
 from shoal.router.frontend.admission import is_loopback, refuse_channel, refuse_connection
 from shoal.router.frontend.amqp10_links import LinkChannel, PublishLink, condition
 from shoal.router.frontend.amqp10_management import Half
+from shoal.router.frontend.send_timeout import SendClock, reset
 from shoal.router.frontend.tls import peer_identity
 
 log = logging.getLogger("shoal.router.frontend.amqp10")
@@ -76,6 +77,7 @@ class AMQP10Connection(asyncio.Protocol):
         self._counted: tuple[str, str] | None = None
         self._done = False
         self._close_timer: asyncio.TimerHandle | None = None
+        self._send_clock = SendClock()  #: what we wrote and the client did not read
         peer = transport.get_extra_info("peername")
         local = transport.get_extra_info("sockname")
         self.peer = tuple(peer[:2]) if isinstance(peer, tuple) else ("?", 0)
@@ -255,6 +257,7 @@ class AMQP10Connection(asyncio.Protocol):
         data = self.engine.data_to_send()
         if data and not self.transport.is_closing():
             self.transport.write(data)
+            self._send_clock.written += len(data)
         if self.engine.closed:
             self._teardown()
             if not self.transport.is_closing():
@@ -272,6 +275,13 @@ class AMQP10Connection(asyncio.Protocol):
         """The idle clock at ``now``; returns the seconds to its next tick this connection
         needs (half the peer's idle time-out), or None."""
         if self._done:
+            return None
+        if self.transport is not None and self._send_clock.timed_out(
+                self.transport, now, self.broker.settings.send_timeout / 1000):
+            log.warning("closing AMQP 1.0 connection %s: it read nothing of what it was "
+                        "sent for %d ms (send_timeout)", self.owner,
+                        self.broker.settings.send_timeout)
+            reset(self.transport)
             return None
         self._handle(self.engine.tick(now))
         self.flush()

@@ -19,6 +19,7 @@ from shoal.router.access.users import VhostAccess
 from shoal.router.amqp.connection import AMQPConnection
 from shoal.router.frontend.admission import is_loopback, refuse_channel, refuse_connection
 from shoal.router.frontend.amqp10_client import AMQP10Connection
+from shoal.router.frontend.send_timeout import SendClock, reset
 from shoal.router.frontend.tls import peer_identity
 from shoal.router.broker import Broker
 from shoal.router.frontend.channel import Channel
@@ -69,8 +70,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._congestion_paused = False  #: reading paused by set_reading(False)
         self._alarm_paused = False  #: a publisher not read while the broker is blocked
         self._turn_paused = False        #: reading paused until the next loop turn
-        #: (since when, write buffer size then) while our writes wait on the client's reads
-        self._stalled: tuple[float, int] | None = None
+        self._send_clock = SendClock()  #: what we wrote and the client did not read
         # READ_START bytes per connection; READ_MAX only for publishers of large messages
         # (thousands of idle or small-message connections must stay cheap).
         self._rbuf = memoryview(bytearray(READ_START))
@@ -196,26 +196,11 @@ class ClientConnection(asyncio.BufferedProtocol):
     def pause_writing(self) -> None:
         for ch in self.channels.values():
             ch.pool.paused = True
-        self._stalled = (time.monotonic(), self.transport.get_write_buffer_size())
 
     def resume_writing(self) -> None:
-        self._stalled = None
         for ch in self.channels.values():
             ch.pool.paused = False
             self.broker.replenish_channel(ch)
-
-    def _send_timed_out(self, now: float) -> bool:
-        """Whether what we write has waited :data:`SEND_TIMEOUT_S` with the client reading
-        none of it: RabbitMQ's sockets (Ranch's ``send_timeout``, ``send_timeout_close``)
-        close when one send blocks that long, so a client that stopped reading is dropped
-        and its deliveries go back to their queues (the Java client's
-        NoAutoRecoveryWhenTcpWindowIsFullTest then recovers)."""
-        since, size = self._stalled
-        now_size = self.transport.get_write_buffer_size()
-        if now_size < size:                 # the client read some: a new wait starts
-            self._stalled = (now, now_size)
-            return False
-        return now - since >= SEND_TIMEOUT_S
 
     # ---- events ------------------------------------------------------------------------------
     def _handle(self, events: list) -> None:
@@ -303,6 +288,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         data = self.amqp.data_to_send()
         if data and not self.transport.is_closing():
             self.transport.write(data)
+            self._send_clock.written += len(data)
         if self.amqp.is_closed:
             self._teardown()
             if not self.transport.is_closing() and self._linger is None:
@@ -328,10 +314,11 @@ class ClientConnection(asyncio.BufferedProtocol):
             return None
         if self._alarm_paused or self._congestion_paused:
             self.amqp.mark_received()     # our pause, not the client's silence
-        if self._stalled is not None and self._send_timed_out(now):
+        if self._send_clock.timed_out(self.transport, now,
+                                      self._settings.send_timeout / 1000):
             log.warning("closing connection %s: it read nothing of what it was sent for "
-                        "%d s (send timeout)", self.owner, SEND_TIMEOUT_S)
-            self.transport.abort()
+                        "%d ms (send_timeout)", self.owner, self._settings.send_timeout)
+            reset(self.transport)
             return None
         self._handle(self.amqp.tick(now))
         self.flush()
@@ -361,9 +348,6 @@ class ClientConnection(asyncio.BufferedProtocol):
 
 #: the heartbeat clock's longest and shortest period (s)
 TICK_S, MIN_TICK_S = 1.0, 0.1
-#: how long (s) a client may leave what it is sent unread before it is dropped (Ranch's
-#: default ``send_timeout`` under RabbitMQ)
-SEND_TIMEOUT_S = 30
 
 
 async def heartbeat_loop(broker: Broker) -> None:
