@@ -6,6 +6,7 @@ slowly keeps its connection. The RabbitMQ Java client's NoAutoRecoveryWhenTcpWin
 recovers only once that reset comes (router/frontend/send_timeout.py)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 import time
@@ -110,3 +111,28 @@ def test_a_consumer_that_reads_slowly_keeps_its_connection(quick, uid):
         sock.close()
     finally:
         producer.close()
+
+
+def test_an_amqp10_receiver_that_reads_nothing_is_dropped_and_its_deliveries_requeued(
+        quick, uid):
+    """The same over AMQP 1.0 (RabbitMQ 4's listener is the same Ranch socket): a proton
+    receiver with credit for every message, whose socket is never read again (proton reads
+    only inside its own calls)."""
+    from proton.utils import BlockingConnection
+
+    from .amqp10.helpers import amqp10_url, queue_addr, recv
+    queue = f"send-timeout-10-{uid}"
+    producer = _fill(quick.url, queue)
+    c = BlockingConnection(amqp10_url(quick), timeout=3, allowed_mechs="PLAIN")
+    try:
+        ch = producer.channel()
+        recv(c, queue_addr(queue), credit=MESSAGES)
+        deadline = time.monotonic() + 15
+        while ch.queue_declare(queue, passive=True).method.message_count == MESSAGES:
+            assert time.monotonic() < deadline, "nothing was delivered"
+            time.sleep(0.1)
+        assert _ready(ch, queue, MESSAGES, 30) == MESSAGES
+    finally:
+        producer.close()
+        with contextlib.suppress(Exception):    # reset under it: proton's close may time out
+            c.close()
