@@ -30,7 +30,7 @@ from shoal.router.broker import Broker
 from shoal.router.frontend.admission import is_loopback, refuse_channel, refuse_connection
 from shoal.router.frontend.amqp10_links import LinkChannel, PublishLink, condition
 from shoal.router.frontend.amqp10_management import Half
-from shoal.router.frontend.send_timeout import SendClock, reset
+from shoal.router.frontend.send_timeout import SendClock
 from shoal.router.frontend.tls import peer_identity
 
 log = logging.getLogger("shoal.router.frontend.amqp10")
@@ -276,12 +276,8 @@ class AMQP10Connection(asyncio.Protocol):
         needs (half the peer's idle time-out), or None."""
         if self._done:
             return None
-        if self.transport is not None and self._send_clock.timed_out(
-                self.transport, now, self.broker.settings.send_timeout / 1000):
-            log.warning("closing AMQP 1.0 connection %s: it read nothing of what it was "
-                        "sent for %d ms (send_timeout)", self.owner,
-                        self.broker.settings.send_timeout)
-            reset(self.transport)
+        if self.transport is not None and self._send_clock.reset_if_timed_out(
+                self.transport, now, self.broker.settings.send_timeout, self.owner):
             return None
         self._handle(self.engine.tick(now))
         self.flush()

@@ -19,7 +19,7 @@ from shoal.router.access.users import VhostAccess
 from shoal.router.amqp.connection import AMQPConnection
 from shoal.router.frontend.admission import is_loopback, refuse_channel, refuse_connection
 from shoal.router.frontend.amqp10_client import AMQP10Connection
-from shoal.router.frontend.send_timeout import SendClock, reset
+from shoal.router.frontend.send_timeout import SendClock
 from shoal.router.frontend.tls import peer_identity
 from shoal.router.broker import Broker
 from shoal.router.frontend.channel import Channel
@@ -314,11 +314,8 @@ class ClientConnection(asyncio.BufferedProtocol):
             return None
         if self._alarm_paused or self._congestion_paused:
             self.amqp.mark_received()     # our pause, not the client's silence
-        if self._send_clock.timed_out(self.transport, now,
-                                      self._settings.send_timeout / 1000):
-            log.warning("closing connection %s: it read nothing of what it was sent for "
-                        "%d ms (send_timeout)", self.owner, self._settings.send_timeout)
-            reset(self.transport)
+        if self._send_clock.reset_if_timed_out(self.transport, now,
+                                               self._settings.send_timeout, self.owner):
             return None
         self._handle(self.amqp.tick(now))
         self.flush()

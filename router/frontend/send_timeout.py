@@ -19,10 +19,13 @@ buffer, so there a client must read that much within 30 s.)
 from __future__ import annotations
 
 import fcntl
+import logging
 import socket
 import struct
 import termios
 from typing import Any
+
+log = logging.getLogger("shoal.router.frontend.send_timeout")
 
 #: SO_LINGER on, 0 s: close() resets the connection and drops what the kernel still holds
 _LINGER_RESET = struct.pack("ii", 1, 0)
@@ -56,6 +59,17 @@ class SendClock:
             return False
         self._unread = unread
         return now - self._since >= limit_s
+
+    def reset_if_timed_out(self, transport: Any, now: float, send_timeout_ms: int,
+                           who: str) -> bool:
+        """:meth:`timed_out` for ``send_timeout_ms`` (the setting); if so, log it for
+        connection ``who`` and :func:`reset` ``transport``. Returns whether it did."""
+        if not self.timed_out(transport, now, send_timeout_ms / 1000):
+            return False
+        log.warning("closing connection %s: it read nothing of what it was sent for %d ms "
+                    "(send_timeout)", who, send_timeout_ms)
+        reset(transport)
+        return True
 
 
 def kernel_unread(transport: Any) -> int:

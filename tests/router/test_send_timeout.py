@@ -101,3 +101,11 @@ def test_reset_sets_linger_zero_then_aborts():
     reset(t)
     assert t.aborted
     assert kernel_unread(t) == 0
+
+
+def test_reset_if_timed_out_resets_only_past_the_setting():
+    clock, t = SendClock(), Transport(1_000)
+    clock.written = 1_000
+    assert not clock.reset_if_timed_out(t, 0.0, 1500, "c1")
+    assert not clock.reset_if_timed_out(t, 1.4, 1500, "c1") and not t.aborted
+    assert clock.reset_if_timed_out(t, 1.5, 1500, "c1") and t.aborted
