@@ -351,6 +351,8 @@ class Broker:
             if link.up:
                 if msg[3]:
                     self.stats["drains"] += 1
+                    if not msg[2] and self.leases.holds(c):     # credit asked back: the
+                        self.leases.end_for(c.target.vhost, (c.queue,))  # node decides
                 # Credit for a consumer that still holds some can wait a moment for company;
                 # a starved one (or a pull) gets it at once.
                 if c.granted > msg[2] and not msg[3]:
@@ -361,7 +363,7 @@ class Broker:
             self.leases.retry()
 
     def replenish_channel(self, ch: BrokerChannel) -> None:
-        for t in list(ch.pool.targets.values()):
+        for t in credit.in_turn(ch.pool):
             self.replenish(ch, t)
 
     def cancel_consumer(self, ch: BrokerChannel, t: ConsumerTarget) -> list[asyncio.Future]:

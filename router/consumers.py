@@ -39,7 +39,9 @@ Unlimited prefetch (0) and ``no_ack`` consumers get standing credit in chunks of
 :data:`CHUNK`, topped up below :data:`LOW_WATER` after each delivery (Channel.deliver: a
 consumer that acks nothing still gets the whole queue), and nothing while the client socket is
 backed up (``pool.paused``). Lowering ``prefetch_count`` applies to credit granted afterwards;
-deliveries already granted under the old value still arrive (as in RabbitMQ).
+deliveries already granted under the old value still arrive (as in RabbitMQ). A ``global``
+limit set or lowered under credit already granted takes that credit back (:func:`_reclaim`),
+as RabbitMQ's channel limiter holds every consumer of the channel from its next delivery.
 """
 from __future__ import annotations
 
@@ -135,6 +137,7 @@ class CreditPool:
     unacked: int = 0            #: unacked deliveries of the channel's consumers
     paused: bool = False        #: client socket backed up: grant nothing
     targets: dict[str, ConsumerTarget] = field(default_factory=dict)  # by tag, in order
+    rr: int = 0                 #: the consumer tag :func:`in_turn` starts from next
 
     @property
     def granted(self) -> int:
@@ -173,6 +176,21 @@ def credit_messages(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
     return _pull(pool, t)
 
 
+def in_turn(pool: CreditPool) -> list[ConsumerTarget]:
+    """The channel's consumer tags in the order their credit is topped up: as declared, or,
+    under a ``global`` limit, round robin from one call to the next. The limit's room then
+    goes to each tag with work in turn, not always to the first (RabbitMQ's limiter serves
+    the channel's consumers in turn: the Java client's QosTests.fairness and
+    singleChannelAndQueueFairness, one tag per queue or two tags on one queue under
+    ``global`` 1)."""
+    targets = list(pool.targets.values())
+    if pool.global_prefetch and len(targets) > 1:
+        k = pool.rr % len(targets)
+        pool.rr = k + 1
+        targets = targets[k:] + targets[:k]
+    return targets
+
+
 def room(pool: CreditPool, t: ConsumerTarget) -> int:
     """How many more deliveries ``t`` may be granted without breaking the invariant."""
     if type(t) is LinkTarget:
@@ -192,6 +210,8 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
             c.interest_sent = True
             out.append((c, [TAG_CREDIT, c.consumer_id, 0, False]))
     free = room(pool, t)
+    if free < 0 and pool.global_prefetch:
+        return out + _reclaim(t)
     if free <= 0:
         return out
     limit = t.credit if type(t) is LinkTarget else pool.prefetch_count or pool.global_prefetch
@@ -220,6 +240,24 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
         c.draining = True
         c.has_work = False
         out.append((c, [TAG_CREDIT, c.consumer_id, grant, True]))
+    return out
+
+
+def _reclaim(t: ConsumerTarget) -> list[Grant]:
+    """A channel's global limit set or lowered below what its consumers hold (their standing
+    credit from before it, say): ask it back, a drain of 0 to each consumer holding credit
+    and not draining already. Its node delivers nothing more on it (what is on the way still
+    arrives) and returns the rest with CREDIT_DRAINED; the pull then grants within the new
+    limit. The limit is the channel's (spec 1.8.3.13, ``global``): RabbitMQ's limiter
+    applies it to the next delivery of every consumer on the channel."""
+    out: list[Grant] = []
+    for c in t.consumers:
+        if c.granted > 0 and not c.draining and not c.registering:
+            c.draining = True
+            c.last_grant = 0
+            t.turns += 1
+            c.turn = t.turns
+            out.append((c, [TAG_CREDIT, c.consumer_id, 0, True]))
     return out
 
 

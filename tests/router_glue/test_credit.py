@@ -269,3 +269,68 @@ def test_a_fast_queue_gets_one_grant_ahead_of_a_slow_ones_outstanding_drain_not_
     again = credit.credit_messages(pool, t)
     assert {g[0].queue for g in again} >= {"q1", "q2"}
     assert t.unacked + t.granted <= 5
+
+
+def test_a_global_limit_set_after_consume_takes_back_the_standing_credit():
+    """``basic.qos global`` after ``basic.consume`` (the RabbitMQ Java client's
+    QosTests.setLimitAfterConsume): the credit granted without a limit is drained back, and
+    from then on the channel's consumers hold at most the limit; parity scenario
+    ``global_qos_after_consume`` checks the same against RabbitMQ."""
+    pool = CreditPool()
+    node = ModelNode("node-0")
+    t = ConsumerTarget("tag", 1, "/", False)
+    c = Consumer(1, "q", "node-0", t)
+    t.consumers.append(c)
+    pool.targets[t.tag] = t
+    node.queues["q"] = deque()
+    node.queue_of[1] = "q"
+    unacked = []
+
+    def grant():
+        node.inbox.extend(msg for _, msg in credit.credit_messages(pool, t))
+
+    def settle_links():
+        while node.inbox or node.outbox:
+            if node.inbox:
+                node.step()
+                continue
+            msg = node.outbox.popleft()
+            if msg[0] == T.DELIVER:
+                credit.on_delivered(pool, c)
+                unacked.append(msg[2])
+            elif msg[0] == T.WORK:
+                credit.on_work(c)
+            elif msg[0] == T.CREDIT_DRAINED:
+                credit.on_drained(c, msg[2])
+            grant()
+
+    grant()
+    settle_links()
+    assert c.granted == credit.CHUNK           # standing credit, no limit
+    pool.global_prefetch = 1
+    asked = credit.credit_messages(pool, t)
+    assert [m for _, m in asked if m[3]] == [[T.CREDIT, 1, 0, True]]   # asked back
+    node.inbox.extend(m for _, m in asked)
+    settle_links()
+    assert c.granted + pool.unacked <= 1
+    node.queues["q"].extend([10, 11, 12])
+    node.notify("q")
+    settle_links()
+    assert unacked == [10]
+    credit.on_settled(pool, c)
+    unacked.clear()
+    grant()
+    settle_links()
+    assert unacked == [11]
+    assert c.granted + pool.unacked <= 1
+
+
+def test_under_a_global_limit_the_channels_tags_take_turns():
+    pool = CreditPool()
+    for tag in ("a", "b", "c"):
+        pool.targets[tag] = ConsumerTarget(tag, 1, "/", False)
+    assert [t.tag for t in credit.in_turn(pool)] == ["a", "b", "c"]     # no global limit
+    assert [t.tag for t in credit.in_turn(pool)] == ["a", "b", "c"]
+    pool.global_prefetch = 1
+    firsts = [credit.in_turn(pool)[0].tag for _ in range(4)]
+    assert firsts == ["a", "b", "c", "a"]
