@@ -151,6 +151,10 @@ def render(res: dict, shoal_label: str) -> str:
             f"**{sm['cpu_pairs']['median']}** {sm['cpu_pairs']['ratios']} | "
             f"{s['p99_ms']} / {r['p99_ms']} | **{sm['p99_pairs']['median']}** | "
             f"{sm['p99_s_pairs']['median']} | {s['rss_mb']} / {r['rss_mb']} | {rate_cell} |")
+    for shape, rate in res.get("rates", {}).items():     # searched, not run at a fixed rate
+        if shape not in res["shapes"]:
+            rows.append(f"| {shape}: {SHAPES[shape][0]} | - | - | - | - | - | - | "
+                        f"{rate.get(shoal_label)} / {rate.get('RabbitMQ')} |")
     return "\n".join(rows)
 
 
