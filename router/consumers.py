@@ -246,9 +246,10 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
 def _reclaim(t: ConsumerTarget) -> list[Grant]:
     """A channel's global limit set or lowered below what its consumers hold (their standing
     credit from before it, say): ask it back, a drain of 0 to each consumer holding credit
-    and not draining already. Its node delivers nothing more on it (what is on the way still
-    arrives) and returns the rest with CREDIT_DRAINED; the pull then grants within the new
-    limit. The limit is the channel's (spec 1.8.3.13, ``global``): RabbitMQ's limiter
+    and not draining already. Its node uses that credit on the messages it has ready then,
+    as it would have anyway, and returns the rest with CREDIT_DRAINED (no later message is
+    delivered on it); the pull then grants within the new limit. So the limit holds from
+    the deliveries after those, as RabbitMQ's "eventually" (the Java client's QosTests). The limit is the channel's (spec 1.8.3.13, ``global``): RabbitMQ's limiter
     applies it to the next delivery of every consumer on the channel."""
     out: list[Grant] = []
     for c in t.consumers:

@@ -16,6 +16,14 @@ def _pump(c, done, limit: float = 3.0) -> None:
         c.process_data_events(0.05)
 
 
+def _acking(counts: dict, key: str):
+    """A pika delivery callback that counts under ``key`` and acks at once."""
+    def deliver(chan, m, _p, _b):
+        counts[key] += 1
+        chan.basic_ack(m.delivery_tag)
+    return deliver
+
+
 @scenario
 def global_qos_after_consume(rec: Rec) -> None:
     """A channel's ``global`` prefetch set after ``basic.consume`` holds its consumers from
@@ -83,14 +91,8 @@ def global_qos_fairness(rec: Rec) -> None:
     q = rec.q("fair")
     ch.queue_declare(q)
     counts = {"c1": 0, "c2": 0}
-
-    def on(tag):
-        def deliver(chan, m, _p, _b):
-            counts[tag] += 1
-            chan.basic_ack(m.delivery_tag)
-        return deliver
     for tag in counts:
-        ch.basic_consume(q, on(tag), consumer_tag=tag)
+        ch.basic_consume(q, _acking(counts, tag), consumer_tag=tag)
     for _ in range(10):
         pub.basic_publish("", q, b"x")
     _pump(c, lambda: sum(counts.values()) >= 10)
@@ -101,18 +103,12 @@ def global_qos_fairness(rec: Rec) -> None:
     ch3.basic_qos(prefetch_count=1, global_qos=True)
     qs = [rec.q(f"fair-{i}") for i in range(3)]
     got = {qn: 0 for qn in qs}
-
-    def by_queue(qn):
-        def deliver(chan, m, _p, _b):
-            got[qn] += 1
-            chan.basic_ack(m.delivery_tag)
-        return deliver
     for qn in qs:
         ch3.queue_declare(qn)
         for _ in range(30):
             pub.basic_publish("", qn, b"y")
     for qn in qs:
-        ch3.basic_consume(qn, by_queue(qn))
+        ch3.basic_consume(qn, _acking(got, qn))
     _pump(c, lambda: sum(got.values()) >= 30)
     ch3.close()
     rec.add("three queues, 30 deliveries: every queue served", all(got.values()))
