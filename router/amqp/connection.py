@@ -35,7 +35,8 @@ from shoal.router.amqp.frame_rules import (CHANNEL as TO_CHANNEL, CONNECTION as 
                                            method_id, route_method)
 from shoal.router.amqp.framing import (FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD,
                                        FRAME_MIN_SIZE, FRAME_TYPES, HEARTBEAT_FRAME,
-                                       PROTOCOL_HEADER, decode_method, method_frame,
+                                       ACCEPTED_HEADERS, PROTOCOL_HEADER, decode_method,
+                                       method_frame,
                                        frame_limit, payload_limit, unpack_frame_header)
 from shoal.router.amqp.handshake import LOCALES, server_properties as default_server_properties
 from shoal.router.amqp.liveness import HEARTBEAT, Liveness
@@ -213,11 +214,13 @@ class AMQPConnection:
         return events
 
     def _protocol_header(self, data: bytes) -> list:
-        """Spec 4.2.2: the 8-octet protocol header, possibly in pieces. On a mismatch (as soon
-        as the prefix differs) answer with our header and close."""
+        """Spec 4.2.2: the 8-octet protocol header, possibly in pieces: 0-9-1's, or 0-9's
+        (framing.ACCEPTED_HEADERS). On a mismatch (as soon as the prefix differs from both)
+        answer with our header and close."""
         got = b"".join(self._chunks) + data if self._chunks else data
         size = len(PROTOCOL_HEADER)
-        if got[:size] != PROTOCOL_HEADER[:len(got)]:
+        head = got[:size]
+        if not any(head == h[:len(head)] for h in ACCEPTED_HEADERS):
             self._write(PROTOCOL_HEADER)
             return self._drop(FRAME_ERROR, "FRAME_ERROR - bad protocol header "
                                            f"{got[:size]!r}, expected AMQP 0-9-1")

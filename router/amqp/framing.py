@@ -45,6 +45,10 @@ FRAME_MIN_SIZE = 4096
 
 #: spec 4.2.2: what a 0-9-1 client sends first, and what we answer a bad header with.
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+#: the headers served as 0-9-1: its own, and AMQP 0-9's ``AMQP 1 1 0 9``, which RabbitMQ
+#: serves as 0-9-1 too (rabbit_reader ``handshake({1, 1, 0, 9})``; Perl's
+#: AnyEvent::RabbitMQ sends it). 0-8's headers are refused: Shoal speaks no 0-8.
+ACCEPTED_HEADERS = (PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09")
 
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 

@@ -128,9 +128,10 @@ class RawAMQP:
 
     # -- protocol steps
     def handshake(self, user: str = "guest", password: str = "guest", vhost: str = "/",
-                  heartbeat: int = 0):
-        """Protocol header .. connection.open-ok. Returns the connection.tune received."""
-        self.send(PROTOCOL_HEADER)
+                  heartbeat: int = 0, header: bytes = PROTOCOL_HEADER):
+        """Protocol header (``header``, 0-9-1's unless told) .. connection.open. Returns the
+        connection.tune received."""
+        self.send(header)
         start = self.expect(commands.Connection.Start, 0)
         assert b"PLAIN" in start.mechanisms.encode() if isinstance(start.mechanisms, str) \
             else b"PLAIN" in start.mechanisms

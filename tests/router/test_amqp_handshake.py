@@ -209,7 +209,21 @@ def test_protocol_header_with_following_frames_in_one_chunk():
     assert isinstance(out[1][1], commands.Connection.Tune)
 
 
-@pytest.mark.parametrize("data", [b"AMQP\x00\x00\x08\x00", b"AMQP\x01\x01\x00\x09",
+def test_the_amqp_0_9_header_is_served_as_0_9_1_as_rabbitmq_does():
+    """``AMQP 1 1 0 9`` (AMQP 0-9; Perl's AnyEvent::RabbitMQ): RabbitMQ's rabbit_reader
+    serves it as 0-9-1, and so does Shoal (parity scenario protocol_header_amqp_0_9)."""
+    conn = make_conn()
+    for byte in b"AMQP\x01\x01\x00":
+        assert conn.receive_data(bytes([byte])) == []
+    conn.receive_data(b"\x09" + m(start_ok_plain()))
+    out = methods(conn)
+    assert isinstance(out[0][1], commands.Connection.Start)
+    assert (out[0][1].version_major, out[0][1].version_minor) == (0, 9)
+    assert isinstance(out[1][1], commands.Connection.Tune)
+
+
+@pytest.mark.parametrize("data", [b"AMQP\x00\x00\x08\x00", b"AMQP\x01\x01\x08\x00",
+                                  b"AMQP\x01\x01\x09\x01", b"AMQP\x00\x00\x09\x02",
                                   b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x00" * 8, b"XYZ"])
 def test_bad_protocol_header_is_answered_with_ours_and_closed(data):
     conn = make_conn()

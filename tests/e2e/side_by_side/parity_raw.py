@@ -433,6 +433,29 @@ def protocol_header_errors(rec: Rec) -> None:
 
 
 @scenario
+def protocol_header_amqp_0_9(rec: Rec) -> None:
+    """AMQP 0-9's header ``AMQP 1 1 0 9`` (Perl's AnyEvent::RabbitMQ sends it): RabbitMQ
+    serves it as 0-9-1 (rabbit_reader), with the same connection.start; Shoal answered with
+    its own header and closed until the session of 2026-11-30, sixth."""
+    hdr = b"AMQP\x01\x01\x00\x09"
+    r = rec.raw(open_=False)
+    r.send(hdr)
+    try:
+        _, start = r.read_frame(3.0)
+        rec.add("first frame", type(start).__name__, getattr(start, "version_major", None),
+                getattr(start, "version_minor", None))
+    except Closed:
+        rec.add("first frame", "socket-closed")
+    r.close()
+    try:
+        r = rec.raw(header=hdr)
+        r.open_channel(1)
+        rec.add("opened, channel 1 open")
+    except (AssertionError, Closed) as e:
+        rec.add("open", type(e).__name__)
+
+
+@scenario
 def protocol_header_amqp_0_8(rec: Rec) -> None:
     """The AMQP 0-8 header ``AMQP 1 1 8 0``: RabbitMQ still speaks 0-8 (it answers with a
     0-8 connection.start); a 0-9-1-only broker answers with its header and closes."""
