@@ -13,7 +13,8 @@ from shoal.shared.errors import (CHANNEL_ERROR, COMMAND_INVALID, FRAME_ERROR, NO
                                  AMQPError, hard_error, soft_error)
 
 from shoal.router.amqp import fastpath
-from shoal.router.amqp.events import ChannelClosed, ChannelOpened, MessagePublished, MethodReceived
+from shoal.router.amqp.events import (ChannelClosed, ChannelCloseRequested, ChannelOpened,
+                                      MessagePublished, MethodReceived)
 from shoal.router.amqp.framing import channel_open_ok, decode_method, method_frame
 from shoal.router.amqp.methods import (BASIC_CANCEL_OK, CHANNEL_CLOSE, CHANNEL_CLOSE_OK,
                                        CHANNEL_FLOW, CHANNEL_FLOW_OK, CHANNEL_OPEN,
@@ -37,7 +38,7 @@ class Channel:
     """An open channel: ``state`` (:class:`ChannelState`), the ``channel.flow`` flag, and the
     ``basic.publish`` being assembled (its fields, header payload, body parts, octets left)."""
     __slots__ = ("state", "flow_active", "exchange", "routing_key", "mandatory", "immediate",
-                 "header", "body", "remaining")
+                 "header", "body", "remaining", "client_closing")
 
     def __init__(self) -> None:
         self.state = OPEN
@@ -47,6 +48,8 @@ class Channel:
         self.header = b""
         self.body: list | None = None
         self.remaining = 0
+        #: the client's channel.close waits on earlier frames (ChannelCloseRequested)
+        self.client_closing = False
 
     def content_header(self, ch: int, buf: bytes, start: int, fend: int,
                        max_message_size: int) -> MessagePublished | None:
@@ -167,6 +170,13 @@ class ChannelTable:
             return
         if mid == CHANNEL_CLOSE:
             channel_next(ch, cstate, _CI.CLIENT_CLOSE)  # 505 while content is expected
+            if any(getattr(e, "channel", None) == ch for e in events):
+                # frames of this channel read before the close are not judged yet: answer
+                # once they are, so that an error of theirs comes first (answer_client_close)
+                chan.state = CLOSING
+                chan.client_closing = True
+                events.append(ChannelCloseRequested(ch))
+                return
             del channels[ch]
             self._write(method_frame(ch, commands.Channel.CloseOk()))
             events.append(ChannelClosed(ch))
@@ -194,13 +204,33 @@ class ChannelTable:
         else:
             raise hard_error(COMMAND_INVALID, f"{name(mid)} is not sent by clients")
 
+    def answer_client_close(self, ch: int) -> bool:
+        """Answer a client's ``channel.close`` held back by :meth:`method`
+        (ChannelCloseRequested): ``close-ok``. Returns True when the channel is gone now;
+        False when our own ``channel.close`` went out ahead of it (:meth:`server_close`),
+        which the client answers with ``close-ok`` (then ChannelClosed), as RabbitMQ."""
+        chan = self.channels.get(ch)
+        if chan is None:
+            return True
+        self._write(method_frame(ch, commands.Channel.CloseOk()))
+        if chan.client_closing:
+            del self.channels[ch]
+            return True
+        return False
+
     def server_close(self, ch: int, error: AMQPError) -> None:
         """Close channel ``ch`` for the soft ``error`` (spec 1.5.2.5 ``channel.close`` with
         its reply code and text and the failing method's ids): it goes CLOSING, forgets a
         partly received message and discards input until the client's ``close-ok``. Nothing
         happens when the channel is not open or already closing."""
         chan = self.channels.get(ch)
-        if chan is None or chan.state == CLOSING:
+        if chan is None:
+            return
+        if chan.state == CLOSING:
+            if chan.client_closing:     # ahead of the answer to the client's own close
+                chan.client_closing = False
+                self._write(close_frame(ch, CHANNEL_CLOSE, error.reply_code, error.reply_text,
+                                        error.class_id, error.method_id))
             return
         chan.state = channel_next(ch, chan.state, _CI.SERVER_CLOSE)
         chan.abandon_content()

@@ -383,6 +383,13 @@ class AMQPConnection:
         self._state = nxt
 
     # ------------------------------------------------------------------ errors and close
+    def answer_client_close(self, channel: int) -> bool:
+        """ChannelCloseRequested, once the frames before it were handled: ``close-ok``;
+        True when the channel is gone now (ChannelTable.answer_client_close)."""
+        if self._state in (_CONN_CLOSING, _CONN_CLOSED):
+            return True
+        return self._table.answer_client_close(channel)
+
     def fail(self, channel: int, error: AMQPError) -> None:
         """THE one converter of errors into closes (design.md section 7).
 

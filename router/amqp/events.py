@@ -36,6 +36,16 @@ class ChannelClosed:
 
 
 @dataclass(slots=True)
+class ChannelCloseRequested:
+    """The client's ``channel.close`` came behind frames of that channel read with it, which
+    the broker has yet to handle: once they are, it answers with
+    ``AMQPConnection.answer_client_close`` (so an error of theirs goes out first, as
+    RabbitMQ's channel process answers them in order), and the channel is gone when that
+    returns True (else at the client's close-ok: ChannelClosed)."""
+    channel: int
+
+
+@dataclass(slots=True)
 class MethodReceived:
     """Any other method on an open channel, as a pamqp frame object
     (``pamqp.commands.Queue.Declare``, ``Basic.Ack`` ...). ``basic.publish`` comes as

@@ -228,7 +228,8 @@ class ClientConnection(asyncio.BufferedProtocol):
                     ch.handle_method(ev.method)
             elif t is E.ChannelOpened:
                 self.channels[ev.channel] = Channel(self, ev.channel, self.broker)
-            elif t is E.ChannelClosed:
+            elif t is E.ChannelClosed or (t is E.ChannelCloseRequested
+                                          and self.amqp.answer_client_close(ev.channel)):
                 ch = self.channels.pop(ev.channel, None)
                 if ch is not None:
                     ch.close()

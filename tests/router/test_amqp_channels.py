@@ -100,6 +100,40 @@ def test_crossing_channel_closes():
     assert conn.receive_data(m(commands.Channel.CloseOk(), 1)) == [ChannelClosed(1)]
 
 
+def _publish(ch: int, exchange: str) -> bytes:
+    return (m(commands.Basic.Publish(exchange=exchange, routing_key="k"), ch)
+            + raw_frame(2, ch, struct.pack(">HHQH", 60, 0, 1, 0)) + raw_frame(3, ch, b"x"))
+
+
+def test_a_close_read_behind_a_publish_is_answered_after_the_publish_is_judged():
+    """A publish and the client's channel.close in one read (rabbitmq-c's amqp-publish):
+    the close waits for the broker's verdict on the publish (ChannelCloseRequested). An
+    error goes out first, then the close-ok, and the channel is gone at the client's own
+    close-ok, as RabbitMQ answers (Close 404, CloseOk); without an error, close-ok and the
+    channel is gone at once."""
+    conn = open_conn()
+    open_channel(conn, 1)
+    events = conn.receive_data(_publish(1, "missing")
+                               + m(commands.Channel.Close(200, "bye", 0, 0), 1))
+    assert [type(e).__name__ for e in events] == ["MessagePublished", "ChannelCloseRequested"]
+    assert conn.data_to_send() == b""                   # nothing answered yet
+    conn.fail(1, soft_error(404, "no exchange 'missing' in vhost '/'"))
+    assert conn.answer_client_close(1) is False
+    out = methods(conn)
+    assert [type(v).__name__ for _, v in out] == ["Close", "CloseOk"]
+    assert out[0][1].reply_code == 404
+    assert conn.receive_data(m(commands.Channel.CloseOk(), 1)) == [ChannelClosed(1)]
+    assert conn.receive_data(m(commands.Channel.Open(), 1)) == [ChannelOpened(1)]
+    methods(conn)
+
+    events = conn.receive_data(_publish(1, "") + m(commands.Channel.Close(200, "", 0, 0), 1))
+    assert type(events[-1]).__name__ == "ChannelCloseRequested"
+    assert conn.answer_client_close(1) is True
+    assert [type(v).__name__ for _, v in methods(conn)] == ["CloseOk"]
+    assert not conn.channel_is_open(1)
+    assert conn.receive_data(m(commands.Channel.Open(), 1)) == [ChannelOpened(1)]
+
+
 def test_soft_fail_on_unknown_channel_is_ignored_and_on_channel_0_is_hard():
     conn = open_conn()
     conn.fail(5, soft_error(404, "x"))

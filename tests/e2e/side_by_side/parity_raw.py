@@ -433,6 +433,30 @@ def protocol_header_errors(rec: Rec) -> None:
 
 
 @scenario
+def publish_error_then_close_in_one_write(rec: Rec) -> None:
+    """``basic.publish`` to a missing exchange and ``channel.close`` in one write (rabbitmq-c's
+    amqp-publish does so): the 404 comes first, then the close-ok (RabbitMQ's channel
+    answers in order); a good publish and close: the close-ok alone. Shoal answered the
+    close-ok alone, and the error was lost, until the session of 2026-11-30, sixth."""
+    for exchange in ("parity-missing-ex", "amq.direct"):
+        r = rec.raw()
+        r.open_channel(1)
+        r.send(r.publish(1, exchange, "k", b"x")
+               + frame.marshal(C.Channel.Close(200, "bye", 0, 0), 1))
+        got = []
+        for _ in range(2):
+            try:
+                _, v = r.read_frame(2.0)
+            except (AssertionError, Closed):
+                break
+            got.append((v.name, getattr(v, "reply_code", None)))
+            if v.name == "Channel.Close":
+                r.send_frame(C.Channel.CloseOk(), 1)
+        rec.add(exchange, got)
+        r.close()
+
+
+@scenario
 def protocol_header_amqp_0_9(rec: Rec) -> None:
     """AMQP 0-9's header ``AMQP 1 1 0 9`` (Perl's AnyEvent::RabbitMQ sends it): RabbitMQ
     serves it as 0-9-1 (rabbit_reader), with the same connection.start; Shoal answered with
