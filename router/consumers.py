@@ -249,8 +249,9 @@ def _reclaim(t: ConsumerTarget) -> list[Grant]:
     and not draining already. Its node uses that credit on the messages it has ready then,
     as it would have anyway, and returns the rest with CREDIT_DRAINED (no later message is
     delivered on it); the pull then grants within the new limit. So the limit holds from
-    the deliveries after those, as RabbitMQ's "eventually" (the Java client's QosTests). The limit is the channel's (spec 1.8.3.13, ``global``): RabbitMQ's limiter
-    applies it to the next delivery of every consumer on the channel."""
+    the deliveries after those, as RabbitMQ's "eventually" (the Java client's QosTests).
+    The limit is the channel's (spec 1.8.3.13, ``global``): RabbitMQ's limiter applies it
+    to the next delivery of every consumer on the channel."""
     out: list[Grant] = []
     for c in t.consumers:
         if c.granted > 0 and not c.draining and not c.registering:

@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from shoal.shared.errors import AMQPError
+from shoal.shared.header_table import text as _text
 from shoal.shared.wire import T
 
 from shoal.router.amqp.fastpath import parse_properties
@@ -96,9 +97,6 @@ def without_cycles(queues: set[str], header: bytes) -> set[str]:
             out.add(q)
     return out
 
-
-def _text(v: Any) -> Any:
-    return bytes(v).decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else v
 
 
 async def republish_confirmed(broker: Any, link: Any, confirm: int, vhost: str,

@@ -101,6 +101,13 @@ def array_strings(value: bytes) -> list[str]:
             if item[:1] == b"S"]
 
 
+def text(value: Any) -> Any:
+    """A decoded field value as text when it came as bytes (pamqp decodes a long string
+    that is not valid UTF-8, and RabbitMQ's binary 'x', as bytes), else as it is."""
+    return bytes(value).decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) \
+        else value
+
+
 def typed(value: Any) -> bytes:
     """``value`` as a type octet and its encoding: :class:`Long` as 'l', str as 'S',
     datetimes as 'T', lists and dicts item by item (so Longs inside stay 'l'), anything else

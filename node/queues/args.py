@@ -12,9 +12,9 @@ refused.
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any
 
 from shoal.shared.errors import PRECONDITION_FAILED, AMQPError, soft_error
+from shoal.shared.header_table import text as _text
 from shoal.shared.selector import ARGUMENT as SELECTOR_ARG
 from shoal.shared.selector import Selector, compile_selector
 
@@ -90,9 +90,6 @@ def _bad(arg: str, queue: str, vhost: str, why: str) -> Exception:
     return soft_error(PRECONDITION_FAILED,
                       f"invalid arg '{arg}' for queue '{queue}' in vhost '{vhost}': {why}")
 
-
-def _text(v: Any) -> Any:
-    return bytes(v).decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else v
 
 
 def as_int(args: dict, arg: str, lo: int, hi: int | None, where: tuple[str, str]) -> int | None:

@@ -29,7 +29,7 @@ from pamqp.commands import Basic
 from shoal.shared.wire import TAG_REPUBLISH
 
 from shoal.shared.header_table import (Long, array_items, array_of, array_strings,
-                                      raw_headers, splice_headers, typed)
+                                      raw_headers, splice_headers, text as _text, typed)
 from shoal.node.queues.message import encode_header, parse_properties
 from shoal.node.queues.paging import body_bytes
 
@@ -38,9 +38,6 @@ log = logging.getLogger("shoal.node")
 _FIRST_DEATH_KEYS = ("x-first-death-reason", "x-first-death-queue", "x-first-death-exchange")
 _CC = frozenset(("CC",))
 
-
-def _text(v: Any) -> Any:
-    return bytes(v).decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else v
 
 
 def _death(d: dict) -> dict:

@@ -221,18 +221,19 @@ class ChannelTable:
     def server_close(self, ch: int, error: AMQPError) -> None:
         """Close channel ``ch`` for the soft ``error`` (spec 1.5.2.5 ``channel.close`` with
         its reply code and text and the failing method's ids): it goes CLOSING, forgets a
-        partly received message and discards input until the client's ``close-ok``. Nothing
-        happens when the channel is not open or already closing."""
+        partly received message and discards input until the client's ``close-ok``. On a
+        channel whose client's close waits (ChannelCloseRequested) the ``channel.close``
+        goes out ahead of its answer. Nothing happens when the channel is not open or
+        already closing otherwise."""
         chan = self.channels.get(ch)
         if chan is None:
             return
-        if chan.state == CLOSING:
-            if chan.client_closing:     # ahead of the answer to the client's own close
-                chan.client_closing = False
-                self._write(close_frame(ch, CHANNEL_CLOSE, error.reply_code, error.reply_text,
-                                        error.class_id, error.method_id))
+        if chan.state != CLOSING:
+            chan.state = channel_next(ch, chan.state, _CI.SERVER_CLOSE)
+            chan.abandon_content()
+        elif chan.client_closing:
+            chan.client_closing = False
+        else:
             return
-        chan.state = channel_next(ch, chan.state, _CI.SERVER_CLOSE)
-        chan.abandon_content()
         self._write(close_frame(ch, CHANNEL_CLOSE, error.reply_code, error.reply_text,
                                 error.class_id, error.method_id))
