@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import struct
 from typing import Any
 
 from pamqp import decode
@@ -69,32 +70,65 @@ def dead_letter_header(header: bytes, body_size: int, queue: str, reason: str,
     headers = dict(props.headers or {})
     deaths = [dict(d) for d in headers.get("x-death") or [] if isinstance(d, dict)]
     kept = _raw_deaths(header, headers.get("x-death"))
-    when = datetime.datetime.fromtimestamp(int(wall_ms // 1000), tz=datetime.timezone.utc)
+    raws: list[bytes | None] = list(kept) if kept is not None else [None] * len(deaths)
+    if len(deaths) > 1:
+        deaths, raws = _grouped(deaths, raws)
     found = None
     for i, d in enumerate(deaths):
         if _text(d.get("queue")) == queue and _text(d.get("reason")) == reason:
-            found = d
-            if kept is not None:
-                del kept[i]
+            found = deaths.pop(i)
+            del raws[i]
             break
-    if found is not None:
-        deaths.remove(found)
+    if found is not None:       # counted up; its time stays the first death's, as RabbitMQ's
         found["count"] = int(found.get("count") or 0) + 1
-        found["time"] = when
     else:
+        when = datetime.datetime.fromtimestamp(int(wall_ms // 1000), tz=datetime.timezone.utc)
         cc = array_strings(dict(raw_headers(header) or ()).get("CC", b"")) \
             if b"CC" in header else []
         found = {"count": 1, "reason": reason, "queue": queue, "time": when,
                  "exchange": exchange, "routing-keys": [routing_key, *cc]}
         if props.expiration is not None:
             found["original-expiration"] = props.expiration
-    deaths.insert(0, found)
-    added: dict[str, Any] = {"x-death": [_death(d) for d in deaths] if kept is None else
-                             array_of([typed(_death(found)), *kept])}
+    found = dict(sorted(found.items()))     # rabbit_misc:sort_field_table
+    added: dict[str, Any] = {"x-death": [_death(d) for d in [found, *deaths]] if kept is None
+                             else array_of([typed(_death(found)), *(
+                                 r if r is not None else typed(_death(d))
+                                 for d, r in zip(deaths, raws))])}
     if "x-first-death-reason" not in headers:
         added.update(zip(_FIRST_DEATH_KEYS, (reason, queue, exchange)))
     props.expiration = None
     return _rewrite(header, props, body_size, added, _CC if drop_cc else frozenset())
+
+
+def _grouped(deaths: list[dict], raws: list[bytes | None]) -> tuple[list[dict],
+                                                                     list[bytes | None]]:
+    """An x-death array as RabbitMQ before 3.5 could write it, with a (queue, reason) more than
+    once (rabbitmq-server#78), made one entry per (queue, reason): the first of each, given a
+    ``count`` of how many there were when it has none (its raw octets otherwise kept), in
+    reverse order of first appearance. RabbitMQ 3.10's ``rabbit_dead_letter``
+    ``group_by_queue_and_reason``, order included (a fold that prepends)."""
+    keys = [(_text(d.get("queue")), _text(d.get("reason"))) for d in deaths]
+    out_d: list[dict] = []
+    out_r: list[bytes | None] = []
+    seen: set = set()
+    for i, (d, key) in enumerate(zip(deaths, keys)):
+        if key in seen:
+            continue
+        seen.add(key)
+        raw = raws[i]
+        if "count" not in d:
+            d = {"count": keys.count(key), **d}
+            raw = None if raw is None else _with_count(raw, keys.count(key))
+        out_d.insert(0, d)
+        out_r.insert(0, raw)
+    return out_d, out_r
+
+
+def _with_count(item: bytes, n: int) -> bytes:
+    """A raw x-death item (``F``, length, fields) with a ``count`` long field put first, the
+    rest as sent (RabbitMQ's ``ensure_xdeath_event_count``)."""
+    fields = b"\x05countl" + struct.pack(">q", n) + item[5:]
+    return b"F" + struct.pack(">I", len(fields)) + fields
 
 
 def _raw_deaths(header: bytes, decoded: Any) -> list[bytes] | None:

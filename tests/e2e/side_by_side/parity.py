@@ -12,8 +12,9 @@ Most scenarios use pika (BlockingConnection); what no client library sends goes 
 raw socket of :mod:`tests.e2e.amqp_raw`. Each scenario runs in a worker thread bounded by
 ``SCENARIO_TIMEOUT``; its sockets are shut down when it overruns. Scenarios live in this
 module (names, exchanges, queues), :mod:`.parity_basic` (acks, headers, consumers, tx),
-:mod:`.parity_qos` (prefetch changed under running consumers) and
-:mod:`.parity_raw` (frame-level: tune, channel_max, update-secret, heartbeats).
+:mod:`.parity_dead_letters` (x-death, cycles), :mod:`.parity_qos` (prefetch changed under
+running consumers) and :mod:`.parity_raw` (frame-level: tune, channel_max, update-secret,
+heartbeats).
 
 ``python -m tests.e2e.side_by_side.parity --a URL --b URL [--full] [NAME ...]`` prints a table.
 """
@@ -500,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if differ else 0
 
 
-from . import parity_basic, parity_qos, parity_raw  # noqa: E402,F401 - they register their scenarios
+from . import parity_basic, parity_dead_letters, parity_qos, parity_raw  # noqa: E402,F401 - they register their scenarios
 
 if __name__ == "__main__":
     raise SystemExit(main())

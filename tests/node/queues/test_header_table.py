@@ -61,6 +61,51 @@ def test_a_second_death_counts_up_and_stays_long():
     assert dict(split_table(entries["x-death"][10:]))["count"][:1] == b"l"
 
 
+def test_a_second_death_keeps_the_time_of_the_first():
+    """RabbitMQ 3.10 counts an x-death entry up and leaves its ``time`` (the first death's)."""
+    h = dead_letter_header(publisher_header(), 3, "src", "rejected", "", "k", 1e12)
+    h = dead_letter_header(h, 3, "src", "rejected", "", "k", 2e12)
+    (death,) = decode.field_array(dict(raw_headers(h))["x-death"][1:])[1]
+    assert int(death["time"].timestamp()) == 1_000_000_000
+
+
+def _death_item(queue: str, reason: str = "expired", count: bytes | None = None) -> bytes:
+    fields = [("reason", b"S" + struct.pack(">I", len(reason)) + reason.encode()),
+              ("queue", b"S" + struct.pack(">I", len(queue)) + queue.encode()),
+              ("random", b"s" + struct.pack(">h", 7))]
+    if count is not None:
+        fields.append(("count", count))
+    body = table(fields)
+    return b"F" + struct.pack(">I", len(body)) + body
+
+
+def test_an_x_death_array_from_before_3_5_is_grouped_by_queue_and_reason():
+    """rabbitmq-server#152 (the Java client's XDeathHeaderGrowth): one entry per (queue,
+    reason), the first of each, counted when it had no count (a publisher's count kept as
+    sent), in reverse order of first appearance, the new death in front."""
+    items = [_death_item("q97"), _death_item("q97"), _death_item("q98", count=b"I\0\0\0\x02"),
+             _death_item("q98"), _death_item("q97"), _death_item("q97", "rejected")]
+    data = b"".join(items)
+    array = table([("x-death", b"A" + struct.pack(">I", len(data)) + data)])
+    h = encode_header(Basic.Properties(headers={"placeholder": 1}), 3)
+    old = table([("placeholder", 1)])
+    i = h.index(struct.pack(">I", len(old)) + old)
+    h = h[:i] + struct.pack(">I", len(array)) + array + h[i + 4 + len(old):]
+    out = dead_letter_header(h, 3, "src", "expired", "", "k", 1e12)
+    raw = dict(raw_headers(out))["x-death"]
+    _, deaths = decode.field_array(raw[1:])
+    assert [(d["queue"], d["reason"], d["count"]) for d in deaths] == [
+        ("src", "expired", 1), ("q97", "rejected", 1), ("q98", "expired", 2),
+        ("q97", "expired", 3)]
+    assert all(d["random"] == 7 for d in deaths[1:])           # the rest as sent
+    assert items[2] in raw                      # q98's own count (an 'I') kept, octet for octet
+    again = dead_letter_header(out, 3, "q97", "expired", "", "k", 2e12)
+    _, deaths = decode.field_array(dict(raw_headers(again))["x-death"][1:])
+    assert [(d["queue"], d["reason"], d["count"]) for d in deaths] == [
+        ("q97", "expired", 4), ("q98", "expired", 2), ("q97", "rejected", 1),
+        ("src", "expired", 1)]
+
+
 def test_a_dead_letters_routing_keys_list_its_cc_keys_and_a_dead_letter_key_drops_cc():
     """RabbitMQ 3.10's rabbit_dead_letter: x-death's routing-keys are the publish's key and
     its CC keys; with an x-dead-letter-routing-key the copy's CC header goes."""
