@@ -35,13 +35,19 @@ A Consumer whose CONSUME is on its way to its node (``registering``: a quorum qu
 consumer following its leader, router/quorum.py) is granted nothing until the node answers:
 credit that reached the node first would be dropped there, and counted as granted here.
 
-Unlimited prefetch (0) and ``no_ack`` consumers get standing credit in chunks of
-:data:`CHUNK`, topped up below :data:`LOW_WATER` after each delivery (Channel.deliver: a
-consumer that acks nothing still gets the whole queue), and nothing while the client socket is
-backed up (``pool.paused``). Lowering ``prefetch_count`` applies to credit granted afterwards;
-deliveries already granted under the old value still arrive (as in RabbitMQ). A ``global``
-limit set or lowered under credit already granted takes that credit back (:func:`_reclaim`),
-as RabbitMQ's channel limiter holds every consumer of the channel from its next delivery.
+A ``no_ack`` consumer has no prefetch limit of its own (spec 1.8.3.13); under a channel's
+``global`` limit it is pulled for like the others, its grants counted against the limit while
+it holds them (a drain: given back once its queue is empty) and its deliveries not (they need
+no ack). So it has a delivery only while the limit is not reached, as RabbitMQ's limiter
+decides for it (``rabbit_limiter:can_send``; the Java client's ``QosTests.noAckObeysLimit``),
+and the channel's consumers that ack are served beside it. Otherwise unlimited prefetch (0)
+and ``no_ack`` consumers get standing credit in chunks of :data:`CHUNK`, topped up below
+:data:`LOW_WATER` after each delivery (Channel.deliver: a consumer that acks nothing still
+gets the whole queue), and nothing while the client socket is backed up (``pool.paused``).
+Lowering ``prefetch_count`` applies to credit granted afterwards; deliveries already granted
+under the old value still arrive (as in RabbitMQ). A ``global`` limit set or lowered under
+credit already granted takes that credit back (:func:`_reclaim`), as RabbitMQ's channel
+limiter holds every consumer of the channel from its next delivery.
 """
 from __future__ import annotations
 
@@ -157,7 +163,10 @@ def credit_messages(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
         return []
     if type(t) is LinkTarget:
         return _link_grants(pool, t)
-    limited = not t.no_ack and (pool.prefetch_count > 0 or pool.global_prefetch > 0)
+    if t.no_ack:        # no prefetch_count; a global limit, as RabbitMQ's limiter applies it
+        limited = pool.global_prefetch > 0
+    else:
+        limited = pool.prefetch_count > 0 or pool.global_prefetch > 0
     if not limited:
         out = []
         for c in t.consumers:
@@ -166,7 +175,7 @@ def credit_messages(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
                 c.granted += grant
                 out.append((c, [TAG_CREDIT, c.consumer_id, grant, False]))
         return out
-    if pool.global_prefetch == 0 and len(t.consumers) == 1:
+    if pool.global_prefetch == 0 and len(t.consumers) == 1:     # (not a no_ack target)
         c = t.consumers[0]
         room = pool.prefetch_count - t.unacked - c.granted
         if room > 0 and not c.registering:
@@ -196,7 +205,7 @@ def room(pool: CreditPool, t: ConsumerTarget) -> int:
     if type(t) is LinkTarget:
         return t.credit - t.granted
     free = 1 << 62
-    if pool.prefetch_count > 0:
+    if pool.prefetch_count > 0 and not t.no_ack:
         free = pool.prefetch_count - t.unacked - t.granted
     if pool.global_prefetch > 0:
         free = min(free, pool.global_prefetch - pool.unacked - pool.granted)
@@ -214,7 +223,8 @@ def _pull(pool: CreditPool, t: ConsumerTarget) -> list[Grant]:
         return out + _reclaim(t)
     if free <= 0:
         return out
-    limit = t.credit if type(t) is LinkTarget else pool.prefetch_count or pool.global_prefetch
+    limit = t.credit if type(t) is LinkTarget else \
+        pool.global_prefetch if t.no_ack else pool.prefetch_count or pool.global_prefetch
     active = sum(1 for c in t.consumers if c.has_work or c.draining)
     fair = -(-limit // active) if active > 1 else 1 << 62
     n = len(t.consumers)

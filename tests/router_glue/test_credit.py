@@ -63,16 +63,19 @@ class ModelNode:
        layout=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=3, unique=True),
                        min_size=1, max_size=3),
        ops=st.lists(st.tuples(st.sampled_from(["arrive", "node", "router", "ack", "qos"]),
-                              st.integers(0, 8)), max_size=250))
-def test_credit_is_exact_across_shards(prefetch, global_prefetch, layout, ops):
+                              st.integers(0, 8)), max_size=250),
+       no_ack=st.lists(st.booleans(), min_size=3, max_size=3))
+def test_credit_is_exact_across_shards(prefetch, global_prefetch, layout, ops, no_ack):
     """``layout``: one list per consumer tag of the shards its queues live on (one queue per
-    (tag, shard) pair): single-queue and x-multiqueue consumers on one channel."""
+    (tag, shard) pair): single-queue and x-multiqueue consumers on one channel. ``no_ack``:
+    which tags need no acks (their grants count against a global limit, their deliveries
+    do not; no prefetch_count applies to them)."""
     pool = CreditPool(prefetch_count=prefetch, global_prefetch=global_prefetch)
     nodes = [ModelNode(f"node-{i}") for i in range(3)]
     parts: dict[int, Consumer] = {}
     queues = []
     for ti, shards in enumerate(layout):
-        t = ConsumerTarget(f"tag{ti}", 1, "/", False)
+        t = ConsumerTarget(f"tag{ti}", 1, "/", no_ack[ti])
         for shard in shards:
             q = f"t{ti}-q{shard}"
             c = Consumer(len(parts) + 1, q, nodes[shard].name, t)
@@ -100,7 +103,8 @@ def test_credit_is_exact_across_shards(prefetch, global_prefetch, layout, ops):
             assert msg[2] not in seen, "delivered twice"
             seen.add(msg[2])
             credit.on_delivered(pool, c)
-            unacked.append((c, msg[2]))
+            if not c.target.no_ack:
+                unacked.append((c, msg[2]))
         elif msg[0] == T.WORK:
             credit.on_work(c)
         elif msg[0] == T.CREDIT_DRAINED:
@@ -109,7 +113,7 @@ def test_credit_is_exact_across_shards(prefetch, global_prefetch, layout, ops):
 
     def check():
         for t in pool.targets.values():
-            if limits["prefetch"]:
+            if limits["prefetch"] and not t.no_ack:
                 assert t.unacked + t.granted <= limits["prefetch"]
         if limits["global"]:
             assert pool.unacked + pool.granted <= limits["global"]
@@ -334,3 +338,63 @@ def test_under_a_global_limit_the_channels_tags_take_turns():
     pool.global_prefetch = 1
     firsts = [credit.in_turn(pool)[0].tag for _ in range(4)]
     assert firsts == ["a", "b", "c", "a"]
+
+
+def test_a_no_ack_consumer_under_a_global_limit_waits_while_it_is_reached():
+    """RabbitMQ's limiter (the Java client's QosTests.noAckObeysLimit; parity scenario
+    ``global_qos_with_a_no_ack_consumer``): a no_ack consumer has a delivery only while the
+    channel's global limit is not reached, its deliveries do not count toward it, and the
+    consumer that acks beside it is not starved by its credit."""
+    pool = CreditPool(global_prefetch=1)
+    node = ModelNode("node-0")
+    acking = ConsumerTarget("acking", 1, "/", False)
+    free = ConsumerTarget("free", 1, "/", True)
+    for cid, (t, q) in enumerate(((acking, "q1"), (free, "q2")), 1):
+        t.consumers.append(Consumer(cid, q, "node-0", t))
+        pool.targets[t.tag] = t
+        node.queues[q] = deque()
+        node.queue_of[cid] = q
+    parts = {1: acking.consumers[0], 2: free.consumers[0]}
+    got: dict[str, list] = {"acking": [], "free": []}
+
+    def settle_links():
+        for t in credit.in_turn(pool):
+            node.inbox.extend(m for _, m in credit.credit_messages(pool, t))
+        while node.inbox or node.outbox:
+            if node.inbox:
+                node.step()
+                continue
+            msg = node.outbox.popleft()
+            c = parts[msg[1]]
+            if msg[0] == T.DELIVER:
+                credit.on_delivered(pool, c)
+                got[c.target.tag].append(msg[2])
+            elif msg[0] == T.WORK:
+                credit.on_work(c)
+            elif msg[0] == T.CREDIT_DRAINED:
+                credit.on_drained(c, msg[2])
+            for t in credit.in_turn(pool):
+                node.inbox.extend(m for _, m in credit.credit_messages(pool, t))
+            assert pool.unacked + pool.granted <= 1
+
+    def arrive(q, m):
+        node.queues[q].append(m)
+        node.notify(q)
+        settle_links()
+
+    settle_links()
+    arrive("q1", "a1")
+    assert got == {"acking": ["a1"], "free": []}
+    arrive("q2", "n1")
+    assert got["free"] == []                    # the limit is reached: the no_ack one waits
+    credit.on_settled(pool, acking.consumers[0])
+    settle_links()
+    arrive("q2", "n2")
+    assert got["free"] == ["n1", "n2"]          # and does not count toward it
+    arrive("q1", "a2")
+    assert got["acking"] == ["a1", "a2"]        # not starved by the no_ack one's credit
+    arrive("q2", "n3")
+    assert got["free"] == ["n1", "n2"]
+    credit.on_settled(pool, acking.consumers[0])
+    settle_links()
+    assert got["free"] == ["n1", "n2", "n3"]

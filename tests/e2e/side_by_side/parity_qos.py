@@ -113,3 +113,44 @@ def global_qos_fairness(rec: Rec) -> None:
     ch3.close()
     rec.add("three queues, 30 deliveries: every queue served", all(got.values()))
     c.close()
+
+
+@scenario
+def global_qos_with_a_no_ack_consumer(rec: Rec) -> None:
+    """A ``no_ack`` consumer on a channel with a ``global`` limit: RabbitMQ's limiter lets it
+    have a delivery only while the limit is not reached, and its deliveries do not count
+    toward it (the Java client's ``QosTests.noAckObeysLimit``); the channel's consumer that
+    acks is served within the limit beside it. Shoal gave the no_ack consumer standing
+    credit that counted against the limit, and the other consumer had nothing after it."""
+    c = rec.conn()
+    pub = c.channel()
+    ch = c.channel()
+    ch.basic_qos(prefetch_count=1, global_qos=True)
+    q1, q2 = rec.q("gna-ack"), rec.q("gna-noack")
+    for q in (q1, q2):
+        ch.queue_declare(q)
+    acking: list = []
+    free: list = []
+    ch.basic_consume(q1, lambda _c, m, _p, b: acking.append((m.delivery_tag, b)))
+    pub.basic_publish("", q1, b"a1")
+    _pump(c, lambda: len(acking) >= 1)
+    ch.basic_consume(q2, lambda _c, m, _p, b: free.append(b), auto_ack=True)
+    pub.basic_publish("", q2, b"n1")
+    _pump(c, lambda: len(free) >= 1, 1.0)
+    rec.add("a1 unacked, n1 published: no_ack got", free[:])
+    ch.basic_ack(acking[0][0])
+    pub.basic_publish("", q2, b"n2")
+    pub.basic_publish("", q2, b"n3")
+    _pump(c, lambda: len(free) >= 3)
+    rec.add("a1 acked, n2 n3 published: no_ack got", free[:])
+    pub.basic_publish("", q1, b"a2")
+    _pump(c, lambda: len(acking) >= 2)
+    rec.add("a2 published: acking got", [b for _, b in acking])
+    pub.basic_publish("", q2, b"n4")
+    _pump(c, lambda: len(free) >= 4, 1.0)
+    rec.add("a2 unacked, n4 published: no_ack got", free[:])
+    if len(acking) >= 2:
+        ch.basic_ack(acking[1][0])
+    _pump(c, lambda: len(free) >= 4)
+    rec.add("a2 acked: no_ack got", free[:])
+    c.close()
