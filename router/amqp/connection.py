@@ -29,7 +29,8 @@ from shoal.router.amqp import fastpath
 from shoal.router.amqp.channel import (AFTER_PUBLISH, AWAIT_BODY as _AWAIT_BODY,
                                        AWAIT_HEADER as _AWAIT_HEADER, CLOSING as _CLOSING,
                                        OPEN as _OPEN, Channel, ChannelTable)
-from shoal.router.amqp.events import AcksReceived, ConnectionClosed, ConnectionOpened
+from shoal.router.amqp.events import (AcksReceived, ConnectionClosed, ConnectionCloseRequested,
+                                      ConnectionOpened)
 from shoal.router.amqp.frame_rules import (CHANNEL as TO_CHANNEL, CONNECTION as TO_CONNECTION,
                                            check_other_frame, frame_end_error, frame_error,
                                            method_id, route_method)
@@ -106,6 +107,8 @@ class AMQPConnection:
         self._table = ChannelTable(self._write, channel_max, admit_channel)
         self._channels: dict[int, Channel] = self._table.channels
         self._close_reason = (CONNECTION_FORCED, "CONNECTION_FORCED - connection closed")
+        #: the client's connection.close held back for the frames before it (reply code, text)
+        self._close_asked: tuple[int, str] | None = None
         # input: unparsed bytes wait in _chunks until _need octets are there (a partial frame)
         self._chunks: list[bytes] = []
         self._buffered = 0
@@ -186,7 +189,7 @@ class AMQPConnection:
         if self._deferred:
             events, self._deferred = self._deferred, []
             return events + self.receive_data(data)
-        if self._state == _CONN_CLOSED:
+        if self._state == _CONN_CLOSED or self._close_asked is not None:
             return []
         if not data:
             return self._drop(*self._eof_reason())
@@ -307,6 +310,8 @@ class AMQPConnection:
                 if self._state == _CONN_CLOSED:
                     return
                 is_open = False
+            elif self._close_asked is not None:     # the client's close: nothing after it
+                return
             else:   # connection.open may have arrived in this same buffer (found by fuzzing)
                 is_open = True
             max_payload = self._max_payload
@@ -370,6 +375,14 @@ class AMQPConnection:
             self._write(method_frame(0, commands.Connection.OpenOk()))
             events.append(ConnectionOpened(login.vhost, login.user, login.client_properties))
         else:   # the client's close, or its close-ok after ours
+            if event == ConnectionInput.CLIENT_CLOSE and any(
+                    getattr(e, "channel", 0) for e in events):
+                # channel frames read before it are not judged yet: answer once they are
+                # (answer_connection_close), so that an error of theirs comes first
+                self._close_asked = (method.reply_code, method.reply_text)
+                self._discard_input()
+                events.append(ConnectionCloseRequested(*self._close_asked))
+                return
             if event == ConnectionInput.CLIENT_CLOSE:
                 self._write(method_frame(0, commands.Connection.CloseOk()))
                 self.linger_on_close = True
@@ -383,6 +396,21 @@ class AMQPConnection:
         self._state = nxt
 
     # ------------------------------------------------------------------ errors and close
+    def answer_connection_close(self) -> list:
+        """ConnectionCloseRequested, once the frames before it were handled: ``close-ok``
+        (spec 1.4.2.8) and the connection is over. Returns the events: one ConnectionClosed
+        (none when it was over already)."""
+        asked, self._close_asked = self._close_asked, None
+        if asked is None or self._state == _CONN_CLOSED:
+            return []
+        self._write(method_frame(0, commands.Connection.CloseOk()))
+        self.linger_on_close = True
+        if self._state != _CONN_CLOSING:
+            self._close_reason = (200, f"client closed connection: {asked[0]} {asked[1]}")
+        self._state = connection_next(self._state, ConnectionInput.CLIENT_CLOSE)
+        self._discard_input()
+        return [ConnectionClosed(*self._close_reason)]
+
     def answer_client_close(self, channel: int) -> bool:
         """ChannelCloseRequested, once the frames before it were handled: ``close-ok``;
         True when the channel is gone now (ChannelTable.answer_client_close)."""

@@ -46,6 +46,17 @@ class ChannelCloseRequested:
 
 
 @dataclass(slots=True)
+class ConnectionCloseRequested:
+    """The client's ``connection.close`` came behind channel frames read with it, which the
+    broker has yet to handle: once they are, it answers with
+    ``AMQPConnection.answer_connection_close`` (so a channel error of theirs, a publish's 404
+    say, goes out before the ``close-ok``, as RabbitMQ's reader answers once its channels
+    have), whose events (one ConnectionClosed) follow. Nothing read after it is handled."""
+    reply_code: int
+    reply_text: str
+
+
+@dataclass(slots=True)
 class MethodReceived:
     """Any other method on an open channel, as a pamqp frame object
     (``pamqp.commands.Queue.Declare``, ``Basic.Ack`` ...). ``basic.publish`` comes as

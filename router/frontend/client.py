@@ -243,7 +243,8 @@ class ClientConnection(asyncio.BufferedProtocol):
                 self.client_properties = props if isinstance(props, dict) else {}
                 caps = self.client_properties.get("capabilities") or {}
                 self.capabilities = caps if isinstance(caps, dict) else {}
-            elif t is E.ConnectionClosed:
+            elif t is E.ConnectionClosed or (t is E.ConnectionCloseRequested
+                                             and self.amqp.answer_connection_close()):
                 self._teardown()
 
     @property

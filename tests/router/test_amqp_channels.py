@@ -134,6 +134,35 @@ def test_a_close_read_behind_a_publish_is_answered_after_the_publish_is_judged()
     assert conn.receive_data(m(commands.Channel.Open(), 1)) == [ChannelOpened(1)]
 
 
+def test_a_connection_close_read_behind_a_publish_is_answered_after_the_publish_is_judged():
+    """A publish and the client's connection.close in one read: the close waits for the
+    broker's verdict on the publish (ConnectionCloseRequested); the channel's 404 goes out
+    first, then the close-ok, as RabbitMQ's reader answers, and nothing read after the close
+    is handled. A connection.close alone is answered at once, as before."""
+    conn = open_conn()
+    open_channel(conn, 1)
+    events = conn.receive_data(_publish(1, "missing")
+                               + m(commands.Connection.Close(200, "bye", 0, 0), 0)
+                               + m(commands.Channel.Open(), 2))
+    assert [type(e).__name__ for e in events] == ["MessagePublished",
+                                                  "ConnectionCloseRequested"]
+    assert conn.data_to_send() == b""                   # nothing answered yet
+    assert conn.receive_data(m(commands.Channel.Open(), 3)) == []     # after the close
+    conn.fail(1, soft_error(404, "no exchange 'missing' in vhost '/'"))
+    closed = conn.answer_connection_close()
+    assert [type(e).__name__ for e in closed] == ["ConnectionClosed"]
+    assert closed[0].reply_code == 200 and conn.is_closed
+    out = methods(conn)
+    assert [type(v).__name__ for _, v in out] == ["Close", "CloseOk"]
+    assert out[0][0] == 1 and out[0][1].reply_code == 404 and out[1][0] == 0
+    assert conn.answer_connection_close() == []
+
+    conn = open_conn()
+    events = conn.receive_data(m(commands.Connection.Close(200, "bye", 0, 0), 0))
+    assert [type(e).__name__ for e in events] == ["ConnectionClosed"]
+    assert [type(v).__name__ for _, v in methods(conn)] == ["CloseOk"]
+
+
 def test_soft_fail_on_unknown_channel_is_ignored_and_on_channel_0_is_hard():
     conn = open_conn()
     conn.fail(5, soft_error(404, "x"))

@@ -457,6 +457,30 @@ def publish_error_then_close_in_one_write(rec: Rec) -> None:
 
 
 @scenario
+def publish_error_then_connection_close_in_one_write(rec: Rec) -> None:
+    """``basic.publish`` to a missing exchange and ``connection.close`` in one write: the
+    channel's 404 comes first, then the connection's close-ok (RabbitMQ's reader answers
+    once its channels have); a good publish and close: the close-ok alone. Shoal answered
+    the close-ok alone, and the error was lost, until the session of 2026-11-30, seventh."""
+    for exchange in ("parity-missing-ex", "amq.direct"):
+        r = rec.raw()
+        r.open_channel(1)
+        r.send(r.publish(1, exchange, "k", b"x")
+               + frame.marshal(C.Connection.Close(200, "bye", 0, 0), 0))
+        got = []
+        for _ in range(3):
+            try:
+                _, v = r.read_frame(2.0)
+            except (AssertionError, Closed):
+                break
+            got.append((v.name, getattr(v, "reply_code", None)))
+            if v.name == "Connection.CloseOk":
+                break
+        rec.add(exchange, got)
+        r.close()
+
+
+@scenario
 def protocol_header_amqp_0_9(rec: Rec) -> None:
     """AMQP 0-9's header ``AMQP 1 1 0 9`` (Perl's AnyEvent::RabbitMQ sends it): RabbitMQ
     serves it as 0-9-1 (rabbit_reader), with the same connection.start; Shoal answered with
