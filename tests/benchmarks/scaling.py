@@ -3,7 +3,8 @@ small machine, each core a CPU quota of a Linux cgroup.
 
 Each Shoal process (router or node) runs in a cgroup of its own holding ``--quota`` CPU (0.1 by
 default: one emulated core); when the layout has more processes than K cores (K = 1: one router
-and one node) they share one cgroup of K x quota. Shoal runs the routers/nodes split that
+and one node; ``--layout``) they share one cgroup of K x quota, each still in a cgroup of its
+own of one core within it (as on K real cores, where one Python thread has one core at most). Shoal runs the routers/nodes split that
 ``shoal serve`` chooses for K cores (``shoal.shared.settings.default_layout``). RabbitMQ's
 beam.smp gets K x quota in one cgroup and K schedulers (``+S K:K``), once as shipped and once
 with scheduler busy-waiting off (``+sbwt none``, how RabbitMQ is tuned for CPU-limited
@@ -18,6 +19,7 @@ T(K) / (K T(1)), the Shoal/RabbitMQ ratio, lost and duplicate messages; raw runs
 missing, as compare_rabbitmq.py does).
 
     python tests/benchmarks/scaling.py [--ks 1,2,4,8] [--quota 0.1] [--time 15] [--no-rabbitmq]
+        [--layout R:N[,R:N...]] [--repeat N]
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,10 +70,13 @@ class CpuGroups:
             (self.parent / "cgroup.subtree_control").write_text("+cpu")
         self.groups: list[Path] = []
 
-    def group(self, name: str, cpus: float, pids: list[int]) -> Path:
-        """A cgroup holding ``cpus`` CPU (a fraction of one) with ``pids`` in it."""
-        g = self.parent / name
+    def group(self, name: str, cpus: float, pids: list[int], within: Path | None = None) -> Path:
+        """A cgroup holding ``cpus`` CPU (a fraction of one) with ``pids`` in it, under
+        ``within`` (a group of this object's: both quotas bind) or the parent folder."""
+        g = (within or self.parent) / name
         g.mkdir()
+        if self.v2 and within is not None:
+            (within / "cgroup.subtree_control").write_text("+cpu")
         quota = max(1000, int(cpus * PERIOD_US))
         if self.v2:
             (g / "cpu.max").write_text(f"{quota} {PERIOD_US}")
@@ -91,8 +97,9 @@ class CpuGroups:
         return 0
 
     def release(self) -> None:
-        """Move every process back to the root group and remove the groups."""
-        for g in self.groups:
+        """Move every process back to the root group and remove the groups (the groups
+        within another first)."""
+        for g in reversed(self.groups):
             try:
                 for pid in (g / "cgroup.procs").read_text().split():
                     try:
@@ -142,7 +149,11 @@ class ShoalK:
         if len(self.child_pids) <= self.k:      # one emulated core per process
             return [self.cg.group(f"k{self.k}-{i}", self.quota, [pid])
                     for i, pid in enumerate(self.child_pids)]
-        return [self.cg.group(f"k{self.k}-all", self.k * self.quota, self.child_pids)]
+        # More processes than cores: K cores between them, and none more than one, as on K
+        # real cores (a process is one Python thread: it could not have more there either)
+        top = self.cg.group(f"k{self.k}-all", self.k * self.quota, [])
+        return [top] + [self.cg.group(self.names[i], self.quota, [pid], within=top)
+                        for i, pid in enumerate(self.child_pids)]
 
     def pids(self) -> list[int]:
         return self.child_pids
@@ -261,9 +272,15 @@ def run_load(broker, load: str, time_s: float, out: Path) -> dict:
     return rec
 
 
+def _median_rate(runs: list[dict]) -> float | None:
+    rates = [r["receive_rate"] for r in runs if r.get("receive_rate")]
+    return statistics.median(rates) if rates else None
+
+
 def table(runs: list[dict], ks: list[int], brokers: list[str]) -> str:
-    """The markdown table: msg/s per K and broker, Shoal's efficiency and ratios."""
-    head = ["load", "K", "Shoal layout", "Shoal msg/s", "efficiency T(K)/(K·T(1))"]
+    """The markdown table: msg/s per K and broker (the median of the repeats), Shoal's
+    efficiency and ratios, one row per Shoal layout run at that K."""
+    head = ["load", "K", "Shoal layout", "runs", "Shoal msg/s", "efficiency T(K)/(K·T(1))"]
     for b in brokers:
         head += [f"{b} msg/s", f"Shoal/{b}"]
     head.append("lost/dup (all brokers)")
@@ -272,22 +289,25 @@ def table(runs: list[dict], ks: list[int], brokers: list[str]) -> str:
         base = None
         for k in ks:
             mine = [r for r in runs if r["load"] == load and r["k"] == k]
-            s = next((r for r in mine if r["broker"].startswith("Shoal")), {})
-            t = s.get("receive_rate")
-            if k == ks[0] and t and k == 1:
-                base = t
-            eff = round(t / (k * base), 2) if t and base else None
-            cells = [load, str(k), s.get("broker", "-").replace("Shoal ", ""),
-                     f"{t:,.0f}" if t else "failed", str(eff) if eff is not None else "-"]
-            for b in brokers:
-                r = next((r for r in mine if r["broker"] == b), {})
-                rt = r.get("receive_rate")
-                cells += [f"{rt:,.0f}" if rt else "-",
-                          f"{t / rt:.2f}" if t and rt else "-"]
-            lost = sum(r.get("lost_for_good", 0) or 0 for r in mine)
-            dup = sum(r.get("duplicates", 0) or 0 for r in mine)
-            cells.append(f"{lost}/{dup}")
-            rows.append("| " + " | ".join(cells) + " |")
+            layouts = dict.fromkeys(r["broker"] for r in mine if r["broker"].startswith("Shoal"))
+            for label in layouts or ["-"]:
+                shoal = [r for r in mine if r["broker"] == label]
+                t = _median_rate(shoal)
+                if k == ks[0] and t and k == 1 and base is None:
+                    base = t
+                eff = round(t / (k * base), 2) if t and base else None
+                cells = [load, str(k), label.replace("Shoal ", ""),
+                         ", ".join(f"{r['receive_rate']:,.0f}" for r in shoal
+                                   if r.get("receive_rate")),
+                         f"{t:,.0f}" if t else "failed", str(eff) if eff is not None else "-"]
+                for b in brokers:
+                    rt = _median_rate([r for r in mine if r["broker"] == b])
+                    cells += [f"{rt:,.0f}" if rt else "-",
+                              f"{t / rt:.2f}" if t and rt else "-"]
+                lost = sum(r.get("lost_for_good", 0) or 0 for r in mine)
+                dup = sum(r.get("duplicates", 0) or 0 for r in mine)
+                cells.append(f"{lost}/{dup}")
+                rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -298,16 +318,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time", type=float, default=15.0, help="seconds of sending per run")
     p.add_argument("--loads", default=",".join(LOADS), help="which loads")
     p.add_argument("--no-rabbitmq", action="store_true", help="Shoal only")
-    p.add_argument("--layout", default="", metavar="R:N",
+    p.add_argument("--layout", default="", metavar="R:N[,R:N...]",
                    help="run Shoal with R routers and N nodes at every K instead of the "
-                        "default layout (to compare layouts)")
+                        "default layout; several: each in turn (to compare layouts)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each broker and layout per K and load, alternating; the "
+                        "table gives the medians")
     p.add_argument("--out", default="", help="results folder (default: a temporary one)")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         print("scaling: needs root (it writes CPU cgroups)", file=sys.stderr)
         return 2
     ks = [int(k) for k in args.ks.split(",")]
-    layout = tuple(int(x) for x in args.layout.split(":")) if args.layout else None
+    layouts: list = [tuple(int(x) for x in one.split(":")) for one in args.layout.split(",")
+                     ] if args.layout else [None]
     loads = [x for x in args.loads.split(",") if x]
     bad = [x for x in loads if x not in LOADS]
     if bad:
@@ -323,12 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for k in ks:
             for load in loads:
-                runs.append(run_load(ShoalK(k, args.quota, cg, out, layout), load, args.time,
-                                     out))
-                for sbwt_none in ([] if args.no_rabbitmq else [False, True]):
-                    runs.append(run_load(RabbitK(k, args.quota, cg, sbwt_none), load,
-                                         args.time, out))
-                (out / "results.json").write_text(json.dumps(runs, indent=2) + "\n")
+                for _ in range(args.repeat):
+                    for layout in layouts:
+                        runs.append(run_load(ShoalK(k, args.quota, cg, out, layout), load,
+                                             args.time, out))
+                    for sbwt_none in ([] if args.no_rabbitmq else [False, True]):
+                        runs.append(run_load(RabbitK(k, args.quota, cg, sbwt_none), load,
+                                             args.time, out))
+                    (out / "results.json").write_text(json.dumps(runs, indent=2) + "\n")
     finally:
         cg.close()
         if not args.no_rabbitmq and shutil.which("rabbitmqctl"):
