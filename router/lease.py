@@ -278,7 +278,9 @@ class Leases:
         self._later(WAIT_S, self._give_up, key, wait)
 
     def _later(self, seconds: float, fn: Any, *args: Any) -> None:
-        (self._call_later or asyncio.get_running_loop().call_later)(seconds, fn, *args)
+        if self._call_later is None:    # looked up once: a getpid system call each on 3.11
+            self._call_later = asyncio.get_running_loop().call_later
+        self._call_later(seconds, fn, *args)
 
     def _give_up(self, key: tuple[str, str], wait: int) -> None:
         lease = self.waiting.get(key)

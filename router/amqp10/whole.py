@@ -57,7 +57,10 @@ _EPOCH = datetime.timezone.utc
 
 def is_whole(header: bytes) -> bool:
     """Whether a stored message's ``header`` (a 0-9-1 content header payload) says its body
-    is AMQP 1.0 sections (``type`` ``amqp-1.0``)."""
+    is AMQP 1.0 sections (``type`` ``amqp-1.0``). Every 0-9-1 delivery asks: the ``type``
+    property's flag (0x0020 of the property flags, octets 12-13) is tested first."""
+    if len(header) < 14 or not header[13] & 0x20:
+        return False
     return _MARK in header and _props(header[12:]).message_type == AMQP10_TYPE
 
 

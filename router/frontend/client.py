@@ -70,6 +70,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._congestion_paused = False  #: reading paused by set_reading(False)
         self._alarm_paused = False  #: a publisher not read while the broker is blocked
         self._turn_paused = False        #: reading paused until the next loop turn
+        #: the event loop, looked up once (connection_made): on Python 3.11 each
+        #: asyncio.get_running_loop() is a getpid system call
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._send_clock = SendClock()  #: what we wrote and the client did not read
         # READ_START bytes per connection; READ_MAX only for publishers of large messages
         # (thousands of idle or small-message connections must stay cheap).
@@ -83,6 +86,7 @@ class ClientConnection(asyncio.BufferedProtocol):
     # ---- asyncio.Protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
+        self._loop = asyncio.get_running_loop()
         s = self._settings
         peer = transport.get_extra_info("peername")
         local = transport.get_extra_info("sockname")
@@ -163,7 +167,7 @@ class ClientConnection(asyncio.BufferedProtocol):
                 and not self.transport.is_closing():
             self._turn_paused = True
             self.transport.pause_reading()
-            asyncio.get_running_loop().call_soon(self._end_turn_pause)
+            self._loop.call_soon(self._end_turn_pause)
 
     def _end_turn_pause(self) -> None:
         self._turn_paused = False
