@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import logging
 import struct
+from collections import Counter
 from typing import Any
 
 from pamqp import decode
@@ -108,20 +109,20 @@ def _grouped(deaths: list[dict], raws: list[bytes | None]) -> tuple[list[dict],
     reverse order of first appearance. RabbitMQ 3.10's ``rabbit_dead_letter``
     ``group_by_queue_and_reason``, order included (a fold that prepends)."""
     keys = [(_text(d.get("queue")), _text(d.get("reason"))) for d in deaths]
+    counts = Counter(keys)
     out_d: list[dict] = []
     out_r: list[bytes | None] = []
     seen: set = set()
-    for i, (d, key) in enumerate(zip(deaths, keys)):
+    for d, raw, key in zip(deaths, raws, keys):
         if key in seen:
             continue
         seen.add(key)
-        raw = raws[i]
         if "count" not in d:
-            d = {"count": keys.count(key), **d}
-            raw = None if raw is None else _with_count(raw, keys.count(key))
-        out_d.insert(0, d)
-        out_r.insert(0, raw)
-    return out_d, out_r
+            d = {"count": counts[key], **d}
+            raw = None if raw is None else _with_count(raw, counts[key])
+        out_d.append(d)
+        out_r.append(raw)
+    return out_d[::-1], out_r[::-1]
 
 
 def _with_count(item: bytes, n: int) -> bytes:

@@ -375,20 +375,17 @@ class AMQPConnection:
             self._write(method_frame(0, commands.Connection.OpenOk()))
             events.append(ConnectionOpened(login.vhost, login.user, login.client_properties))
         else:   # the client's close, or its close-ok after ours
-            if event == ConnectionInput.CLIENT_CLOSE and any(
-                    getattr(e, "channel", 0) for e in events):
-                # channel frames read before it are not judged yet: answer once they are
-                # (answer_connection_close), so that an error of theirs comes first
-                self._close_asked = (method.reply_code, method.reply_text)
-                self._discard_input()
-                events.append(ConnectionCloseRequested(*self._close_asked))
-                return
             if event == ConnectionInput.CLIENT_CLOSE:
-                self._write(method_frame(0, commands.Connection.CloseOk()))
-                self.linger_on_close = True
-                if self._state != _CONN_CLOSING:
-                    self._close_reason = (200, f"client closed connection: "
-                                               f"{method.reply_code} {method.reply_text}")
+                asked = (method.reply_code, method.reply_text)
+                if any(getattr(e, "channel", 0) for e in events):
+                    # channel frames read before it are not judged yet: answer once they
+                    # are (answer_connection_close), so that an error of theirs comes first
+                    self._close_asked = asked
+                    self._discard_input()
+                    events.append(ConnectionCloseRequested(*asked))
+                else:
+                    events.extend(self._close_ok(asked))
+                return
             self._state = nxt
             self._discard_input()
             events.append(ConnectionClosed(*self._close_reason))
@@ -403,6 +400,11 @@ class AMQPConnection:
         asked, self._close_asked = self._close_asked, None
         if asked is None or self._state == _CONN_CLOSED:
             return []
+        return self._close_ok(asked)
+
+    def _close_ok(self, asked: tuple[int, str]) -> list:
+        """Answer the client's ``connection.close`` (reply code, text ``asked``) with
+        ``close-ok`` (spec 1.4.2.8); the connection is over: one ConnectionClosed."""
         self._write(method_frame(0, commands.Connection.CloseOk()))
         self.linger_on_close = True
         if self._state != _CONN_CLOSING:

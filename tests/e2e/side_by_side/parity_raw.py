@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 import time
 import warnings
+from typing import Any
 
 from pamqp import commands as C
 from pamqp import frame, header
@@ -432,28 +433,37 @@ def protocol_header_errors(rec: Rec) -> None:
              b"GET / HTTP/1.1\r\n\r\n")
 
 
+def _publish_then_close(rec: Rec, close: Any, channel: int, last: str) -> None:
+    """``basic.publish`` to a missing exchange, then to one that exists, each followed by
+    ``close`` (sent on ``channel``) in the same write: records the frames the broker sends
+    up to the ``last`` one (the close-ok), answering a ``channel.close`` of ours when the
+    client's own close is a channel's."""
+    for exchange in ("parity-missing-ex", "amq.direct"):
+        r = rec.raw()
+        r.open_channel(1)
+        r.send(r.publish(1, exchange, "k", b"x") + frame.marshal(close, channel))
+        got = []
+        for _ in range(3):
+            try:
+                _, v = r.read_frame(2.0)
+            except (AssertionError, Closed):
+                break
+            got.append((v.name, getattr(v, "reply_code", None)))
+            if v.name == last:
+                break
+            if v.name == "Channel.Close" and channel:
+                r.send_frame(C.Channel.CloseOk(), 1)
+        rec.add(exchange, got)
+        r.close()
+
+
 @scenario
 def publish_error_then_close_in_one_write(rec: Rec) -> None:
     """``basic.publish`` to a missing exchange and ``channel.close`` in one write (rabbitmq-c's
     amqp-publish does so): the 404 comes first, then the close-ok (RabbitMQ's channel
     answers in order); a good publish and close: the close-ok alone. Shoal answered the
     close-ok alone, and the error was lost, until the session of 2026-11-30, sixth."""
-    for exchange in ("parity-missing-ex", "amq.direct"):
-        r = rec.raw()
-        r.open_channel(1)
-        r.send(r.publish(1, exchange, "k", b"x")
-               + frame.marshal(C.Channel.Close(200, "bye", 0, 0), 1))
-        got = []
-        for _ in range(2):
-            try:
-                _, v = r.read_frame(2.0)
-            except (AssertionError, Closed):
-                break
-            got.append((v.name, getattr(v, "reply_code", None)))
-            if v.name == "Channel.Close":
-                r.send_frame(C.Channel.CloseOk(), 1)
-        rec.add(exchange, got)
-        r.close()
+    _publish_then_close(rec, C.Channel.Close(200, "bye", 0, 0), 1, "Channel.CloseOk")
 
 
 @scenario
@@ -462,22 +472,7 @@ def publish_error_then_connection_close_in_one_write(rec: Rec) -> None:
     channel's 404 comes first, then the connection's close-ok (RabbitMQ's reader answers
     once its channels have); a good publish and close: the close-ok alone. Shoal answered
     the close-ok alone, and the error was lost, until the session of 2026-11-30, seventh."""
-    for exchange in ("parity-missing-ex", "amq.direct"):
-        r = rec.raw()
-        r.open_channel(1)
-        r.send(r.publish(1, exchange, "k", b"x")
-               + frame.marshal(C.Connection.Close(200, "bye", 0, 0), 0))
-        got = []
-        for _ in range(3):
-            try:
-                _, v = r.read_frame(2.0)
-            except (AssertionError, Closed):
-                break
-            got.append((v.name, getattr(v, "reply_code", None)))
-            if v.name == "Connection.CloseOk":
-                break
-        rec.add(exchange, got)
-        r.close()
+    _publish_then_close(rec, C.Connection.Close(200, "bye", 0, 0), 0, "Connection.CloseOk")
 
 
 @scenario
