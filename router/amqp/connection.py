@@ -29,8 +29,8 @@ from shoal.router.amqp import fastpath
 from shoal.router.amqp.channel import (AFTER_PUBLISH, AWAIT_BODY as _AWAIT_BODY,
                                        AWAIT_HEADER as _AWAIT_HEADER, CLOSING as _CLOSING,
                                        OPEN as _OPEN, Channel, ChannelTable)
-from shoal.router.amqp.events import (AcksReceived, ConnectionClosed, ConnectionCloseRequested,
-                                      ConnectionOpened)
+from shoal.router.amqp.events import (AcksReceived, ChannelCloseRequested, ConnectionClosed,
+                                      ConnectionCloseRequested, ConnectionOpened)
 from shoal.router.amqp.frame_rules import (CHANNEL as TO_CHANNEL, CONNECTION as TO_CONNECTION,
                                            check_other_frame, frame_end_error, frame_error,
                                            method_id, route_method)
@@ -109,6 +109,9 @@ class AMQPConnection:
         self._close_reason = (CONNECTION_FORCED, "CONNECTION_FORCED - connection closed")
         #: the client's connection.close held back for the frames before it (reply code, text)
         self._close_asked: tuple[int, str] | None = None
+        #: input read behind a client's channel.close held back (ChannelCloseRequested): it
+        #: is parsed once that close is answered, as if it had come in a later read
+        self._held: list[bytes] | None = None
         # input: unparsed bytes wait in _chunks until _need octets are there (a partial frame)
         self._chunks: list[bytes] = []
         self._buffered = 0
@@ -190,6 +193,9 @@ class AMQPConnection:
             events, self._deferred = self._deferred, []
             return events + self.receive_data(data)
         if self._state == _CONN_CLOSED or self._close_asked is not None:
+            return []
+        if self._held is not None:
+            self._held.append(data)
             return []
         if not data:
             return self._drop(*self._eof_reason())
@@ -306,11 +312,14 @@ class AMQPConnection:
                 self._frame(frame_type, ch, chan, buf, start, fend, events)
             except AMQPError as err:
                 self._fail(ch, err, events)
+            if self._close_asked is not None:       # the client's close: nothing after it
+                return
             if self._state != _CONN_OPEN:
                 if self._state == _CONN_CLOSED:
                     return
                 is_open = False
-            elif self._close_asked is not None:     # the client's close: nothing after it
+            elif events and type(events[-1]) is ChannelCloseRequested:
+                self._held = [buf[pos:]] if pos < end else []   # read on once it is answered
                 return
             else:   # connection.open may have arrived in this same buffer (found by fuzzing)
                 is_open = True
@@ -377,7 +386,7 @@ class AMQPConnection:
         else:   # the client's close, or its close-ok after ours
             if event == ConnectionInput.CLIENT_CLOSE:
                 asked = (method.reply_code, method.reply_text)
-                if any(getattr(e, "channel", 0) for e in events):
+                if self._state == _CONN_OPEN and any(getattr(e, "channel", 0) for e in events):
                     # channel frames read before it are not judged yet: answer once they
                     # are (answer_connection_close), so that an error of theirs comes first
                     self._close_asked = asked
@@ -413,12 +422,19 @@ class AMQPConnection:
         self._discard_input()
         return [ConnectionClosed(*self._close_reason)]
 
-    def answer_client_close(self, channel: int) -> bool:
-        """ChannelCloseRequested, once the frames before it were handled: ``close-ok``;
-        True when the channel is gone now (ChannelTable.answer_client_close)."""
-        if self._state in (_CONN_CLOSING, _CONN_CLOSED):
-            return True
-        return self._table.answer_client_close(channel)
+    def answer_client_close(self, channel: int) -> tuple[bool, list]:
+        """ChannelCloseRequested, once the frames before it were handled: ``close-ok``.
+        Returns whether the channel is gone now (ChannelTable.answer_client_close), and the
+        events of what was read behind the close, parsed now, as a later read would have
+        been (so a client's next frames are taken in the same order however its writes were
+        cut: a channel opened again after its close-ok, say)."""
+        gone = True if self._state in (_CONN_CLOSING, _CONN_CLOSED) else \
+            self._table.answer_client_close(channel)
+        held, self._held = self._held, None
+        events: list = []
+        for data in held or ():
+            events += self.receive_data(data)
+        return gone, events
 
     def fail(self, channel: int, error: AMQPError) -> None:
         """THE one converter of errors into closes (design.md section 7).

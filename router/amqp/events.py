@@ -41,7 +41,8 @@ class ChannelCloseRequested:
     the broker has yet to handle: once they are, it answers with
     ``AMQPConnection.answer_client_close`` (so an error of theirs goes out first, as
     RabbitMQ's channel process answers them in order), and the channel is gone when that
-    returns True (else at the client's close-ok: ChannelClosed)."""
+    says so (else at the client's close-ok: ChannelClosed). It is the last event of its
+    read: what came behind it is parsed by that answer, which returns its events."""
     channel: int
 
 

@@ -232,11 +232,16 @@ class ClientConnection(asyncio.BufferedProtocol):
                     ch.handle_method(ev.method)
             elif t is E.ChannelOpened:
                 self.channels[ev.channel] = Channel(self, ev.channel, self.broker)
-            elif t is E.ChannelClosed or (t is E.ChannelCloseRequested
-                                          and self.amqp.answer_client_close(ev.channel)):
+            elif t is E.ChannelClosed:
                 ch = self.channels.pop(ev.channel, None)
                 if ch is not None:
                     ch.close()
+            elif t is E.ChannelCloseRequested:    # the last of its read: answered, read on
+                gone, more = self.amqp.answer_client_close(ev.channel)
+                ch = self.channels.pop(ev.channel, None) if gone else None
+                if ch is not None:
+                    ch.close()
+                self._handle(more)
             elif t is E.ConnectionOpened:
                 self.vhost = ev.vhost
                 self.access = self.broker.users.vhost_access(ev.user, ev.vhost)

@@ -118,7 +118,7 @@ def test_a_close_read_behind_a_publish_is_answered_after_the_publish_is_judged()
     assert [type(e).__name__ for e in events] == ["MessagePublished", "ChannelCloseRequested"]
     assert conn.data_to_send() == b""                   # nothing answered yet
     conn.fail(1, soft_error(404, "no exchange 'missing' in vhost '/'"))
-    assert conn.answer_client_close(1) is False
+    assert conn.answer_client_close(1) == (False, [])
     out = methods(conn)
     assert [type(v).__name__ for _, v in out] == ["Close", "CloseOk"]
     assert out[0][1].reply_code == 404
@@ -128,7 +128,7 @@ def test_a_close_read_behind_a_publish_is_answered_after_the_publish_is_judged()
 
     events = conn.receive_data(_publish(1, "") + m(commands.Channel.Close(200, "", 0, 0), 1))
     assert type(events[-1]).__name__ == "ChannelCloseRequested"
-    assert conn.answer_client_close(1) is True
+    assert conn.answer_client_close(1) == (True, [])
     assert [type(v).__name__ for _, v in methods(conn)] == ["CloseOk"]
     assert not conn.channel_is_open(1)
     assert conn.receive_data(m(commands.Channel.Open(), 1)) == [ChannelOpened(1)]
