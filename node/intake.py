@@ -17,7 +17,7 @@ log = logging.getLogger("shoal.node")
 #: and SETTLE only for deliveries already made). A lease's records and its end keep their
 #: place among them: a SETTLE of a leased delivery always follows its LEASED, and a router
 #: sends no PUBLISH to a queue it holds lent (node/lease.py).
-_URGENT = frozenset({T.SETTLE, T.CREDIT, T.LEASED, T.LEASE_END})
+_URGENT = frozenset({T.SETTLE, T.CREDIT, T.LEASED, T.LEASE_ACKED, T.LEASE_END})
 
 
 def feed_frame(shard: Shard, peer: bytes, frame: bytes, now_ms: float) -> int:

@@ -1,5 +1,5 @@
 """A node's side of delivery leases (docs/consumers.md, "Delivery leases"; wire LEASE_GRANT,
-LEASE_TAKE, LEASE_TAKEN, LEASE_REVOKE, LEASED and LEASE_END).
+LEASE_TAKE, LEASE_TAKEN, LEASE_REVOKE, LEASED, LEASE_ACKED and LEASE_END).
 
 While a plain queue is empty and its consumers are all on one router, the node lends their
 deliveries to that router: the router writes matching publishes to the clients itself and
@@ -174,6 +174,25 @@ def on_lease_end(shard: "ShardCore", state: "RouterPeer", msg: list) -> None:
         return
     end(q, shard.timers.now, len(msg) > 3 and msg[3] is True)
     q.notify_work()
+
+
+def on_lease_acked(shard: "ShardCore", state: "RouterPeer", msg: list) -> None:
+    """LEASE_ACKED [consumer_id, count]: ``count`` leased deliveries to that consumer were
+    acknowledged before their LEASEDs left the router: counted published, delivered and
+    acknowledged (the management API's message_stats), taken from the consumer's credit as
+    their LEASEDs would have been; nothing is stored or journaled (RabbitMQ writes no
+    message acknowledged before it was written). A consumer or queue gone: ignored, as its
+    LEASEDs would have been dropped."""
+    _, cid, count = msg[:3]
+    c = state.consumers.get(cid)
+    q = c.queue if c is not None else None
+    if q is None or q.deleted or count <= 0:
+        return
+    stats = q.stats
+    stats[0] += count
+    stats[1] += count
+    stats[2] += count
+    c.credit -= count
 
 
 def on_leased(shard: "ShardCore", state: "RouterPeer", msg: list) -> None:

@@ -39,7 +39,8 @@ from shoal.node import queue_requests as Q
 from shoal.node.access_store import AccessStore, on_access_get, on_access_set
 from shoal.node.queues.consumer import QueueConsumer
 from shoal.node.queues.deadletter import send_dead_letter
-from shoal.node.lease import on_lease_end, on_lease_take, on_leased, revoke as revoke_lease
+from shoal.node.lease import (on_lease_acked, on_lease_end, on_lease_take, on_leased,
+                              revoke as revoke_lease)
 from shoal.node.durability.durable import DurableLog
 from shoal.node.queues.entry import QueueEntry
 from shoal.node.durability.journal import Journal
@@ -153,6 +154,7 @@ class Shard:
             T.SETTLE: (3, None, M.on_settle, False),        # hot: checked inside
             T.GET: (6, (int, str, str, int, _S), M.on_get, True),
             T.LEASED: (8, None, on_leased, False),          # checked inside
+            T.LEASE_ACKED: (3, (int, int), on_lease_acked, False),
             T.LEASE_END: (3, None, on_lease_end, False),
             T.LEASE_TAKE: (3, None, on_lease_take, False),
             T.REPUBLISH_RESULT: (3, (int, bool), cls._on_republish_result, False),

@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 
 #: Bumped whenever a message's fields change. Checked at connect time (HELLO).
-WIRE_VERSION = 12
+WIRE_VERSION = 13
 
 
 class T(IntEnum):
@@ -222,6 +222,15 @@ class T(IntEnum):
                           #   may deliver publishes to the consumers itself. Every TAKE is
                           #   answered, with this or LEASE_REVOKE (that offer is not standing
                           #   any more, or the rule no longer holds); consumer_id: the first.
+    LEASE_ACKED = 67      # R->N [T, consumer_id, count]: ``count`` deliveries to that consumer
+                          #   made under its lease that the client acknowledged before their
+                          #   LEASEDs left the router, which sends this instead of them and of
+                          #   their SETTLE (and confirms their publish_ids itself): the node
+                          #   counts them published, delivered and acknowledged, takes them
+                          #   from the consumer's credit, and stores nothing (RabbitMQ
+                          #   writes no message acknowledged before it was written). Sent
+                          #   among the lease's records, before its LEASE_END
+                          #   (router/links/records.py).
 
     # --- replication (N->N, over each node's links to the other nodes: design.md section 8) ---
     PEER_HELLO = 70       # N->N [T, wire_version, node_id, member_id, catalogue_seq], every
@@ -266,7 +275,8 @@ TAG_CREDIT, TAG_DELIVER, TAG_WORK, TAG_SETTLE = (
     int(T.CREDIT), int(T.DELIVER), int(T.WORK), int(T.SETTLE))
 TAG_LEASE_GRANT, TAG_LEASE_REVOKE, TAG_LEASED, TAG_LEASE_END = (
     int(T.LEASE_GRANT), int(T.LEASE_REVOKE), int(T.LEASED), int(T.LEASE_END))
-TAG_LEASE_TAKE, TAG_LEASE_TAKEN = int(T.LEASE_TAKE), int(T.LEASE_TAKEN)
+TAG_LEASE_TAKE, TAG_LEASE_TAKEN, TAG_LEASE_ACKED = (
+    int(T.LEASE_TAKE), int(T.LEASE_TAKEN), int(T.LEASE_ACKED))
 
 
 def scheduled(header: bytes) -> bool:
@@ -425,7 +435,7 @@ def coalesce_results(msgs: list[list[Any]]) -> list[list[Any]]:
 #: as they are, which saves the msgpack round trip (about 1 µs per message at 5,000 msg/s,
 #: docs/performance-log.md, session 6).
 HOT_TAGS = frozenset({TAG_PUBLISH, TAG_PUBLISH_RESULT, TAG_CREDIT, TAG_DELIVER, TAG_WORK,
-                      TAG_SETTLE, TAG_LEASED})
+                      TAG_SETTLE, TAG_LEASED, TAG_LEASE_ACKED})
 #: ``SHOAL_WIRE_CHECK=1`` (the e2e suite sets it): every hot message handed over is checked to
 #: be exactly what a msgpack round trip gives back (plain ``int`` tags, no tuples, no
 #: memoryviews), and to be unchanged when the receiver starts and ends handling it.

@@ -20,6 +20,8 @@ from shoal.shared.errors import AMQPError, NOT_FOUND
 from shoal.shared.wire import (T, TAG_CREDIT, TAG_GOODBYE, TAG_HEARTBEAT, TAG_HELLO_OK,
                                TAG_REPLY, TAG_SETTLE)
 
+from shoal.router.links.records import LeaseRecords
+
 log = logging.getLogger("shoal.router.links.node_link")
 
 #: Batches queued towards one node (each side) before publishers are paused. Small, so that
@@ -90,7 +92,7 @@ class NodeLink:
         # consumer id -> CREDIT message (one wire message per batch instead of one per ack).
         self._lazy_settle: dict[int, list] = {}
         self._lazy_credit: dict[int, list] = {}
-        self._records: list[list] = []  # LEASED / LEASE_END: leave before everything else
+        self._records = LeaseRecords()  # LEASED / LEASE_END: leave before everything else
         self._front = 0                 # unsent records and urgent messages heading _outbox
         self.leases = 0                 #: delivery leases this router holds on the node
         self._flush_scheduled = False
@@ -222,13 +224,20 @@ class NodeLink:
     def send_record(self, msg: list, now: bool = False) -> None:
         """Queue LEASED or LEASE_END (router/lease.py) ahead of everything else, to leave with
         the next batch or after LEASE_FLUSH_S; ``now``: at the end of this turn."""
-        self._records.append(msg)
+        self._records.add(msg)
         if now:
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 self._running_loop().call_soon(self._flush)
         else:
             self._lazy_later()
+
+    def acked_unsent(self, delivery_id: int) -> int | None:
+        """The client acknowledged leased delivery ``delivery_id``: None when its LEASED has
+        left (settle it as always); else it is counted in a LEASE_ACKED instead
+        (router/links/records.py), no SETTLE must follow, and the result is its publish id
+        (0: none), which the caller confirms."""
+        return self._records.acked(delivery_id)
 
     def _lazy_later(self) -> None:
         if not self._flush_scheduled and not self._lazy_scheduled:
@@ -238,8 +247,15 @@ class NodeLink:
 
     def _lazy_flush(self) -> None:
         self._lazy_scheduled = False
-        if not self._flush_scheduled:
-            self._flush()
+        if self._flush_scheduled:
+            return
+        if self.leases and not self._outbox:    # nothing the node acts on yet: wait
+            wait = self._records.hold_for(self._urgent, time.monotonic(), LEASE_FLUSH_S)
+            if wait > 0:
+                self._lazy_scheduled = True
+                self._running_loop().call_later(wait, self._lazy_flush)
+                return
+        self._flush()
 
     def request(self, msg_without_req_id: list) -> asyncio.Future:
         """Send ``[tag, req_id, *fields]`` and return a future for the REPLY payload.
@@ -259,10 +275,10 @@ class NodeLink:
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._records or self._urgent:   # in order, behind earlier ones still unsent
-            front = self._records + self._urgent
+            front = self._records.take() + self._urgent
             self._outbox[self._front:self._front] = front
             self._front += len(front)
-            self._records, self._urgent = [], []
+            self._urgent = []
             self._lazy_settle.clear()
             self._lazy_credit.clear()
         if not self._outbox or self._closed:

@@ -13,9 +13,20 @@ import uuid
 import pika
 import pytest
 
-from tests.e2e.management.test_metrics import prom, scrape, value  # noqa: F401 - the module's cluster
+from tests.conftest import stop_cluster
+from tests.e2e.management.test_management import call, http_cluster
+from tests.e2e.management.test_metrics import scrape, value
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory):
+    """The module's cluster, with its Prometheus and management ports."""
+    c = http_cluster(tmp_path_factory.mktemp("shoal-leases"), prom_port="SHOAL_PROMETHEUS_PORT",
+                     mgmt_port="SHOAL_MANAGEMENT_PORT")
+    yield c
+    stop_cluster(c)
 
 
 def connect(url: str) -> pika.BlockingConnection:
@@ -103,6 +114,31 @@ def test_every_message_arrives_once_in_order_as_leases_end_and_come_back(prom):
             lq.publish()
         if i % 10 == 9:        # bursts; between them the consumer falls behind or not
             lq.sub.process_data_events(0)
+    lq.all_arrived_once_in_order()
+
+
+def test_a_lent_queue_whose_consumer_acks_at_once_counts_every_message_once(prom):
+    """A consumer that acks each delivery at once mostly acks before the router has told
+    the node of it: the router then sends the node a count (LEASE_ACKED), not the message.
+    The management API's message_stats for the queue still count every message published,
+    delivered and acknowledged once, as RabbitMQ's do, and none is left in the queue."""
+    lq = LentQueue(prom, "lease-count", prefetch=50)
+    lq.until_lent()
+    for i in range(2000):
+        lq.publish()
+        if i % 5 == 4:
+            lq.sub.process_data_events(0)
+    pump(lq.pub, lq.sub, until=lambda: len(lq.got) >= len(lq.sent))
+    n = len(lq.sent)
+    want = {"publish": n, "deliver_get": n, "ack": n}
+
+    def counted():
+        stats = call(prom, "GET", f"/queues/%2F/{lq.q}")[1].get("message_stats", {})
+        return {k: stats.get(k) for k in want}
+    deadline = time.monotonic() + 20
+    while counted() != want and time.monotonic() < deadline:
+        lq.sub.process_data_events(0.1)
+    assert counted() == want
     lq.all_arrived_once_in_order()
 
 

@@ -121,6 +121,29 @@ def test_records_become_acquired_entries_settled_like_deliveries():
     assert q.stats == [2, 2, 2]                   # published, delivered, acked
 
 
+def test_deliveries_acked_before_their_records_left_are_counted_and_stored_nowhere():
+    """LEASE_ACKED (router/links/records.py): what the management API counts is as if their
+    LEASEDs and SETTLE had come; the consumer's credit is taken; nothing is stored."""
+    net, r, cid = lent()
+    lend(r, cid)
+    record(r, cid, -1, b"m1")                     # one record that still came
+    r.send(T.LEASE_ACKED, cid, 3)
+    assert r.take() == []
+    peer = net.shard.peers[b"r1"]
+    assert sorted(peer.unsettled) == [-1]
+    assert peer.consumers[cid].credit == 1
+    assert r.declare("q", passive=True)[4] == ["q", 0, 1]
+    r.send(T.SETTLE, OUTCOME_ACK, [-1])
+    q = net.shard.queues[("/", "q")]
+    assert q.stats == [4, 4, 4]
+    assert r.declare("q", passive=True)[4] == ["q", 0, 1]
+    # a consumer gone, a bad count: nothing counted
+    r.send(T.LEASE_ACKED, 99, 2)
+    r.send(T.LEASE_ACKED, cid, 0)
+    r.send(T.LEASE_ACKED, cid, "x")               # malformed: dropped before its handler
+    assert q.stats == [4, 4, 4] and r.take() == []
+
+
 def test_another_routers_publish_revokes_and_waits_for_lease_end():
     net, r, cid = lent()
     oid = lend(r, cid)

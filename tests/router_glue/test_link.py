@@ -96,3 +96,40 @@ def test_lease_records_leave_first_in_order_even_behind_a_backlog(node_and_link)
 
     asyncio.run(go())
     assert [m[0] for m in sent] == [T.LEASED, T.LEASE_END, T.SETTLE, T.PUBLISH]
+
+
+def test_acks_before_a_leased_record_leaves_send_one_count_per_consumer_in_its_place(
+        node_and_link):
+    """router/links/records.py: deliveries acked while their LEASED waits become one
+    LEASE_ACKED per consumer, in the place of the first of them acked, and no SETTLE (a
+    record's publish id comes back to be confirmed by the router); a record that already
+    left is settled as always."""
+    node, link = node_and_link
+    sent: list = []
+
+    def send_now(batch):
+        sent.extend(batch)
+        return True
+
+    def leased(cid, did, pid=None):
+        rec = [T.LEASED, cid, did, "", "q", b"h", b"m", None]
+        link.send_record(rec + [pid] if pid else rec)
+
+    async def go():
+        link.up = True
+        link._send_now = send_now
+        leased(1, -1)
+        leased(2, -2)
+        leased(1, -3)
+        leased(1, -4, pid=9)                      # a confirm the node would answer
+        link.send_record([T.LEASE_END, 2, 5])
+        leased(1, -5)
+        answers = [link.acked_unsent(did) for did in (-3, -5, -2, -4)]
+        link._flush()
+        return answers + [link.acked_unsent(-1)]  # gone with the batch: settled as always
+
+    assert asyncio.run(go()) == [0, 0, 0, 9, None]
+    assert sent == [[T.LEASED, 1, -1, "", "q", b"h", b"m", None],
+                    [T.LEASE_ACKED, 2, 1],
+                    [T.LEASE_ACKED, 1, 3],
+                    [T.LEASE_END, 2, 5]]
