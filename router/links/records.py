@@ -45,7 +45,7 @@ class LeaseRecords:
         #: delivery id -> (LEASED, when queued: time.monotonic())
         self._unsent: dict[int, tuple[list, float]] = {}
         self._acked: dict[int, list] = {}      # consumer id -> this batch's LEASE_ACKED
-        self._dropped = False                  # _records holds emptied lists
+        self._dropped = 0                      # emptied lists in _records
         self._since = 0.0                      # when this batch's first LEASE_ACKED was made
 
     def __len__(self) -> int:
@@ -77,7 +77,7 @@ class LeaseRecords:
         else:
             count[2] += 1
             rec.clear()
-            self._dropped = True
+            self._dropped += 1
         return pid
 
     def hold_for(self, urgent: list[list], now: float, flush_s: float) -> float:
@@ -86,11 +86,12 @@ class LeaseRecords:
         queued less than ``flush_s`` ago (so a record, and the confirm the node gives for
         it, still leaves within ``flush_s``, as before), and ``urgent`` (the link's
         settlements and credit) only credit, without drain, for consumers named by those
-        records (lent: the node delivers nothing to them). A batch of counts waits at most ``ACKED_HOLD_S`` from its first. So under a
-        steady lease, where clients ack within a millisecond, the node wakes about every
-        ``ACKED_HOLD_S``, not every ``flush_s`` (docs/performance-log.md)."""
+        records (lent: the node delivers nothing to them). A batch of counts waits at most
+        ``ACKED_HOLD_S`` from its first. So under a steady lease, where clients ack within a
+        millisecond, the node wakes about every ``ACKED_HOLD_S``, not every ``flush_s``
+        (docs/performance-log.md)."""
         acked, unsent = self._acked, self._unsent
-        if not acked and not unsent or len(acked) + len(unsent) + self._dropped_count() \
+        if not acked and not unsent or len(acked) + len(unsent) + self._dropped \
                 != len(self._records):
             return 0.0
         lent = set(acked)
@@ -105,15 +106,12 @@ class LeaseRecords:
                 return 0.0
         return wait
 
-    def _dropped_count(self) -> int:
-        return sum(1 for r in self._records if not r) if self._dropped else 0
-
     def take(self) -> list[list]:
         """The records to send now, in order; none are left here."""
         records = self._records
         if self._dropped:
             records = [r for r in records if r]
-            self._dropped = False
+            self._dropped = 0
         self._records = []
         self._unsent.clear()
         self._acked.clear()
