@@ -91,6 +91,8 @@ class LeaseRecords:
         millisecond, the node wakes about every ``ACKED_HOLD_S``, not every ``flush_s``
         (docs/performance-log.md)."""
         acked, unsent = self._acked, self._unsent
+        # Each record is a count (one per consumer in acked), an emptied one merged into a
+        # count, or an unacked LEASED (in unsent); anything else (LEASE_END) leaves now.
         if not acked and not unsent or len(acked) + len(unsent) + self._dropped \
                 != len(self._records):
             return 0.0
@@ -119,4 +121,7 @@ class LeaseRecords:
 
     def clear(self) -> None:
         """Drop every record (the node is down: it forgets the leases)."""
-        self.take()
+        self._records = []
+        self._unsent.clear()
+        self._acked.clear()
+        self._dropped = 0
