@@ -22,7 +22,7 @@ from . import schema as S
 from .client import AMQPUrl
 from .entry import run_worker
 from .plan import Config, copies
-from .workers import CLOSE_S, DONE, ERROR, READY, SECOND
+from .workers import CLOSE_S, DONE, ERROR, FLUSH_S, READY, SECOND
 from .writer import RunWriter, loss_and_duplicates, merge_counts, received_runs, warm_up
 
 READY_TIMEOUT_S = 60.0
@@ -227,7 +227,7 @@ class Runner:
     def _collect(self, reports, stop, writer: RunWriter) -> None:
         producers = {w for w in self.workers if w[0] == S.ROLE_PRODUCER}
         end_ns = self.start_ns + int(self.cfg.time_s * 1e9)
-        hard_deadline = time.monotonic() + self.cfg.time_s + 30 + DRAIN_MAX_S
+        hard_deadline = time.monotonic() + self.cfg.time_s + 30 + FLUSH_S + DRAIN_MAX_S
         last_flush = time.monotonic()
         drain_started = None
         last_progress = (0, time.monotonic())

@@ -87,7 +87,9 @@ run.json (object)
     producer      int32    -      producer index
     queue         string   -      queue name
     node          string   -      as in PER_SECOND
-    sent          int64    msgs   messages published to that queue
+    sent          int64    msgs   messages published to that queue (handed to the kernel:
+                                  publishes dropped unsent from the producer's
+                                  buffer at the end are not counted)
     confirmed     int64    msgs   confirmed by basic.ack
     nacked        int64    msgs   refused by basic.nack
     returned      int64    msgs   returned by basic.return

@@ -27,6 +27,8 @@ ACK_FLUSH_S = 0.02          #: a consumer acks what it holds at least this often
 CLOSE_S = 30.0              #: how long a worker waits for connection.close-ok at the end: the
 #: broker answers it after every publish written before it (no-confirm loads leave a backlog
 #: in the sockets), so giving up earlier would drop publishes the tool counted as sent
+FLUSH_S = 5.0               #: how long a producer waits at the end for the publishes still in
+#: its transport's buffer to reach the kernel before it drops them uncounted (_flush_or_drop)
 TICK_S = 0.001              #: rate-limited producers wake this often (s)
 MAX_BATCH = 256             #: messages per socket write
 
@@ -95,6 +97,18 @@ class Worker:
         rows, extra = self.snapshot()
         self.reports.put((SECOND, self.role, self.index, self.second, rows, extra, final))
         self.second += 1
+
+
+def unsent_tail(buffered: int, seq: int, sizes: list[int]) -> int:
+    """How many of publishes ``0 .. seq-1`` have not left a write buffer that holds the last
+    ``buffered`` bytes written; publish ``k`` is ``sizes[k % len(sizes)]`` bytes. A publish
+    partly in the buffer counts as unsent: the broker never gets it whole."""
+    n, k = 0, seq - 1
+    while buffered > 0 and k >= 0:
+        buffered -= sizes[k % len(sizes)]
+        n += 1
+        k -= 1
+    return n
 
 
 class Producer(Worker):
@@ -225,6 +239,36 @@ class Producer(Worker):
                 await asyncio.wait_for(self.confirm_wait.wait(), 0.1)
             except TimeoutError:
                 pass
+        sizes = [len(pre) + BODY_HEADER.size + len(post) for pre, post in zip(pres, posts)]
+        await self._flush_or_drop(seq, sizes, route_q)
+
+    async def _flush_or_drop(self, seq: int, sizes: list[int], route_q: list[int]) -> None:
+        """Wait up to ``FLUSH_S`` for this producer's publishes to leave its transport's
+        buffer (a broker that reads slowly, or applies flow control, holds them there); then
+        drop what is left with the connection (``abort``) and take those publishes off the
+        totals, so that ``sent`` counts what was handed to the kernel. Without this, a
+        flooding load against a throttled broker counted the buffer's publishes (up to the
+        transport's high-water mark, about 64 KiB a producer) as sent, and the process
+        exited with them unsent: they read as lost (performance-log.md, "What the scaling
+        bench called lost").
+        ``seq``: publishes written; ``sizes``: bytes of a publish by route (``seq % len``);
+        ``route_q``: the local queue index of each route."""
+        transport = self.client.transport
+        deadline = time.monotonic() + FLUSH_S
+        while (transport is not None and not transport.is_closing()
+               and transport.get_write_buffer_size() and time.monotonic() < deadline):
+            await asyncio.sleep(0.01)
+        if transport is None or transport.is_closing():
+            return
+        unsent = unsent_tail(transport.get_write_buffer_size(), seq, sizes)
+        if not unsent:
+            return
+        transport.abort()
+        for s in range(seq - unsent, seq):
+            qi = route_q[s % len(route_q)]
+            self.total[qi][0] -= 1
+            if self.window[qi][0]:
+                self.window[qi][0] -= 1
 
     def snapshot(self):
         rows = []

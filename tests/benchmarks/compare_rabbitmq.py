@@ -474,7 +474,11 @@ def machine() -> dict:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
-    return {"nproc": os.cpu_count(), "cpu_model": model, "python": sys.version.split()[0]}
+    # the interpreter Shoal ran on (this one): its build matters as much as its version (a
+    # build without PGO and LTO, as pyenv's default, costs Shoal about 14 % more CPU per
+    # message than Debian's /usr/bin/python3: docs/performance.md, "Which Python")
+    return {"nproc": os.cpu_count(), "cpu_model": model, "python": sys.version.split()[0],
+            "python_executable": os.path.realpath(sys.executable)}
 
 
 def rabbitmq_version() -> str:

@@ -14,6 +14,10 @@ both sides see the same machine; it prints every run, the medians and their rati
 µs per message and voluntary sleeps per message (/proc/PID/task/TID). ``--local-link`` and
 ``--base-local-link`` pass ``serve --local-link`` to each side; with ``--base-local-link`` and
 no ``--base`` both sides run the installed Shoal (an A/B of the two same-host links).
+``--base-python PATH`` runs the base side's broker on another interpreter (a venv of it with
+Shoal installed, ``pip install -e .``; without ``--base`` the installed tree): an A/B of two
+builds of Python, such as Debian's ``/usr/bin/python3`` against pyenv's. The load tool runs on
+this script's interpreter on both sides.
 """
 from __future__ import annotations
 
@@ -54,15 +58,16 @@ def _children(pid: int) -> list[int]:
 
 
 def run_once(base: str | None, rate: int, time_s: int, extra: list[str],
-             embed: bool = False, local_link: str = "") -> dict:
+             embed: bool = False, local_link: str = "", python: str = "") -> dict:
     """One cluster + load run; returns cpu_us (per message), p50/p99 (ms), per-thread rows.
     ``embed``: ``serve --embed-node`` with the queue on node-0 (in the router process);
-    ``local_link``: ``serve --local-link`` (zmq, unix; "" = serve's default)."""
+    ``local_link``: ``serve --local-link`` (zmq, unix; "" = serve's default); ``python``:
+    the broker's interpreter ("" = this one)."""
     code = f"import sys; from {cli_module(base)} import main; sys.exit(main())"
     if base:
         code = f"import sys; sys.path.insert(0, {base!r}); " + code
     d = tempfile.mkdtemp(prefix="shoal-ab-")
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", "0", "--nodes", "2",
+    proc = subprocess.Popen([python or sys.executable, "-c", code, "serve", "--port", "0", "--nodes", "2",
                              "--data-dir", d, "--log-level", "warning",
                              *(["--embed-node"] if embed else []),
                              *(["--local-link", local_link] if local_link else [])],
@@ -117,6 +122,9 @@ def main() -> None:
     p.add_argument("--base-local-link", choices=["zmq", "unix"], default="",
                    help="serve --local-link of the base side (without --base: the installed "
                         "tree, so that the two links are compared)")
+    p.add_argument("--base-python", default="",
+                   help="the base side's broker runs on this interpreter (Shoal installed in "
+                        "it; without --base, the installed tree on both sides)")
     p.add_argument("extra", nargs="*", help="more shoal loadtest flags (after --)")
     a = p.parse_args()
     if a.threads:
@@ -127,8 +135,8 @@ def main() -> None:
                       f"{z:.2f} sleeps/msg")
         print(f"total {r['cpu_us']:.1f} µs/msg, p50 {r['p50']} ms, p99 {r['p99']} ms")
         return
-    if not a.base and not a.base_local_link:
-        p.error("--base is required (or --base-local-link, or --threads)")
+    if not a.base and not a.base_local_link and not a.base_python:
+        p.error("--base is required (or --base-local-link, --base-python, or --threads)")
     base = str(Path(a.base).resolve()) if a.base else None
     if base:
         shim = Path(base, "shoal")
@@ -138,10 +146,12 @@ def main() -> None:
                 (shim / sub).symlink_to(Path(base, sub))
     res: dict[str, list[dict]] = {"base": [], "installed": []}
     links = {"base": a.base_local_link, "installed": a.local_link}
+    pythons = {"base": a.base_python, "installed": ""}
     for i in range(a.runs):
         order = (("base", base), ("installed", None))
         for label, src in order if i % 2 == 0 else order[::-1]:
-            r = run_once(src, a.rate, a.time, a.extra, a.embed_node, links[label])
+            r = run_once(src, a.rate, a.time, a.extra, a.embed_node, links[label],
+                         pythons[label])
             res[label].append(r)
             print(f"{label:9} {r['cpu_us']:6.1f} µs/msg  p50 {r['p50']} ms  p99 {r['p99']} ms",
                   flush=True)

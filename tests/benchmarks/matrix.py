@@ -196,6 +196,8 @@ def main(argv=None) -> int:
     res: dict = {"machine": machine(), "nodes": args.nodes, "total_rate": args.total_rate,
                  "time_s": args.time, "repeat": args.repeat, "shapes": {}, "rates": {}}
     t0 = time.monotonic()
+    log(f"Shoal and the load tool on Python {res['machine']['python']} "
+        f"({res['machine']['python_executable']})")
     try:
         rabbit.ensure()
         res["rabbitmq_version"] = rabbitmq_version()

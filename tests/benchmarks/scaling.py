@@ -339,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out or tempfile.mkdtemp(prefix="shoal-scaling-"))
     (out / "runs").mkdir(parents=True, exist_ok=True)
+    log(f"Shoal and the load tool on Python {sys.version.split()[0]} "
+        f"({os.path.realpath(sys.executable)})")
     cg = CpuGroups()
     # SIGTERM as Ctrl-C: the cgroups are removed and RabbitMQ stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -121,6 +121,8 @@ def main(argv=None) -> int:
                  "time_s": args.time,
                  "repeat": args.repeat, "loads": {}}
     t0 = time.monotonic()
+    log(f"Shoal and the load tool on Python {res['machine']['python']} "
+        f"({res['machine']['python_executable']})")
     try:
         rabbit.ensure()
         res["rabbitmq_version"] = rabbitmq_version()
