@@ -481,6 +481,12 @@ def machine() -> dict:
             "python_executable": os.path.realpath(sys.executable)}
 
 
+def log_interpreter() -> None:
+    """Log the interpreter this bench starts Shoal and the load tool on (``machine()``)."""
+    m = machine()
+    log(f"Shoal and the load tool on Python {m['python']} ({m['python_executable']})")
+
+
 def rabbitmq_version() -> str:
     r = subprocess.run(["rabbitmqctl", "version"], capture_output=True, text=True, check=False)
     return r.stdout.strip()

@@ -67,8 +67,8 @@ def run_once(base: str | None, rate: int, time_s: int, extra: list[str],
     if base:
         code = f"import sys; sys.path.insert(0, {base!r}); " + code
     d = tempfile.mkdtemp(prefix="shoal-ab-")
-    proc = subprocess.Popen([python or sys.executable, "-c", code, "serve", "--port", "0", "--nodes", "2",
-                             "--data-dir", d, "--log-level", "warning",
+    proc = subprocess.Popen([python or sys.executable, "-c", code, "serve", "--port", "0",
+                             "--nodes", "2", "--data-dir", d, "--log-level", "warning",
                              *(["--embed-node"] if embed else []),
                              *(["--local-link", local_link] if local_link else [])],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,

@@ -49,7 +49,8 @@ import uuid
 from pathlib import Path
 
 from _cluster import port_open
-from compare_rabbitmq import Bench, RabbitMQ, Shoal, load1, log, machine, rabbitmq_version
+from compare_rabbitmq import (Bench, RabbitMQ, Shoal, load1, log, log_interpreter, machine,
+                             rabbitmq_version)
 from compare_table import cpu_us
 
 EXCHANGE = "{exchange}"     #: replaced by a fresh exchange name in each run's arguments
@@ -196,8 +197,7 @@ def main(argv=None) -> int:
     res: dict = {"machine": machine(), "nodes": args.nodes, "total_rate": args.total_rate,
                  "time_s": args.time, "repeat": args.repeat, "shapes": {}, "rates": {}}
     t0 = time.monotonic()
-    log(f"Shoal and the load tool on Python {res['machine']['python']} "
-        f"({res['machine']['python_executable']})")
+    log_interpreter()
     try:
         rabbit.ensure()
         res["rabbitmq_version"] = rabbitmq_version()

@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 
 from _cluster import stop_serve
-from compare_rabbitmq import RabbitMQ, last_line, log, window_cpu
+from compare_rabbitmq import RabbitMQ, last_line, log, log_interpreter, window_cpu
 
 from shoal.shared.settings import default_layout
 
@@ -339,8 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out or tempfile.mkdtemp(prefix="shoal-scaling-"))
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    log(f"Shoal and the load tool on Python {sys.version.split()[0]} "
-        f"({os.path.realpath(sys.executable)})")
+    log_interpreter()
     cg = CpuGroups()
     # SIGTERM as Ctrl-C: the cgroups are removed and RabbitMQ stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -34,7 +34,8 @@ from pathlib import Path
 import pika
 
 from _cluster import port_open
-from compare_rabbitmq import Bench, RabbitMQ, Shoal, log, machine, rabbitmq_version
+from compare_rabbitmq import (Bench, RabbitMQ, Shoal, log, log_interpreter, machine,
+                             rabbitmq_version)
 from compare_table import cpu_us
 
 STREAM = ["--queue-args", "x-queue-type=stream", "--durable", "--persistent", "--size", "1024",
@@ -121,8 +122,7 @@ def main(argv=None) -> int:
                  "time_s": args.time,
                  "repeat": args.repeat, "loads": {}}
     t0 = time.monotonic()
-    log(f"Shoal and the load tool on Python {res['machine']['python']} "
-        f"({res['machine']['python_executable']})")
+    log_interpreter()
     try:
         rabbit.ensure()
         res["rabbitmq_version"] = rabbitmq_version()
