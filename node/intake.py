@@ -17,7 +17,14 @@ log = logging.getLogger("shoal.node")
 #: and SETTLE only for deliveries already made). A lease's records and its end keep their
 #: place among them: a SETTLE of a leased delivery always follows its LEASED, and a router
 #: sends no PUBLISH to a queue it holds lent (node/lease.py).
+#:
+#: They jump over publishes only. Once a router's message of any other kind (a CANCEL, a
+#: QUEUE_PURGE, ...) is read in the turn, that router's later messages keep their order: a
+#: SETTLE that requeues a cancelled consumer's deliveries is sent behind its CANCEL
+#: (router/broker.py ``settle``), and run ahead of it the node would deliver them to the
+#: leaving consumer again, so that a count right after the detach missed them.
 _URGENT = frozenset({T.SETTLE, T.CREDIT, T.LEASED, T.LEASE_ACKED, T.LEASE_END})
+_PUBLISH = T.PUBLISH
 
 
 def feed_frame(shard: Shard, peer: bytes, frame: bytes, now_ms: float) -> int:
@@ -28,9 +35,9 @@ def feed_frame(shard: Shard, peer: bytes, frame: bytes, now_ms: float) -> int:
 def feed_frames(shard: Shard, frames: list[tuple[bytes, bytes]], now_ms: float,
                 batches: list[tuple[bytes, list]] | None = None) -> int:
     """Decode the frames read in one turn and hand their wire messages to ``shard``:
-    settlements and credit first, then everything else in arrival order. ``batches``: batches
-    already decoded (handed over in memory by a router in this process, ``attach_local``),
-    handled before the frames.
+    settlements and credit first (ahead of publishes only: :data:`_URGENT`), then everything
+    else in arrival order. ``batches``: batches already decoded (handed over in memory by a
+    router in this process, ``attach_local``), handled before the frames.
 
     This is the node's one broad catch: an undecodable frame or a message that makes a handler
     fail is logged and dropped; the node never crashes on input. Batches from the other nodes
@@ -42,20 +49,51 @@ def feed_frames(shard: Shard, frames: list[tuple[bytes, bytes]], now_ms: float,
             batches.append((peer, decode_batch(frame)))
         except ValueError as exc:
             log.warning("dropping frame from %r: %s", peer, exc)
+    if len(batches) < 2:
+        return _handle_all(shard, batches, now_ms)
+    # The other nodes' messages first: a quorum queue's leader that was stopped learns a
+    # newer term before it serves what the routers asked meanwhile.
+    batches.sort(key=lambda b: not b[0].startswith(b"peer:"))
     n = 0
-    urgent = len(batches) > 1
-    if urgent:
-        # The other nodes' messages first: a quorum queue's leader that was stopped learns a
-        # newer term before it serves what the routers asked meanwhile.
-        batches.sort(key=lambda b: not b[0].startswith(b"peer:"))
-    for first_pass in ((True, False) if urgent else (None,)):
-        for peer, batch in batches:
-            for msg in batch:
-                if first_pass is not None and (msg[0] in _URGENT) != first_pass:
-                    continue
-                try:
-                    shard.handle(peer, msg, now_ms)
-                    n += 1
-                except Exception:  # noqa: BLE001 - the one place that keeps the node alive
-                    log.exception("dropping wire message from %r that failed", peer)
+    #: peer -> (batch number, position) of its first message that is neither urgent nor a
+    #: publish: from there on its messages wait for the second pass, in order
+    held: dict[bytes, tuple[int, int]] = {}
+    for b, (peer, batch) in enumerate(batches):
+        for i, msg in enumerate(batch):
+            if peer in held:
+                break
+            tag = msg[0]
+            if tag in _URGENT:
+                n += _handle(shard, peer, msg, now_ms)
+            elif tag != _PUBLISH:
+                held[peer] = (b, i)
+    for b, (peer, batch) in enumerate(batches):
+        mark = held.get(peer)
+        for i, msg in enumerate(batch):
+            if msg[0] not in _URGENT or (mark is not None and (b, i) >= mark):
+                n += _handle(shard, peer, msg, now_ms)
     return n
+
+
+def _handle_all(shard: Shard, batches: list[tuple[bytes, list]], now_ms: float) -> int:
+    """Every message of ``batches`` in arrival order (one batch: nothing to put first). The
+    common case, so :func:`_handle` is written out here (one call less a message)."""
+    n = 0
+    for peer, batch in batches:
+        for msg in batch:
+            try:
+                shard.handle(peer, msg, now_ms)
+                n += 1
+            except Exception:  # noqa: BLE001 - the one place that keeps the node alive
+                log.exception("dropping wire message from %r that failed", peer)
+    return n
+
+
+def _handle(shard: Shard, peer: bytes, msg: list, now_ms: float) -> int:
+    """Hand one message to ``shard``: 1, or 0 when its handler failed (logged, dropped)."""
+    try:
+        shard.handle(peer, msg, now_ms)
+        return 1
+    except Exception:  # noqa: BLE001 - the one place that keeps the node alive
+        log.exception("dropping wire message from %r that failed", peer)
+        return 0
