@@ -81,7 +81,6 @@ MULOP: "*" | "/"
 %ignore WS
 """
 
-_parser = Lark(_GRAMMAR, parser="lalr", maybe_placeholders=False)
 
 #: The SQL filter's grammar: the selector's, with filtex's additions (module docstring).
 _SQL_GRAMMAR = _GRAMMAR \
@@ -97,7 +96,14 @@ _SQL_GRAMMAR = _GRAMMAR \
     .replace(_KEYWORDS, _KEYWORDS + "|utc") \
     + "\nBINARY.3: /0x(?:[0-9A-Fa-f]{2})+/\nDELIMITED: /\\[(?:[^\\[\\]]|\\[\\[|\\]\\])*\\]/\n" \
     "UTC.2: /utc\\b/i\n"
-_sql_parser = Lark(_SQL_GRAMMAR, parser="lalr", maybe_placeholders=False)
+
+
+@functools.cache
+def _parser(sql: bool) -> Lark:
+    """The selector's (or with ``sql`` the SQL filter's) LALR parser, built at its first use:
+    building one takes about 0.1 s, which every router and node process paid at start-up
+    although most never see a selector."""
+    return Lark(_SQL_GRAMMAR if sql else _GRAMMAR, parser="lalr", maybe_placeholders=False)
 
 Fn = Callable[[dict], Any]
 
@@ -351,7 +357,7 @@ def _compile(text: str, sql: bool) -> Selector:
     if not isinstance(text, str) or not text.strip():
         raise _error(str(text), 1, "empty selector")
     try:
-        tree = (_sql_parser if sql else _parser).parse(text)
+        tree = _parser(sql).parse(text)
         fn = _Compile(sql).transform(tree)
     except UnexpectedCharacters as e:
         raise _error(text, e.column, f"unexpected character '{text[e.pos_in_stream]}'") \

@@ -311,22 +311,37 @@ def read_stream(cl, stream: str) -> list[tuple[int, bytes]]:
     return got
 
 
+#: Publishes a publisher under a fault goes on with once the faulted process is back (or the
+#: fault is over): enough to cross the restart, where its 5,000 took 15-45 s.
+AFTER_FAULT = 200
+
+
 def kill_under_a_publisher(cl, queue: str, args: dict, node: str) -> tuple[list[bytes], int]:
     """Declare durable ``queue`` with ``args``, publish m0, m1, ... to it with confirms,
-    kill -9 ``node`` half a second in, go on until the channel fails; once the queue is
-    served again returns the confirmed bodies, in order, and its message count."""
+    kill -9 ``node`` half a second in, go on until the channel fails or AFTER_FAULT more
+    went once the launcher restarted the node (5,000 at most); once the queue is served
+    again returns the confirmed bodies, in order, and its message count."""
     s = session(cl)
     s.ch.queue_declare(queue, durable=True, arguments=args)
     confirmed: list[bytes] = []
     for i in range(100):
         s.ch.basic_publish("", queue, b"m%d" % i, PERSISTENT)
         confirmed.append(b"m%d" % i)
-    killer = threading.Timer(0.5, os.kill, (pids(cl)[node], signal.SIGKILL))
+    victim = pids(cl)[node]
+    killer = threading.Timer(0.5, os.kill, (victim, signal.SIGKILL))
     killer.start()                                      # while the publisher goes on
+    more = None                                         # to go once the node is back
     try:
         for i in range(100, 5000):
             s.ch.basic_publish("", queue, b"m%d" % i, PERSISTENT)
             confirmed.append(b"m%d" % i)
+            if more is None and i % 20 == 0 and killer.finished.is_set() \
+                    and pids(cl)[node] != victim:
+                more = AFTER_FAULT
+            elif more is not None:
+                more -= 1
+                if more == 0:
+                    break
     except (pika.exceptions.AMQPError, OSError):
         pass
     killer.join()

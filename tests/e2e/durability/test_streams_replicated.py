@@ -22,8 +22,8 @@ import pika
 import pytest
 
 from tests.conftest import EMBED
-from tests.e2e.durability.test_durability import (PERSISTENT, kill9, params, pids,
-                                                   read_stream, session)
+from tests.e2e.durability.test_durability import (AFTER_FAULT, PERSISTENT, kill9, params,
+                                                   pids, read_stream, session)
 
 pytestmark = pytest.mark.e2e
 
@@ -91,8 +91,8 @@ def test_a_replicated_stream_keeps_its_consumers_and_every_confirmed_message_thr
         faulter = threading.Thread(target=pause)
     faulter.start()
     deadline = time.monotonic() + 60
-    i = 200
-    while i < 2000 and time.monotonic() < deadline:
+    i, after = 200, 0
+    while i < 2000 and after < AFTER_FAULT and time.monotonic() < deadline:
         try:
             s.ch.basic_publish("", stream, b"m%d" % i, PERSISTENT)
             confirmed.append(b"m%d" % i)
@@ -100,6 +100,8 @@ def test_a_replicated_stream_keeps_its_consumers_and_every_confirmed_message_thr
             s.close()
             s = session(cl)
         i += 1
+        if not faulter.is_alive():      # the victim restarted, or the pause is over
+            after += 1
     faulter.join()
     if fault != "stop":
         assert pids(cl)[leader] != victim
