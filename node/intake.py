@@ -4,6 +4,7 @@ the shard, settlements and credit first (node/server.py reads them from the Zero
 from __future__ import annotations
 
 import logging
+from typing import Sequence
 
 from shoal.shared.wire import T, decode_batch
 
@@ -24,7 +25,7 @@ log = logging.getLogger("shoal.node")
 #: (router/broker.py ``settle``), and run ahead of it the node would deliver them to the
 #: leaving consumer again, so that a count right after the detach missed them.
 _URGENT = frozenset({T.SETTLE, T.CREDIT, T.LEASED, T.LEASE_ACKED, T.LEASE_END})
-_PUBLISH = T.PUBLISH
+_PUBLISH = int(T.PUBLISH)
 
 
 def feed_frame(shard: Shard, peer: bytes, frame: bytes, now_ms: float) -> int:
@@ -50,7 +51,7 @@ def feed_frames(shard: Shard, frames: list[tuple[bytes, bytes]], now_ms: float,
         except ValueError as exc:
             log.warning("dropping frame from %r: %s", peer, exc)
     if len(batches) < 2:
-        return _handle_all(shard, batches, now_ms)
+        return _handle(shard, batches[0][0], batches[0][1], now_ms) if batches else 0
     # The other nodes' messages first: a quorum queue's leader that was stopped learns a
     # newer term before it serves what the routers asked meanwhile.
     batches.sort(key=lambda b: not b[0].startswith(b"peer:"))
@@ -59,41 +60,52 @@ def feed_frames(shard: Shard, frames: list[tuple[bytes, bytes]], now_ms: float,
     #: publish: from there on its messages wait for the second pass, in order
     held: dict[bytes, tuple[int, int]] = {}
     for b, (peer, batch) in enumerate(batches):
+        if peer in held:
+            continue
         for i, msg in enumerate(batch):
-            if peer in held:
-                break
             tag = msg[0]
             if tag in _URGENT:
-                n += _handle(shard, peer, msg, now_ms)
+                try:
+                    shard.handle(peer, msg, now_ms)
+                    n += 1
+                except Exception:  # noqa: BLE001 - as in _handle
+                    log.exception("dropping wire message from %r that failed", peer)
             elif tag != _PUBLISH:
                 held[peer] = (b, i)
+                break
     for b, (peer, batch) in enumerate(batches):
         mark = held.get(peer)
-        for i, msg in enumerate(batch):
-            if msg[0] not in _URGENT or (mark is not None and (b, i) >= mark):
-                n += _handle(shard, peer, msg, now_ms)
+        if mark is None or b < mark[0]:
+            n += _handle_the_rest(shard, peer, batch, now_ms)
+        elif b > mark[0]:
+            n += _handle(shard, peer, batch, now_ms)
+        else:
+            n += _handle_the_rest(shard, peer, batch[:mark[1]], now_ms)
+            n += _handle(shard, peer, batch[mark[1]:], now_ms)
     return n
 
 
-def _handle_all(shard: Shard, batches: list[tuple[bytes, list]], now_ms: float) -> int:
-    """Every message of ``batches`` in arrival order (one batch: nothing to put first). The
-    common case, so :func:`_handle` is written out here (one call less a message)."""
+def _handle(shard: Shard, peer: bytes, msgs: Sequence[list], now_ms: float) -> int:
+    """Hand ``msgs`` to ``shard`` in order; how many were handled (one whose handler failed is
+    logged and dropped)."""
     n = 0
-    for peer, batch in batches:
-        for msg in batch:
+    for msg in msgs:
+        try:
+            shard.handle(peer, msg, now_ms)
+            n += 1
+        except Exception:  # noqa: BLE001 - the one place that keeps the node alive
+            log.exception("dropping wire message from %r that failed", peer)
+    return n
+
+
+def _handle_the_rest(shard: Shard, peer: bytes, msgs: Sequence[list], now_ms: float) -> int:
+    """As :func:`_handle`, leaving out the settlements and credit (the first pass's)."""
+    n = 0
+    for msg in msgs:
+        if msg[0] not in _URGENT:
             try:
                 shard.handle(peer, msg, now_ms)
                 n += 1
-            except Exception:  # noqa: BLE001 - the one place that keeps the node alive
+            except Exception:  # noqa: BLE001 - as in _handle
                 log.exception("dropping wire message from %r that failed", peer)
     return n
-
-
-def _handle(shard: Shard, peer: bytes, msg: list, now_ms: float) -> int:
-    """Hand one message to ``shard``: 1, or 0 when its handler failed (logged, dropped)."""
-    try:
-        shard.handle(peer, msg, now_ms)
-        return 1
-    except Exception:  # noqa: BLE001 - the one place that keeps the node alive
-        log.exception("dropping wire message from %r that failed", peer)
-        return 0
