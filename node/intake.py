@@ -100,12 +100,4 @@ def _handle(shard: Shard, peer: bytes, msgs: Sequence[list], now_ms: float) -> i
 
 def _handle_the_rest(shard: Shard, peer: bytes, msgs: Sequence[list], now_ms: float) -> int:
     """As :func:`_handle`, leaving out the settlements and credit (the first pass's)."""
-    n = 0
-    for msg in msgs:
-        if msg[0] not in _URGENT:
-            try:
-                shard.handle(peer, msg, now_ms)
-                n += 1
-            except Exception:  # noqa: BLE001 - as in _handle
-                log.exception("dropping wire message from %r that failed", peer)
-    return n
+    return _handle(shard, peer, [m for m in msgs if m[0] not in _URGENT], now_ms)
