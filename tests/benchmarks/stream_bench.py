@@ -2,7 +2,7 @@
 1 KB messages, confirms on:
 
     python tests/benchmarks/stream_bench.py [--repeat 3] [--time 10] [--seek-mb 1024]
-        [--nodes 2] [--members N] [--out DIR]
+        [--nodes 2] [--members N] [--rabbitmq-nodes 1|3] [--out DIR]
 
 - **publish**: 2 producers as fast as a confirm window of 500 lets them, persistent, no
   consumer: the confirmed rate, and broker CPU per message;
@@ -12,6 +12,13 @@
 - **seek**: a stream filled with ``--seek-mb`` MB (64 KiB bodies, confirmed), then a new
   consumer at an offset in its middle: the time from ``basic.consume`` to its first
   delivery, the median of 5 consumers (a lookup in Shoal's index: docs/streams.md).
+
+With ``--rabbitmq-nodes 3`` RabbitMQ runs as the 3-node cluster of quorum_bench.py
+(``_quorum_clusters.RabbitCluster``: rabbit1..3@localhost on AMQP ports 5681-5683, started
+once for the whole bench and stopped at its end), and the load's clients connect to rabbit1,
+which leads the stream it declares (streams' leader locator is client-local). Give Shoal
+``--nodes 3`` with it, so that both brokers replicate each stream to 3 members and confirm a
+publish once 2 of them have it.
 
 Runs alternate (Shoal, RabbitMQ, Shoal, ...), a fresh ``shoal serve`` per Shoal run, as
 compare_rabbitmq.py's ``Bench`` runs them; the table gives each broker's median and the
@@ -36,6 +43,7 @@ import pika
 from _cluster import port_open
 from compare_rabbitmq import (Bench, RabbitMQ, Shoal, log, log_interpreter, machine,
                              rabbitmq_version)
+from _quorum_clusters import RMQ_NODES, RabbitCluster, amqp_url
 from compare_table import cpu_us
 
 STREAM = ["--queue-args", "x-queue-type=stream", "--durable", "--persistent", "--size", "1024",
@@ -46,6 +54,36 @@ LOADS: dict[str, tuple[str, list[str]]] = {
     "fanout": ("1 producer at --rate, 5 consumers reading all",
                STREAM + ["--producers", "1", "--consumers", "5", "--qos", "500"]),
 }
+
+
+class RabbitStreams3:
+    """RabbitMQ on 3 nodes for ``Bench``: the cluster starts once (``ensure``) and serves
+    every run (each declares a stream of its own name); ``pids`` are the 3 beam.smp."""
+    label = "RabbitMQ (3 nodes)"
+    nodes = None
+
+    def __init__(self, work: Path) -> None:
+        self.cluster = RabbitCluster(work)
+        self.url = amqp_url(self.cluster.ports[RMQ_NODES[0]])
+
+    def ensure(self) -> None:
+        self.cluster.start()
+
+    def version(self) -> str:
+        return self.cluster.ctl(RMQ_NODES[0], "version").strip()
+
+    def pids(self) -> list[int]:
+        return list(self.cluster.pids.values())
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self.cluster.stop()
+        self.cluster.cleanup_epmd()
 
 
 def _median(values: list) -> float | None:
@@ -100,6 +138,9 @@ def main(argv=None) -> int:
                    help="x-initial-cluster-size for both brokers (default: each broker's own, "
                         "3 at most the nodes there are: 2 on Shoal's 2 nodes, 1 on RabbitMQ's "
                         "one). 1 compares like for like with RabbitMQ on one node")
+    p.add_argument("--rabbitmq-nodes", type=int, choices=(1, 3), default=1,
+                   help="1: the RabbitMQ on 5672 (started when not running); 3: a 3-node "
+                        "RabbitMQ cluster of its own on ports 5681-5683 (module docstring)")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]
@@ -115,17 +156,19 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, _exit)
     bench = Bench(out, quick=False)
     bench.time_s = args.time
-    rabbit = RabbitMQ()
+    rabbit = RabbitMQ() if args.rabbitmq_nodes == 1 else RabbitStreams3(out)
     shoal = Shoal(args.shoal_port, args.nodes, out)
     brokers = (shoal, rabbit)
     res: dict = {"machine": machine(), "nodes": args.nodes, "members": args.members,
+                 "rabbitmq_nodes": args.rabbitmq_nodes,
                  "time_s": args.time,
                  "repeat": args.repeat, "loads": {}}
     t0 = time.monotonic()
     log_interpreter()
     try:
         rabbit.ensure()
-        res["rabbitmq_version"] = rabbitmq_version()
+        res["rabbitmq_version"] = (rabbitmq_version() if args.rabbitmq_nodes == 1
+                                   else rabbit.version())
         for load in loads:
             runs: dict[str, list[dict]] = {}
             for _ in range(args.repeat):
@@ -193,6 +236,7 @@ def summarize(load: str, runs: dict[str, list[dict]], shoal_label: str) -> dict:
 def render(res: dict, shoal_label: str) -> str:
     members = f", x-initial-cluster-size {res['members']}" if res.get("members") else ""
     lines = [f"Streams, Shoal ({res['nodes']} nodes) vs {res.get('rabbitmq_version', 'RabbitMQ')}"
+             f" on {res.get('rabbitmq_nodes', 1)} node(s)"
              f", {res['repeat']} alternating pairs{members}",
              "", "| load | figure | Shoal | RabbitMQ | pairs (Shoal/RabbitMQ) | median |",
              "|---|---|---|---|---|---|"]
