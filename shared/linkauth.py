@@ -13,12 +13,12 @@ embedded node) carry no security mechanism. Off by default: a local ``shoal serv
 from __future__ import annotations
 
 import logging
-from typing import Any
-
-import zmq
-from zmq.utils import z85
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    import zmq
 
 log = logging.getLogger("shoal.link.auth")
 KEY_LENGTH = 40   #: Z85 text of a 32-byte key
@@ -43,6 +43,9 @@ def check_keys(settings: Any) -> None:
 def _check_key(name: str, key: str) -> None:
     if not key:
         return
+    # pyzmq here, not at the top: the settings import this module in every process, the
+    # launcher and the CLI's commands too, which use no ZeroMQ (0.04 s)
+    from zmq.utils import z85
     try:
         ok = len(key) == KEY_LENGTH and len(z85.decode(key.encode())) == 32
     except (ValueError, KeyError, TypeError):
@@ -65,6 +68,7 @@ class CurveAuthenticator:
     def callback(self, domain: str, key: bytes) -> bool:
         """ZAP: whether the CURVE client with public ``key`` (Z85, as pyzmq's authenticator
         passes it) may connect."""
+        from zmq.utils import z85
         text = key if len(key) == KEY_LENGTH else z85.encode(key)
         if text in self.allowed:
             return True
