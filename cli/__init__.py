@@ -46,8 +46,8 @@ def serve_main(argv: list[str]) -> int:
                                              "1)")
     p.add_argument("--routers", type=int, help="router processes sharing the AMQP port "
                                                "(SO_REUSEPORT), each linked to every node "
-                                               "(default: half the CPUs, at least 1; 1 with "
-                                               "--embed-node)")
+                                               "(default: half the CPUs and one more per 4 "
+                                               "CPUs from 4, at least 1; 1 with --embed-node)")
     p.add_argument("--data-dir", help="where nodes keep their data (default "
                                       "~/.local/share/shoal)")
     p.add_argument("--embed-node", action=argparse.BooleanOptionalAction, default=None,

@@ -25,7 +25,9 @@ serve`` on the same directory stops with one line naming it and the pid that hol
 
 With ``pin_cpus`` (the default) each process is held to one CPU from before it starts
 (``sched_setaffinity`` in the child), routers on the first share of the CPUs and nodes on the
-rest (``shoal.shared.settings.cpu_plan``); cluster.json gives each its ``cpu``.
+rest (``shoal.shared.settings.cpu_plan``); cluster.json gives each its ``cpu``. On 4 CPUs or
+more, with more processes than CPUs (the default layout there: 3 routers and 2 nodes on 4),
+none is pinned and the kernel spreads them.
 """
 from __future__ import annotations
 

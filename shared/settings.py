@@ -30,21 +30,31 @@ MAX_MESSAGE_SIZE_LIMIT = 512 * 1024 * 1024
 
 def default_layout(cores: int) -> tuple[int, int]:
     """``(routers, nodes)`` that ``shoal serve`` runs on a machine of ``cores`` CPUs: half the
-    cores route (AMQP), the other half hold queues, at least one of each. Measured with
-    tests/benchmarks/scaling.py on 4 emulated cores (docs/performance.md, "Scaling across
-    cores"): 2 routers + 2 nodes delivered 2.1x what 1 + 3 or 3 + 1 did."""
-    routers = max(1, cores // 2)
-    return routers, max(1, cores - routers)
+    cores hold queues (nodes), the other half route (AMQP), and from 4 cores one router more
+    for every 4 cores, at least one of each: 1 + 1 on 2 cores, 3 + 2 on 4, 6 + 4 on 8.
+
+    A router spends about twice a node's CPU on each message (a publish parsed, a delivery
+    written, an ack read, and the link's frames to and from the nodes), so with half and half
+    the routers reach their cores while the nodes use about half of theirs. Measured with
+    tests/benchmarks/scaling.py on 4 emulated cores, no confirms (docs/performance.md,
+    "Scaling across cores"): 3 routers + 2 nodes delivered 1.4x what 2 + 2 did, alternating;
+    1 + 3 and 3 + 1 half of 2 + 2. With more processes than CPUs, ``serve`` pins none of them
+    (:func:`cpu_plan`)."""
+    nodes = max(1, cores - cores // 2)
+    return max(1, cores // 2 + cores // 4), nodes
 
 
 def cpu_plan(cpus: list[int], routers: int, nodes: int) -> tuple[list[int], list[int]]:
     """``(router CPUs, node CPUs)``: the CPU each router and each node process is held to
     (``pin_cpus``). Routers take the first ``round(C * R / (R + N))`` of the ``C`` CPUs (at
     least one, and at least one left for nodes), nodes the rest, each kind round-robin over its
-    share; ``([], [])`` (no pinning) with fewer than 2 CPUs. Pinning a process keeps its Python
+    share; ``([], [])`` (no pinning) with fewer than 2 CPUs, and with more processes than CPUs
+    on 4 CPUs or more (the default layout there, :func:`default_layout`: pinned, two routers
+    would share one CPU while a node's CPU idles; unpinned, the kernel spreads the processes,
+    each still at most one CPU, as scaling.py's nested quotas measured it). Pinning a process keeps its Python
     thread and its ZeroMQ I/O thread on one CPU: at 5,000 msg/s that cut the broker's CPU per
     message by 18 % (docs/performance.md, issue 20)."""
-    if len(cpus) < 2 or routers + nodes < 1:
+    if len(cpus) < 2 or routers + nodes < 1 or routers + nodes > len(cpus) >= 4:
         return [], []
     share = min(len(cpus) - 1, max(1, round(len(cpus) * routers / (routers + nodes))))
     mine, theirs = cpus[:share], cpus[share:]
@@ -68,8 +78,9 @@ class Settings:
     #: ``serve``: node count (default: half the CPUs, see :func:`default_layout`)
     routers: int = 0                         #: ``serve``: router processes sharing ``port``
     #: (SO_REUSEPORT: the kernel spreads connections over them), each linked to every node;
-    #: 0 = half the CPUs (:func:`default_layout`), 1 with ``embed_node`` (router-0 then
-    #: hosts node-0, which the other routers reach over ``embed_bind``)
+    #: 0 = half the CPUs, and one more per 4 CPUs from 4 (:func:`default_layout`), 1 with
+    #: ``embed_node`` (router-0 then hosts node-0, which the other routers reach over
+    #: ``embed_bind``)
     direct_port: int = -1                    #: router: a second AMQP port that reaches this
     #: router alone (-1 = none, 0 = pick a free one); ``serve`` opens one per router when
     #: ``routers`` > 1 and lists them in cluster.json (tests, diagnostics)
@@ -277,8 +288,9 @@ class Settings:
         return cpu_plan(sorted(os.sched_getaffinity(0)), routers, nodes)
 
     def serve_routers(self) -> int:
-        """How many routers ``shoal serve`` runs: ``routers``, or when 0, half the CPUs
-        (:func:`default_layout`), or 1 with ``embed_node`` (node-0 lives in the one router)."""
+        """How many routers ``shoal serve`` runs: ``routers``, or when 0, half the CPUs and one
+        more per 4 CPUs from 4 (:func:`default_layout`), or 1 with ``embed_node`` (node-0
+        lives in the one router)."""
         if self.routers:
             return self.routers
         return 1 if self.embed_node else default_layout(os.cpu_count() or 1)[0]

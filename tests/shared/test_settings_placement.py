@@ -3,7 +3,7 @@ import pytest
 
 from shoal.shared.errors import ConfigError
 from shoal.shared.placement import owner
-from shoal.shared.settings import cpu_plan, load_settings
+from shoal.shared.settings import cpu_plan, default_layout, load_settings
 
 
 def test_defaults_are_what_the_readme_promises():
@@ -58,8 +58,8 @@ def test_embed_node_from_file_env_and_flag(tmp_path):
 
 def test_routers_from_file_env_and_flag(tmp_path, monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
-    s = load_settings(env={})                                  # by CPU count: half and half
-    assert (s.serve_routers(), s.nodes) == (4, 4)
+    s = load_settings(env={})              # by CPU count: half nodes, half + a quarter routers
+    assert (s.serve_routers(), s.nodes) == (6, 4)
     s = load_settings(env={"SHOAL_EMBED_NODE": "1"})          # node-0 in the one router
     assert (s.serve_routers(), s.nodes) == (1, 4)
     monkeypatch.setattr("os.cpu_count", lambda: 1)
@@ -110,9 +110,20 @@ def test_placement_adding_a_node_moves_only_its_share():
     ([4, 5, 6, 7], 1, 3, ([4], [5, 6, 7])),
     ([0, 1], 4, 4, ([0, 0, 0, 0], [1, 1, 1, 1])),   # more processes than CPUs
     ([0, 1, 2], 1, 1, ([0], [2])),                  # an odd count: routers get 2 CPUs
+    ([0, 1, 2, 3], 3, 2, ([], [])),                 # 4 CPUs' default: the kernel spreads them
+    ([0, 1, 2, 3, 4, 5, 6, 7], 6, 4, ([], [])),     # 8 CPUs' default
 ])
 def test_cpu_plan_puts_routers_and_nodes_on_cpus_of_their_own(cpus, routers, nodes, expect):
     assert cpu_plan(cpus, routers, nodes) == expect
+
+
+@pytest.mark.parametrize("cores,layout", [
+    (1, (1, 1)), (2, (1, 1)), (3, (1, 2)), (4, (3, 2)), (8, (6, 4)), (16, (12, 8)),
+])
+def test_default_layout_gives_routers_a_quarter_more_from_4_cores(cores, layout):
+    """shoal serve's routers and nodes for a machine of ``cores`` CPUs (a router costs about
+    twice a node per message: docs/performance.md, "Scaling across cores")."""
+    assert default_layout(cores) == layout
 
 
 def test_pin_cpus_from_env_and_flag():
