@@ -37,8 +37,8 @@ def default_layout(cores: int) -> tuple[int, int]:
     written, an ack read, and the link's frames to and from the nodes), so with half and half
     the routers reach their cores while the nodes use about half of theirs. Measured with
     tests/benchmarks/scaling.py on 4 emulated cores, no confirms (docs/performance.md,
-    "Scaling across cores"): 3 routers + 2 nodes delivered 1.4x what 2 + 2 did, alternating;
-    1 + 3 and 3 + 1 half of 2 + 2. With more processes than CPUs, ``serve`` pins none of them
+    "Scaling across cores"): 3 routers + 2 nodes delivered 1.32x what 2 + 2 did (median of 4
+    alternating pairs); 1 + 3 and 3 + 1 about half of 2 + 2. With more processes than CPUs, ``serve`` pins none of them
     (:func:`cpu_plan`)."""
     nodes = max(1, cores - cores // 2)
     return max(1, cores // 2 + cores // 4), nodes
@@ -51,9 +51,9 @@ def cpu_plan(cpus: list[int], routers: int, nodes: int) -> tuple[list[int], list
     share; ``([], [])`` (no pinning) with fewer than 2 CPUs, and with more processes than CPUs
     on 4 CPUs or more (the default layout there, :func:`default_layout`: pinned, two routers
     would share one CPU while a node's CPU idles; unpinned, the kernel spreads the processes,
-    each still at most one CPU, as scaling.py's nested quotas measured it). Pinning a process keeps its Python
-    thread and its ZeroMQ I/O thread on one CPU: at 5,000 msg/s that cut the broker's CPU per
-    message by 18 % (docs/performance.md, issue 20)."""
+    each still at most one CPU, as scaling.py's nested quotas measured it). Pinning a process
+    keeps its Python thread and its ZeroMQ I/O thread on one CPU: at 5,000 msg/s that cut the
+    broker's CPU per message by 18 % (docs/performance.md, issue 20)."""
     if len(cpus) < 2 or routers + nodes < 1 or routers + nodes > len(cpus) >= 4:
         return [], []
     share = min(len(cpus) - 1, max(1, round(len(cpus) * routers / (routers + nodes))))
