@@ -38,8 +38,8 @@ def default_layout(cores: int) -> tuple[int, int]:
     the routers reach their cores while the nodes use about half of theirs. Measured with
     tests/benchmarks/scaling.py on 4 emulated cores, no confirms (docs/performance.md,
     "Scaling across cores"): 3 routers + 2 nodes delivered 1.32x what 2 + 2 did (median of 4
-    alternating pairs); 1 + 3 and 3 + 1 about half of 2 + 2. With more processes than CPUs, ``serve`` pins none of them
-    (:func:`cpu_plan`)."""
+    alternating pairs); 1 + 3 and 3 + 1 about half of 2 + 2. With more processes than CPUs,
+    ``serve`` pins none of them (:func:`cpu_plan`)."""
     nodes = max(1, cores - cores // 2)
     return max(1, cores // 2 + cores // 4), nodes
 
