@@ -80,6 +80,7 @@ def compile_sql(text: str) -> Selector:
     as RabbitMQ 4.2; module docstring). Raises AMQPError 406 as :func:`compile_selector`."""
     return _compile(text, True)
 
+
 def _compile(text: str, sql: bool) -> Selector:
     if not isinstance(text, str) or not text.strip():
         raise _error(str(text), 1, "empty selector")
