@@ -19,7 +19,11 @@ T(K) / (K T(1)), the Shoal/RabbitMQ ratio, lost and duplicate messages; raw runs
 missing, as compare_rabbitmq.py does).
 
     python tests/benchmarks/scaling.py [--ks 1,2,4,8] [--quota 0.1] [--time 15] [--no-rabbitmq]
-        [--layout R:N[,R:N...]] [--repeat N]
+        [--layout R:N[,R:N...]] [--repeat N] [--queue-pattern NAME%d]
+
+Queue names are new each run unless ``--queue-pattern`` fixes them: Shoal places queues by a
+hash of the name (shared/placement.py), so 16 random names split over 2 nodes anywhere from
+8/8 to 12/4, and the busier node bounds the run. Each Shoal run logs its split.
 """
 from __future__ import annotations
 
@@ -224,14 +228,27 @@ def left_in_queues(url: str, pattern: str, queues: int, settle_s: float = 3.0,
         conn.close()
 
 
-def run_load(broker, load: str, time_s: float, out: Path) -> dict:
+def queues_per_node(pattern: str, nodes: int, queues: int = 16) -> list[int]:
+    """How many of the load's queues (``pattern % 1`` .. ``pattern % queues``) placement puts
+    on each of ``nodes`` nodes (shared/placement.py): the busiest node bounds a run."""
+    from shoal.shared.placement import owner
+    ids = [f"node-{i}" for i in range(nodes)]
+    split = [0] * nodes
+    for i in range(1, queues + 1):
+        split[ids.index(owner("/", pattern % i, ids))] += 1
+    return split
+
+
+def run_load(broker, load: str, time_s: float, out: Path, pattern: str = "") -> dict:
     """Start ``broker``, run one load against it, stop it. Returns the run record: the load
     tool's summary, broker CPU seconds in the sending window, throttled periods, and
-    ``left`` (messages still queued at the end; ``lost`` counts them, ``lost_for_good`` not)."""
+    ``left`` (messages still queued at the end; ``lost`` counts them, ``lost_for_good`` not).
+    ``pattern``: the queues' names (``%d`` = 1..16); "" = new random names each run, so each
+    Shoal run gets its own placement over the nodes (``queues_per_node`` in the record)."""
     run_dir = out / "runs" / f"{len(list((out / 'runs').glob('*'))):02d}-k{broker.k}-" \
         f"{broker.label.replace(' ', '_').replace('+', '')}-{load}"
     groups = broker.start()
-    pattern = f"scale-{uuid.uuid4().hex[:6]}-%d"
+    pattern = pattern or f"scale-{uuid.uuid4().hex[:6]}-%d"
     cmd = [sys.executable, "-m", "shoal.cli", "loadtest", "--url", broker.url, "--out",
            str(run_dir), "--label", broker.label, "--time", str(time_s), "--queue-pattern",
            pattern, *LOADS[load]]
@@ -257,6 +274,8 @@ def run_load(broker, load: str, time_s: float, out: Path) -> dict:
            # each cgroup was throttled in (a process at its quota is the ceiling).
            "cpu_s_by_process": {broker.name_of(pid): round(c, 2) for pid, c in per_pid.items()},
            "nr_throttled_by_group": by_group}
+    if isinstance(broker, ShoalK):
+        rec["queues_per_node"] = queues_per_node(pattern, broker.nodes)
     if proc.returncode == 0:
         rec.update(json.loads((run_dir / "run.json").read_text())["summary"])
         rec["left"] = left
@@ -266,7 +285,9 @@ def run_load(broker, load: str, time_s: float, out: Path) -> dict:
     log(f"K={broker.k} {broker.label:<22} {load:<19} -> "
         + (f"recv {rec['receive_rate']:.0f} msg/s, sent {rec['send_rate']:.0f}, still queued "
            f"{left}, lost {rec['lost_for_good']}, dup {rec['duplicates']}, cpu {cpu:.2f} s, "
-           f"throttled {throttled}; by process "
+           f"throttled {throttled}; "
+           + (f"queues per node {'/'.join(map(str, rec['queues_per_node']))}; "
+              if "queues_per_node" in rec else "") + "by process "
            + ", ".join(f"{n} {c:.2f} s" for n, c in rec["cpu_s_by_process"].items())
            if proc.returncode == 0 else f"FAILED: {rec['error']}"))
     return rec
@@ -325,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="runs of each broker and layout per K and load, alternating; the "
                         "table gives the medians")
     p.add_argument("--out", default="", help="results folder (default: a temporary one)")
+    p.add_argument("--queue-pattern", default="", metavar="NAME%%d",
+                   help="the same queue names in every run (so the same placement over "
+                        "Shoal's nodes, for an A/B of two trees); default: new random names "
+                        "each run")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         print("scaling: needs root (it writes CPU cgroups)", file=sys.stderr)
@@ -351,10 +376,10 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(args.repeat):
                     for layout in layouts:
                         runs.append(run_load(ShoalK(k, args.quota, cg, out, layout), load,
-                                             args.time, out))
+                                             args.time, out, args.queue_pattern))
                     for sbwt_none in ([] if args.no_rabbitmq else [False, True]):
                         runs.append(run_load(RabbitK(k, args.quota, cg, sbwt_none), load,
-                                             args.time, out))
+                                             args.time, out, args.queue_pattern))
                     (out / "results.json").write_text(json.dumps(runs, indent=2) + "\n")
     finally:
         cg.close()
