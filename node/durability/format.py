@@ -24,7 +24,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
-from typing import ClassVar
+from typing import ClassVar, Iterable, Protocol, TypeVar
 
 import msgpack
 
@@ -269,6 +269,38 @@ def frame(rtype: int, payload: bytes, salt: int) -> tuple[bytes, bytes, bytes]:
     crc = zlib.crc32(payload, zlib.crc32(tb, salt))
     h8 = _LEN_CRC.pack(len(payload) + 1, crc)
     return h8 + zlib.crc32(h8, salt).to_bytes(4, "little"), tb, payload
+
+
+class _Record(Protocol):
+    rtype: int
+    payload: bytes
+
+
+Framable = TypeVar("Framable", bound=_Record)
+
+
+def frame_all(records: Iterable[Framable], salt: int, pos: int,
+              parts: list[bytes]) -> list[tuple[Framable, int, int]]:
+    """Frame ``records`` (each with ``rtype`` and ``payload``) as :func:`frame` does, one
+    after the other from file offset ``pos``, onto ``parts``; returns (record, offset, framed
+    size) of each. A commit frames every record of its write so (journal.py)."""
+    crc32 = zlib.crc32
+    pack = _LEN_CRC.pack
+    tbs = _TYPE_BYTE
+    seeds = {t: crc32(tb, salt) for t, tb in tbs.items()}
+    append = parts.append
+    placed = []
+    for r in records:
+        payload = r.payload
+        rtype = r.rtype
+        h8 = pack(len(payload) + 1, crc32(payload, seeds[rtype]))
+        append(h8 + crc32(h8, salt).to_bytes(4, "little"))
+        append(tbs[rtype])
+        append(payload)
+        size = RECORD_OVERHEAD + len(payload)
+        placed.append((r, pos, size))
+        pos += size
+    return placed
 
 
 def segment_header(salt: int) -> bytes:

@@ -90,7 +90,7 @@ class JournalState:
         self.max_entry_id = 0
 
     # ------------------------------------------------------------------ entries
-    def _kill(self, entry_id: int) -> None:
+    def kill(self, entry_id: int) -> None:
         e = self.entries.pop(entry_id, None)
         if e is None:
             return
@@ -101,9 +101,21 @@ class JournalState:
             self.messages.pop(entry_id, None)
         self.on_dead(e)
 
+    def add_entry(self, qkey: QueueKey, entry_id: int, redelivered: bool,
+                  delivery_count: int) -> LiveEntry:
+        """Index a new live entry (``entry_id`` not live); returns it."""
+        if entry_id > self.max_entry_id:
+            self.max_entry_id = entry_id
+        e = self.entries[entry_id] = LiveEntry(qkey, bool(redelivered), int(delivery_count))
+        ids = self.by_queue.get(qkey)
+        if ids is None:
+            ids = self.by_queue[qkey] = {}
+        ids[entry_id] = None
+        return e
+
     def _drop_queue_entries(self, qkey: QueueKey) -> None:
         for entry_id in list(self.by_queue.pop(qkey, ())):
-            self._kill(entry_id)
+            self.kill(entry_id)
 
     def apply(self, rec: Record) -> LiveEntry | None:
         """Apply one record; for an ENQUEUE returns its new LiveEntry. An ENQUEUE may name a
@@ -114,10 +126,8 @@ class JournalState:
             qkey = (rec.vhost, rec.queue)
             if rec.entry_id > self.max_entry_id:
                 self.max_entry_id = rec.entry_id
-            self._kill(rec.entry_id)                    # compaction copy replaces
-            e = LiveEntry(qkey, bool(rec.redelivered), int(rec.delivery_count))
-            self.entries[rec.entry_id] = e
-            self.by_queue.setdefault(qkey, {})[rec.entry_id] = None
+            self.kill(rec.entry_id)                    # compaction copy replaces
+            e = self.add_entry(qkey, rec.entry_id, rec.redelivered, rec.delivery_count)
             if self.messages is not None:
                 self.messages[rec.entry_id] = rec
             return e
@@ -125,7 +135,7 @@ class JournalState:
             for entry_id in rec.entry_ids:
                 if entry_id > self.max_entry_id:
                     self.max_entry_id = entry_id
-                self._kill(entry_id)
+                self.kill(entry_id)
         elif t is DeliveryState:
             for entry_id, redelivered, count in rec.updates:
                 e = self.entries.get(entry_id)

@@ -18,7 +18,12 @@ as a broker process at 5,000 msg/s idles between bursts (its CPU halts), and pri
 the bursts' work alone (the sleeps' own CPU left out), for runs of ``--messages`` / 5 messages
 (``--idle-ms 0``: the same timing per burst without the sleep, the baseline):
 on docs/performance.md's VM the same code costs about 60 % more after an idle millisecond
-(session 17). Not collected by pytest: a benchmark asserts no speed.
+(session 17). ``--persistent``: the queue durable, the messages persistent (delivery-mode 2)
+and published in confirm mode, the shard journaled (a Journal in a temporary folder) with one
+commit per turn as the node makes it on its loop (the ENQUEUE, DELIVERY_STATE and SETTLE
+records, their framing, one write and one fdatasync; the confirms leave once it is on disk):
+issue 46's shape C and the K = 4 confirmed load, without their noise. Not collected by
+pytest: a benchmark asserts no speed.
 """
 from __future__ import annotations
 
@@ -29,7 +34,9 @@ import os
 import pstats
 import sys
 import struct
+import tempfile
 import time
+from pathlib import Path
 
 import zmq
 
@@ -39,6 +46,7 @@ from pamqp import commands  # noqa: E402
 
 from amqp_testkit import PROTOCOL_HEADER, m, publish, start_ok_plain  # noqa: E402
 
+from shoal.node.durability.journal import Journal  # noqa: E402
 from shoal.node.intake import feed_frames  # noqa: E402
 from shoal.node.shard import Shard  # noqa: E402
 from shoal.router.broker import Broker  # noqa: E402
@@ -103,6 +111,9 @@ class Link(NodeLink):
             feed_frames(self.shard, [(PEER, wire.encode_batch(batch))], now)
         else:
             feed_frames(self.shard, [], now, [(PEER, wire.handover(batch))])
+        if self.shard.journal_flush():      # the turn's one commit (node/durability/group_commit.py)
+            self.shard.durable.journal.commit()
+            self.shard.release_durable()
         asyncio.get_running_loop().call_soon(self._from_node)
         return True
 
@@ -137,10 +148,12 @@ async def settle(link: Link) -> None:
 
 
 async def run(messages: int, burst: int, profile: bool, frames: bool = False,
-              idle_ms: float | None = None) -> None:
+              idle_ms: float | None = None, persistent: bool = False) -> None:
     settings = Settings(node_id="node-0", node_endpoints=["node-0=inproc://none"])
     broker = Broker(settings)
     shard = Shard("node-0", "inc-1", settings)
+    if persistent:
+        shard.attach_journal(Journal.open(Path(tempfile.mkdtemp(prefix="hot-path-")) / "j"))
     shard.handle(PEER, [T.HELLO, wire.WIRE_VERSION, broker.router_id, "node-0"], 0.0)
     shard.take_outbox()
     ctx = zmq.Context()
@@ -148,12 +161,14 @@ async def run(messages: int, burst: int, profile: bool, frames: bool = False,
     broker.links["node-0"] = link
     prod, _ = client(broker)
     cons, out = client(broker)
-    prod.data_received(m(commands.Queue.Declare(queue="hot"), 1))
+    prod.data_received(m(commands.Queue.Declare(queue="hot", durable=persistent), 1)
+                       + (m(commands.Confirm.Select(), 1) if persistent else b""))
     await settle(link)
     cons.data_received(m(commands.Basic.Qos(prefetch_count=200), 1)
                        + m(commands.Basic.Consume(queue="hot", consumer_tag="ctag"), 1))
     await settle(link)
-    pub = publish(1, b"x" * 100, exchange="", routing_key="hot") * burst
+    props = commands.Basic.Properties(delivery_mode=2) if persistent else None
+    pub = publish(1, b"x" * 100, exchange="", routing_key="hot", props=props) * burst
     acks = iter([ACK.pack(1, 1, 13, 60, 80, tag, 0, 0xCE)
                  for tag in range(1, 2000 + 5 * messages + burst + 1)])
 
@@ -190,7 +205,12 @@ async def run(messages: int, burst: int, profile: bool, frames: bool = False,
         best = min(best, time.process_time() - t)
     delivered = broker.stats["delivered"]
     print(f"{best / messages * 1e6:.2f} µs of CPU per message (publish, deliver, ack; "
-          f"bursts of {burst}; {delivered} delivered in all)")
+          f"bursts of {burst}; {delivered} delivered in all"
+          + ("; persistent, confirmed, journaled" if persistent else "") + ")")
+    if persistent:
+        st = shard.durable.journal.stats()
+        print(f"journal: {st.fsyncs} fdatasyncs, durable LSN {st.durable_lsn}, "
+              f"{st.live_records} records live")
     if prof:
         top = int(os.environ.get("HOT_PATH_TOP", "25"))
         pstats.Stats(prof).sort_stats("tottime").print_stats(top)
@@ -206,13 +226,17 @@ def main() -> None:
     p.add_argument("--idle-ms", type=float, default=None,
                    help="sleep this long after each burst (0: time each burst, no sleep); "
                         "print the bursts' CPU alone")
+    p.add_argument("--persistent", action="store_true",
+                   help="durable queue, persistent messages, confirms, a journal committed "
+                        "once per turn")
     a = p.parse_args()
     try:
         import uvloop
         loop = uvloop.new_event_loop()
     except ImportError:  # pragma: no cover
         loop = asyncio.new_event_loop()
-    loop.run_until_complete(run(a.messages, a.burst, a.profile, a.frames, a.idle_ms))
+    loop.run_until_complete(run(a.messages, a.burst, a.profile, a.frames, a.idle_ms,
+                                a.persistent))
 
 
 if __name__ == "__main__":
