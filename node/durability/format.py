@@ -243,12 +243,14 @@ TOPOLOGY_TYPES = frozenset({RecordType.QUEUE_DECLARED, RecordType.QUEUE_DELETED,
                             RecordType.TOPOLOGY_SNAPSHOT})
 _TYPE_BYTE = {t: bytes((t,)) for t in RECORD_CLASSES}
 
-_packb = Packer().pack    # drops its buffer after a large message (shared/wire.py)
+#: msgpack bytes of a record's field list (drops its buffer after a large message,
+#: shared/wire.py); the journal's per-message records call it on their fields directly
+packb = Packer().pack
 
 
 def encode_payload(record: Record) -> bytes:
     """msgpack bytes of ``record``'s fields."""
-    return _packb(record.to_list())
+    return packb(record.to_list())
 
 
 def decode_record(rtype: int, payload: bytes | memoryview) -> Record:

@@ -37,14 +37,13 @@ from shoal.node.durability.format import (HEADER_BYTES, RECORD_OVERHEAD, TOPOLOG
                              BindingRemoved, DeliveryState, Enqueue, ExchangeDeclared,
                              ExchangeDeleted, JournalCorrupt, JournalError, JournalUnavailable,
                              QueueDeclared, QueueDeleted, Record, RecordType, Settle,
-                             decode_record, encode_payload, frame, frame_all, scan, segment_header,
+                             decode_record, encode_payload, frame, frame_all, packb, scan, segment_header,
                              unavailable)
 from shoal.node.durability.compact import (Job, JournalConfig, JournalStats, Kind, Pending, Segment, fsync_dir,
                               plan_compaction)
 from shoal.node.durability.recover import recover_segments
 from shoal.node.durability.state import JournalState, LiveEntry, Recovered
 from shoal.node.durability.writer import CommitWriter
-from shoal.shared.wire import Packer
 from shoal.node.stats import COMMIT_BUCKETS, FSYNC_BUCKETS, Histogram
 
 __all__ = ["Journal", "JournalConfig", "JournalStats", "JournalError", "JournalCorrupt",
@@ -55,7 +54,6 @@ log = logging.getLogger("shoal.node.durability.journal")
 _ENQUEUE = int(RecordType.ENQUEUE)
 _SETTLE = int(RecordType.SETTLE)
 _DELIVERY_STATE = int(RecordType.DELIVERY_STATE)
-_packb = Packer().pack    # as format.encode_payload's
 _SNAPSHOT = int(RecordType.TOPOLOGY_SNAPSHOT)
 
 
@@ -228,7 +226,7 @@ class Journal:
     # conveniences, one per record type (arguments as the record fields). The three a message
     # makes (ENQUEUE, DELIVERY_STATE, SETTLE) encode their payload and change the index
     # directly: :meth:`append` with the record object gives the same bytes and state
-    # (tests/node/test_journal_fast_path.py), at about twice the cost per message.
+    # (tests/node/durability/test_journal_fast_path.py), at about twice the cost per message.
     def enqueue(self, vhost: str, queue: str, entry_id: int, exchange: str, routing_key: str,
                 header: bytes, body: bytes, redelivered: bool = False, delivery_count: int = 0,
                 enqueue_ms: int = 0, expiry_ms: int = 0, not_before_ms: int = 0) -> int:
@@ -241,7 +239,7 @@ class Journal:
             return self.append(Enqueue(vhost, queue, entry_id, exchange, routing_key, header,
                                        body, redelivered, delivery_count, enqueue_ms,
                                        expiry_ms, not_before_ms))
-        payload = _packb([vhost, queue, entry_id, exchange, routing_key, header, body,
+        payload = packb([vhost, queue, entry_id, exchange, routing_key, header, body,
                           redelivered, delivery_count, enqueue_ms, expiry_ms, not_before_ms])
         state.add_entry(qkey, entry_id, redelivered, delivery_count)
         self._appended_lsn = lsn = self._appended_lsn + 1
@@ -257,7 +255,7 @@ class Journal:
         ids = [i for i in entry_ids if i in live]
         if not ids:
             return self._appended_lsn
-        payload = _packb([ids])
+        payload = packb([ids])
         kill = state.kill
         for i in ids:
             kill(i)
@@ -270,7 +268,7 @@ class Journal:
         kept = [u for u in updates if u[0] in live]
         if not kept:
             return self._appended_lsn
-        payload = _packb([kept])           # tuples pack as arrays: DeliveryState's bytes
+        payload = packb([kept])           # tuples pack as arrays: DeliveryState's bytes
         for entry_id, redelivered, count in kept:
             e = live[entry_id]
             e.redelivered = bool(redelivered)

@@ -23,7 +23,7 @@ missing, as compare_rabbitmq.py does).
 
 Queue names are new each run unless ``--queue-pattern`` fixes them: Shoal places queues by a
 hash of the name (shared/placement.py), so 16 random names split over 2 nodes anywhere from
-8/8 to 12/4, and the busier node bounds the run. Each Shoal run logs its split.
+8/8 to 12/4 (or worse), and the busier node can bound the run. Each Shoal run logs its split.
 """
 from __future__ import annotations
 
