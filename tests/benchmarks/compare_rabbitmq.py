@@ -235,6 +235,9 @@ class Bench:
         self.out = out
         self.quick = quick
         self.time_s = 4 if quick else 10
+        #: seconds of rest before each run, after an ``os.sync()`` (0: none): on this VM a
+        #: run that follows another reads lower for a while, whichever broker ran before
+        self.settle_s = 0.0
         self.n = 0
         self.runs: list[dict] = []
 
@@ -249,6 +252,9 @@ class Bench:
                "--queue-pattern", queue_pattern(broker, args), *args]
         if broker.nodes:
             cmd += ["--nodes", str(broker.nodes)]
+        if self.settle_s:
+            os.sync()                   # what the run before left unsynced is not this one's
+            time.sleep(self.settle_s)
         broker.start()
         proc = None
         try:

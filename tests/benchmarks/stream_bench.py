@@ -134,6 +134,9 @@ def main(argv=None) -> int:
     p.add_argument("--loads", default="publish,fanout,seek")
     p.add_argument("--nodes", type=int, default=os.cpu_count() or 2)
     p.add_argument("--shoal-port", type=int, default=5673)
+    p.add_argument("--settle", type=float, default=0.0,
+                   help="seconds of rest (after an os.sync()) before each run: on this VM a "
+                        "run right after another reads lower, whichever broker ran before")
     p.add_argument("--members", type=int, default=0,
                    help="x-initial-cluster-size for both brokers (default: each broker's own, "
                         "3 at most the nodes there are: 2 on Shoal's 2 nodes, 1 on RabbitMQ's "
@@ -156,10 +159,11 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, _exit)
     bench = Bench(out, quick=False)
     bench.time_s = args.time
+    bench.settle_s = args.settle
     rabbit = RabbitMQ() if args.rabbitmq_nodes == 1 else RabbitStreams3(out)
     shoal = Shoal(args.shoal_port, args.nodes, out)
     brokers = (shoal, rabbit)
-    res: dict = {"machine": machine(), "nodes": args.nodes, "members": args.members,
+    res: dict = {"machine": machine(), "nodes": args.nodes, "members": args.members, "settle_s": args.settle,
                  "rabbitmq_nodes": args.rabbitmq_nodes,
                  "time_s": args.time,
                  "repeat": args.repeat, "loads": {}}
