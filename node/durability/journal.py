@@ -216,12 +216,8 @@ class Journal:
             raise ValueError(f"cannot append a {t.__name__} record")
         payload = encode_payload(record)
         self.state.apply(record)
-        self._appended_lsn += 1
-        self._buffer.append(Pending(Kind.USER, int(record.TYPE), payload,
-                                     record.entry_id if t is Enqueue else 0,
-                                     self._appended_lsn))
-        self._buffered_bytes += RECORD_OVERHEAD + len(payload)
-        return self._appended_lsn
+        return self._buffer_user(int(record.TYPE), payload,
+                                 record.entry_id if t is Enqueue else 0)
 
     # conveniences, one per record type (arguments as the record fields). The three a message
     # makes (ENQUEUE, DELIVERY_STATE, SETTLE) encode their payload and change the index
@@ -242,10 +238,7 @@ class Journal:
         payload = packb([vhost, queue, entry_id, exchange, routing_key, header, body,
                           redelivered, delivery_count, enqueue_ms, expiry_ms, not_before_ms])
         state.add_entry(qkey, entry_id, redelivered, delivery_count)
-        self._appended_lsn = lsn = self._appended_lsn + 1
-        self._buffer.append(Pending(Kind.USER, _ENQUEUE, payload, entry_id, lsn))
-        self._buffered_bytes += RECORD_OVERHEAD + len(payload)
-        return lsn
+        return self._buffer_user(_ENQUEUE, payload, entry_id)
 
     def settle(self, entry_ids: Iterable[int]) -> int:
         """SETTLE of the ids that are journaled and live (none: no record, the LSN of the
@@ -275,9 +268,10 @@ class Journal:
             e.delivery_count = int(count)
         return self._buffer_user(_DELIVERY_STATE, payload)
 
-    def _buffer_user(self, rtype: int, payload: bytes) -> int:
+    def _buffer_user(self, rtype: int, payload: bytes, entry_id: int = 0) -> int:
+        """Buffer one encoded user record (``entry_id``: an ENQUEUE's); returns its LSN."""
         self._appended_lsn = lsn = self._appended_lsn + 1
-        self._buffer.append(Pending(Kind.USER, rtype, payload, 0, lsn))
+        self._buffer.append(Pending(Kind.USER, rtype, payload, entry_id, lsn))
         self._buffered_bytes += RECORD_OVERHEAD + len(payload)
         return lsn
 
