@@ -38,7 +38,7 @@ INDEX_SIZE = INDEX.size         # 37
 class Segment:
     """One segment file and its index records (``index``: the records without the header)."""
 
-    __slots__ = ("first", "path", "index", "size", "fd", "ifd")
+    __slots__ = ("first", "path", "index", "size", "fd", "ifd", "anchored")
 
     def __init__(self, first: int, path: Path) -> None:
         self.first = first          # the chunk id in its name
@@ -47,6 +47,8 @@ class Segment:
         self.size = len(SEGMENT_HEADER)
         self.fd: int | None = None
         self.ifd: int | None = None
+        #: some index record is on disk (SegmentLog.sync: the rest can be rebuilt from it)
+        self.anchored = False
 
     @property
     def chunks(self) -> int:

@@ -3,11 +3,16 @@
 The format of a segment and its index is segment.py's.
 
 Durability: :meth:`SegmentLog.append` writes the chunk then its index record; :meth:`sync`
-fdatasyncs both. At open, every chunk the last segment's index names is checked (whole, and
-its CRC): the segment is cut at the first that fails, or at the end of the last indexed one
-(a torn write; what has no index record was never synced, so never confirmed). A restart
-thus reads the segment being written once, at most ``max_segment_bytes``. Earlier segments
-were synced when the next one began.
+fdatasyncs the segment, and its index only until one record of it is on disk (the
+segment's first sync). The index is derived from the chunks: at open, every chunk the last
+segment's index names is checked (whole, and its CRC), and the chunks after the last one
+named are read back from the segment, each taking the next log index, until one is torn or
+fails its CRC; the segment is cut there (a torn write; what it cuts was never synced, so
+never confirmed). One fdatasync a write instead of two: the index's cost as much as the
+segment's on this project's VM, and a stream's replicated publish rate rose by about a
+tenth (docs/performance.md, issue 47). A restart thus reads the segment being written once,
+at most ``max_segment_bytes``, as before. Earlier segments, index too, were synced when the
+next one began.
 
 Retention (RabbitMQ's ``x-max-length-bytes`` and ``x-max-age``, rabbit_stream_queue.erl and
 osiris_retention.erl) removes whole segments from the front, never the one being written.
@@ -166,10 +171,18 @@ class SegmentLog:
         return h
 
     def sync(self) -> None:
-        """Everything appended is on disk once this returns (fdatasync of the segment being
-        written and its index)."""
-        if self.segments:
-            self._sync(self.segments[-1])
+        """Everything appended is on disk once this returns: an fdatasync of the segment
+        being written, and of its index while none of its records is on disk yet (the
+        others are rebuilt from the chunks at open: module docstring). Raises OSError."""
+        if not self.segments:
+            return
+        s = self.segments[-1]
+        if s.fd is None:
+            return
+        os.fdatasync(s.fd)
+        if not s.anchored and s.chunks:
+            os.fdatasync(s.ifd)
+            s.anchored = True
 
     def reset(self, next_offset: int) -> None:
         """Forget every chunk and start again at ``next_offset``: a member that is behind a
@@ -277,9 +290,11 @@ class SegmentLog:
         return s
 
     def _sync(self, s: Segment) -> None:
+        """fdatasync the segment and its whole index."""
         if s.fd is not None:
             os.fdatasync(s.fd)
             os.fdatasync(s.ifd)
+            s.anchored = s.chunks > 0
 
     def _remove(self, s: Segment) -> None:
         s.close()
@@ -341,41 +356,66 @@ class SegmentLog:
             prev_next = ChunkHeader(s.read(pos, pos + HEADER_SIZE)).next_offset
 
     def _load_index(self, s: Segment, check_tail: bool) -> None:
-        """Read ``s``'s index; for the segment being written (``check_tail``) keep the
-        records up to the first that does not name a whole chunk passing its CRC, and cut
-        the segment file there (a torn write). A chunk without its index record was never
-        synced (:meth:`sync` writes both), so it was never confirmed: it goes too."""
+        """Read ``s``'s index. For the segment being written (``check_tail``) keep the
+        records up to the first that does not name a whole chunk passing its CRC, then
+        rebuild the records of the whole chunks after the last one kept (their index
+        records may not have reached the disk: :meth:`sync`), each with the log index after
+        the one before (0 stays 0: a stream without replication); cut the segment file
+        after the last whole chunk (a torn write). A chunk with no record before it kept
+        was never synced (the first sync writes the index too), so it goes."""
         ipath = s.path.with_suffix(".index")
         raw = ipath.read_bytes() if ipath.exists() else b""
         recs = bytearray(raw[len(INDEX_HEADER):]) if raw[:8] == INDEX_HEADER else bytearray()
         del recs[len(recs) - len(recs) % INDEX_SIZE:]
         if not check_tail:
             s.index = recs
+            s.anchored = s.chunks > 0
             return
         s.open()
         pos = len(SEGMENT_HEADER)
         n = 0
+        good = bytearray()
+        last: ChunkHeader | None = None
+        log_index = 0
         for i in range(len(recs) // INDEX_SIZE):
-            cid, _, _, at, _, _ = INDEX.unpack_from(recs, i * INDEX_SIZE)
-            if at != pos or at + HEADER_SIZE > s.size:
-                break
-            try:
-                h = ChunkHeader(s.read(at, at + HEADER_SIZE))
-            except ChunkError:
-                break
-            if h.chunk_id != cid or at + h.size > s.size or not self._whole(s, at, h):
+            cid, _, _, at, _, log_index = INDEX.unpack_from(recs, i * INDEX_SIZE)
+            h = self._whole_at(s, at) if at == pos else None
+            if h is None or h.chunk_id != cid:
                 break
             pos = at + h.size
             n = i + 1
+            last = h
+        good += recs[:n * INDEX_SIZE]
+        if n:
+            log_index = INDEX.unpack_from(recs, (n - 1) * INDEX_SIZE)[5]
+        while last is not None:
+            h = self._whole_at(s, pos)
+            if h is None or h.chunk_id != last.next_offset:
+                break
+            log_index = log_index + 1 if log_index else 0
+            good += INDEX.pack(h.chunk_id, h.timestamp, h.epoch, pos, h.type, log_index)
+            pos += h.size
+            last = h
         if pos != s.size:
             os.ftruncate(s.fd, pos)
             s.size = pos
-        good = recs[:n * INDEX_SIZE]
         s.index = good
-        if len(good) != len(recs) or raw[:8] != INDEX_HEADER:
+        if good != recs or raw[:8] != INDEX_HEADER:
             os.ftruncate(s.ifd, 0)
             pwrite_all(s.ifd, INDEX_HEADER + bytes(good), 0)
         self._sync(s)
+
+    def _whole_at(self, s: Segment, at: int) -> ChunkHeader | None:
+        """The header of the whole chunk at ``at`` in ``s`` passing its CRC, else None."""
+        if at + HEADER_SIZE > s.size:
+            return None
+        try:
+            h = ChunkHeader(s.read(at, at + HEADER_SIZE))
+        except ChunkError:
+            return None
+        if at + h.size > s.size or not self._whole(s, at, h):
+            return None
+        return h
 
     @staticmethod
     def _whole(s: Segment, at: int, h: ChunkHeader) -> bool:
