@@ -362,8 +362,10 @@ class StreamMembers:
         return None if got is None else got[0]
 
     def process(self) -> list[Any]:
-        """Every member's Ready: write, fdatasync, send, commit. Returns the streams whose
-        commit moved (their consumers may read further)."""
+        """Every member's Ready: write, fdatasync, send, commit (a leader's appends leave
+        before its fdatasync: replica.py ``early_messages``; no answer is read until the
+        next turn). Returns the streams whose commit moved (their consumers may read
+        further)."""
         if not self.members:
             return []
         self._announce_new_routers()
@@ -375,12 +377,13 @@ class StreamMembers:
             try:
                 while rep.has_ready():
                     rd = rep.write()
+                    early = rep.early_messages(rd)
+                    if early and links is not None:
+                        self._queue(m, early, links)
+                        links.flush()   # the followers write while this sync runs
                     rep.sync()
                     if links is not None:
-                        for msg in rd.messages:
-                            links.queue(node_of(msg.to), [STREAM_RAFT, m.stream.vhost,
-                                                          m.stream.name, m.uid,
-                                                          msg.to_wire()])
+                        self._queue(m, rd.messages, links)
                     for index in rep.finish(rd):
                         b = m.waiting.pop(index, None)
                         if b is not None:
@@ -408,6 +411,12 @@ class StreamMembers:
         if links is not None:
             links.flush()
         return moved
+
+    @staticmethod
+    def _queue(m: Member, msgs: list, links: Any) -> None:
+        for msg in msgs:
+            links.queue(node_of(msg.to), [STREAM_RAFT, m.stream.vhost, m.stream.name, m.uid,
+                                          msg.to_wire()])
 
     def _fail(self, m: Member) -> None:
         """The member's proposals waiting will not be confirmed here: nack them."""

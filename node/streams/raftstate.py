@@ -71,6 +71,11 @@ class HardStateFile:
         self._slot = 1 - self._slot
         self.state = hs
 
+    @property
+    def pending_sync(self) -> bool:
+        """A term or vote written (or :meth:`sync_next` asked) and not yet synced."""
+        return self._dirty_sync
+
     def sync_next(self) -> None:
         """Make the next :meth:`sync` fdatasync whatever was written (the commit index of a
         membership change about to be applied)."""

@@ -8,7 +8,7 @@ leader's empty entry, a membership change) is a CONTROL chunk that each member b
 (one entry, ``msgpack([kind, data])``, and no record; the epoch is its term, the timestamp
 the previous chunk's) and that takes no offset: readers never meet it. The segments' index keeps
 each chunk's log index, so the Raft log reads its persisted entries back from them
-(:class:`SegmentReader`): in memory are only the entries not yet applied or persisted.
+(node/streams/entries.py): in memory are only the entries not yet applied or persisted.
 
 The log's start (Raft's snapshot) is where retention cut it, or where a follower that was
 behind it was reset to: ``base.json`` (raftstate.py). A follower behind the leader's start
@@ -28,68 +28,20 @@ import random
 from pathlib import Path
 from typing import Any
 
-import msgpack
-
-from shoal.node.replication.log import ADD_LEARNER, ADD_VOTER, CONF, NORMAL, REMOVE, Entry, \
-    Snapshot
-from shoal.node.replication.messages import FROM_LEADER, Message, Ready
+from shoal.node.replication.log import ADD_LEARNER, ADD_VOTER, CONF, REMOVE, Snapshot
+from shoal.node.replication.messages import APP, FROM_LEADER, Message, Ready
 from shoal.node.replication.raft import Raft, bootstrap
 from shoal.node.streams import chunk as chunks
+from shoal.node.streams.entries import APPEND_BYTES, SegmentReader, control_chunk, entry_of
 from shoal.node.streams.raftstate import HardStateFile, read_base, write_base
 from shoal.node.streams.segments import DEFAULT_MAX_SEGMENT_BYTES, SegmentLog
 
-#: Bytes of chunks per append message to a follower (at least one chunk).
-APPEND_BYTES = 1 << 20
 #: How many chunks back from the log's end :meth:`StreamReplica.find_publish` looks.
 FIND_CHUNKS = 4096
 
 
-class SegmentReader:
-    """The Raft log's persisted entries, read back from a member's segments
-    (:class:`~shoal.node.replication.log.LogReader`)."""
-
-    def __init__(self, segments: SegmentLog, max_bytes: int = APPEND_BYTES) -> None:
-        self.segments = segments
-        self.max_bytes = max_bytes
-
-    def term(self, index: int) -> int | None:
-        at = self.segments.locate_index(index)
-        return None if at is None else at[0].record(at[1])[2]
-
-    def entries(self, lo: int, hi: int) -> list[Entry]:
-        out: list[Entry] = []
-        size = 0
-        seg = self.segments
-        i = lo
-        while i <= hi and (not out or size < self.max_bytes):
-            at = seg.locate_index(i)
-            if at is None:
-                raise LookupError(f"log index {i} is not in the segments")
-            raw = seg.read_at(*at)
-            out.append(entry_of(raw, i))
-            size += len(raw)
-            i += 1
-        return out
-
-
-def entry_of(raw: bytes, index: int) -> Entry:
-    """The Raft entry that chunk ``raw`` holds at log ``index``."""
-    h = chunks.ChunkHeader(raw)
-    if h.type != chunks.CONTROL:
-        return Entry(h.epoch, index, NORMAL, raw)
-    (_, rec), = chunks.records(raw)
-    kind, data = msgpack.unpackb(bytes(rec))
-    return Entry(h.epoch, index, kind, data)
-
-
 def _is_wanted(data: Any) -> bool:
     return isinstance(data, list) and len(data) == 2 and data[0] == "wanted"
-
-
-def control_chunk(e: Entry, chunk_id: int, timestamp: int) -> bytes:
-    """The CONTROL chunk of entry ``e`` (not a publish) at ``chunk_id``."""
-    return chunks.build([msgpack.packb([e.kind, e.data])], chunk_id, e.term, timestamp,
-                        chunk_type=chunks.CONTROL)
 
 
 def _conf(voters: set, learners: set, op: str, member: str) -> None:
@@ -426,6 +378,22 @@ class StreamReplica:
             # since and never elect again (tests/node/streams/stream_sim.py, seed 427).
             self.hs_file.sync_next()
         return rd
+
+    def early_messages(self, rd: Ready) -> list:
+        """The messages of ``rd`` (written) that its host may send before :meth:`sync`,
+        taken out of ``rd.messages`` (the rest go after it): a leader's appends, while its
+        term and vote are already on disk. The Raft thesis, 10.2.1: a leader may write its
+        log in parallel with replicating it, as long as its own entries count toward a
+        commit only once they are on its disk; the hosts (node/streams/members.py
+        ``process``, tests/node/streams/stream_sim.py ``drive``) take no answer before the
+        sync ends, and a commit is only computed from answers. The follower's fdatasync then
+        runs while the leader's does, instead of after it."""
+        if not self.raft.is_leader or rd.snapshot is not None or self.hs_file.pending_sync:
+            return []
+        early = [m for m in rd.messages if m.type == APP]
+        if early:
+            rd.messages = [m for m in rd.messages if m.type != APP]
+        return early
 
     def sync(self) -> None:
         """Make what :meth:`write` wrote durable: the segments, then the hard state."""

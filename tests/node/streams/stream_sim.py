@@ -12,7 +12,9 @@ member that believes it leads; the delivery of a message (the oldest or any: reo
 which may instead be lost, or delivered and kept to arrive again (duplicated); a partition
 or its healing; a crash (the writes since the last fdatasync are lost, or a prefix of them
 survives: a torn write; files unlinked since then may come back); a restart; the end of a
-pending fdatasync (a member may sit between a write and its sync, taking nothing else);
+pending fdatasync (a member may sit between a write and its sync, taking nothing else; a
+leader's appends have left before it, as the node sends them: replica.py
+``early_messages``);
 retention on one member (segments of a few chunks, so it bites); a publish sent again (the
 writer ``w``, as a router, sends a publish whose leader lost the lead before confirming it to
 a leader it sees now: node/streams/hosting.py's rule, found in the log with
@@ -92,7 +94,10 @@ NO_SYNC = "no_sync"
 NO_DEDUP = "no_dedup"
 #: Another: a wiped member comes back under its old id, a voter that forgot its votes and log.
 WIPE_KEEPS_ID = "wipe_keeps_id"
-VARIANTS = (NO_SYNC, NO_DEDUP, WIPE_KEEPS_ID)
+#: Another: every message of a Ready leaves before its sync, not only a leader's appends
+#: (replica.py ``early_messages``): a follower acknowledges what is not on its disk yet.
+EARLY_ANSWERS = "early_answers"
+VARIANTS = (NO_SYNC, NO_DEDUP, WIPE_KEEPS_ID, EARLY_ANSWERS)
 
 
 class Violation(AssertionError):
@@ -341,6 +346,11 @@ class Sim:
             elif rd.entries and m.rep.segments.next_offset < first:
                 self.stats["cuts"] += 1
             m.pending = rd
+            if self.variant == EARLY_ANSWERS:
+                early, rd.messages = rd.messages, []
+            else:
+                early = m.rep.early_messages(rd)    # a leader's appends, before its sync
+            self.send(early)
             if self.rng.random() < self.p_delay_sync:
                 return
             self.complete(m)
