@@ -658,6 +658,50 @@ def test_7_a_member_that_joins_empty_is_sent_a_snapshot_first():
     assert [x[3] for x in net.sm["c"]] == [x[3] for x in net.sm["a"]]
 
 
+def test_a_member_made_again_empty_is_caught_up_after_a_late_ack_of_its_old_self():
+    """A member removed, then added back under its id (membership.py), starts empty; an
+    acknowledgement its old self sent before the removal may still arrive after the re-add
+    (the stream simulator, seed 5515). The leader then believes it matches an index it does
+    not hold; its probes are rejected with a hint below that match, and the leader starts
+    again from the hint instead of taking each rejection as stale."""
+    def fresh(sm):
+        return Raft("c", (), election_ticks=ET, heartbeat_ticks=1, rng=random.Random(3),
+                    snapshot_source=lambda: tuple(sm))
+
+    net = Net("ab")
+    net.campaign("a")
+    sm: list = []
+    net.add("c", fresh(sm), sm)
+    net["a"].propose_conf(ADD_LEARNER, "c")
+    net.pump("a")
+    net.run()
+    net.tick("a", 3)
+    for k in range(3):
+        net.propose("a", f"x{k}")
+    old_ack = max((m for m in net.sent if m.type == APP_RESP and m.frm == "c"
+                   and not m.reject), key=lambda m: m.index)
+    assert old_ack.index == net["a"].log.last_index
+    net["a"].propose_conf(REMOVE, "c")
+    net.pump("a")
+    net.run()
+    assert "c" not in net["a"].progress
+    sm = []
+    net.add("c", fresh(sm), sm)            # made again, empty, under its id
+    net.isolate("c")
+    net["a"].propose_conf(ADD_LEARNER, "c")
+    net.pump("a")
+    net.run()
+    assert net["a"].progress["c"].match == 0
+    net["a"].step(Message.from_wire(old_ack.to_wire()))     # its old self's, arriving late
+    net.pump("a")
+    assert net["a"].progress["c"].match == old_ack.index
+    net.heal()
+    net.tick_all(5)
+    c = net["c"]
+    assert c.learners == {"c"} and c.commit == net["a"].commit
+    assert [x[3] for x in net.sm["c"]] == [x[3] for x in net.sm["a"]]
+
+
 # ---- learners ---------------------------------------------------------------------------------
 
 def test_a_learner_does_not_vote_campaign_or_count_toward_a_commit():
