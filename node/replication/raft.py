@@ -425,15 +425,17 @@ class Raft:
         if m.type == APP_RESP:
             if m.reject:
                 if pr.state == PROBE and m.index == pr.next - 1 and m.index <= pr.match \
-                        and m.reject_hint < pr.match:
-                    # the answer to the probe in flight, from a member that no longer holds
-                    # what it acknowledged: made again, empty, under its id (added back
-                    # after its removal: membership.py) while an acknowledgement of its
-                    # old self was still on its way. Probe from what it holds now (stream
-                    # simulator, seed 5515: else the leader takes every probe's rejection
-                    # as stale and never sends it anything again). A match only lowered
-                    # never lowers the commit index.
-                    pr.match = m.reject_hint
+                        and m.reject_hint == 0:
+                    # the answer to the probe in flight, from a member that holds nothing
+                    # though it acknowledged entries: made again, empty, under its id
+                    # (added back after its removal: membership.py) while an
+                    # acknowledgement of its old self was still on its way. Start it over
+                    # (stream simulator, seed 5515: else the leader takes every probe's
+                    # rejection as stale and never sends it anything again). Only an empty
+                    # log's hint: a late copy of an older rejection from a member that
+                    # held part of the log would rewind it for nothing (seeds 987, 1831).
+                    # A match only lowered never lowers the commit index.
+                    pr.match = 0
                 elif m.index <= pr.match or (pr.state == PROBE and m.index != pr.next - 1):
                     # a stale rejection (etcd MaybeDecrTo): of an index already matched, or
                     # of an older probe than the one in flight

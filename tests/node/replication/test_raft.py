@@ -662,8 +662,8 @@ def test_a_member_made_again_empty_is_caught_up_after_a_late_ack_of_its_old_self
     """A member removed, then added back under its id (membership.py), starts empty; an
     acknowledgement its old self sent before the removal may still arrive after the re-add
     (the stream simulator, seed 5515). The leader then believes it matches an index it does
-    not hold; its probes are rejected with a hint below that match, and the leader starts
-    again from the hint instead of taking each rejection as stale."""
+    not hold; its probes are rejected with an empty log's hint (0), and the leader starts it
+    over (a snapshot) instead of taking each rejection as stale."""
     def fresh(sm):
         return Raft("c", (), election_ticks=ET, heartbeat_ticks=1, rng=random.Random(3),
                     snapshot_source=lambda: tuple(sm))

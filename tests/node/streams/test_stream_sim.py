@@ -102,10 +102,10 @@ def test_a_member_that_drops_itself_on_an_old_removal_is_made_again_and_caught_u
     as it catches up. A member that drops itself there (the node's rule before: the sim
     honours a replica's ``removed`` flag) once stalled for good: its leader counted a match
     the member no longer held and took every rejection of its probes as stale (the checker's
-    liveness caught it in seeds 0-29). Since a rejection below the match of the probe in
-    flight makes the leader probe from what the member holds (raft.py; seed 5515 found the
-    same stall with a late acknowledgement), the member is made again and caught up: every
-    invariant holds, drops and all."""
+    liveness caught it in seeds 0-29). Since an empty log's rejection of the probe in flight
+    makes the leader start the member over (raft.py; seed 5515 found the same stall with a
+    late acknowledgement), the member is made again and caught up: every invariant holds,
+    drops and all."""
     from shoal.node.replication.log import CONF, REMOVE
     from shoal.node.streams.replica import StreamReplica
     finish = StreamReplica.finish
