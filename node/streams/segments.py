@@ -374,20 +374,17 @@ class SegmentLog:
         s.open()
         pos = len(SEGMENT_HEADER)
         n = 0
-        good = bytearray()
         last: ChunkHeader | None = None
-        log_index = 0
         for i in range(len(recs) // INDEX_SIZE):
-            cid, _, _, at, _, log_index = INDEX.unpack_from(recs, i * INDEX_SIZE)
+            cid, _, _, at, _, _ = INDEX.unpack_from(recs, i * INDEX_SIZE)
             h = self._whole_at(s, at) if at == pos else None
             if h is None or h.chunk_id != cid:
                 break
             pos = at + h.size
             n = i + 1
             last = h
-        good += recs[:n * INDEX_SIZE]
-        if n:
-            log_index = INDEX.unpack_from(recs, (n - 1) * INDEX_SIZE)[5]
+        good = recs[:n * INDEX_SIZE]
+        log_index = INDEX.unpack_from(recs, (n - 1) * INDEX_SIZE)[5] if n else 0
         while last is not None:
             h = self._whole_at(s, pos)
             if h is None or h.chunk_id != last.next_offset:
@@ -405,23 +402,16 @@ class SegmentLog:
             pwrite_all(s.ifd, INDEX_HEADER + bytes(good), 0)
         self._sync(s)
 
-    def _whole_at(self, s: Segment, at: int) -> ChunkHeader | None:
+    @staticmethod
+    def _whole_at(s: Segment, at: int) -> ChunkHeader | None:
         """The header of the whole chunk at ``at`` in ``s`` passing its CRC, else None."""
         if at + HEADER_SIZE > s.size:
             return None
         try:
             h = ChunkHeader(s.read(at, at + HEADER_SIZE))
-        except ChunkError:
-            return None
-        if at + h.size > s.size or not self._whole(s, at, h):
-            return None
-        return h
-
-    @staticmethod
-    def _whole(s: Segment, at: int, h: ChunkHeader) -> bool:
-        try:
+            if at + h.size > s.size:
+                return None
             check(s.read(at, at + h.size))
         except ChunkError:
-            return False
-        return True
-
+            return None
+        return h
