@@ -235,8 +235,8 @@ class Bench:
         self.out = out
         self.quick = quick
         self.time_s = 4 if quick else 10
-        #: seconds of rest before each run, after an ``os.sync()`` (0: none): on this VM a
-        #: run that follows another reads lower for a while, whichever broker ran before
+        #: seconds of rest before each run, after an ``os.sync()`` (0: none); a run after
+        #: another once read lower, from a nearly full disk (stream_bench.py ``discard``)
         self.settle_s = 0.0
         self.n = 0
         self.runs: list[dict] = []

@@ -136,8 +136,9 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", type=int, default=os.cpu_count() or 2)
     p.add_argument("--shoal-port", type=int, default=5673)
     p.add_argument("--settle", type=float, default=0.0,
-                   help="seconds of rest (after an os.sync()) before each run: on this VM a "
-                        "run right after another reads lower, whichever broker ran before")
+                   help="seconds of rest (after an os.sync()) before each run (a run after "
+                        "another once read lower; the cause was a nearly full disk, which "
+                        "discard() now prevents)")
     p.add_argument("--members", type=int, default=0,
                    help="x-initial-cluster-size for both brokers (default: each broker's own, "
                         "3 at most the nodes there are: 2 on Shoal's 2 nodes, 1 on RabbitMQ's "
@@ -164,8 +165,8 @@ def main(argv=None) -> int:
     rabbit = RabbitMQ() if args.rabbitmq_nodes == 1 else RabbitStreams3(out)
     shoal = Shoal(args.shoal_port, args.nodes, out)
     brokers = (shoal, rabbit)
-    res: dict = {"machine": machine(), "nodes": args.nodes, "members": args.members, "settle_s": args.settle,
-                 "rabbitmq_nodes": args.rabbitmq_nodes,
+    res: dict = {"machine": machine(), "nodes": args.nodes, "members": args.members,
+                 "settle_s": args.settle, "rabbitmq_nodes": args.rabbitmq_nodes,
                  "time_s": args.time,
                  "repeat": args.repeat, "loads": {}}
     t0 = time.monotonic()
@@ -216,15 +217,16 @@ def discard(broker, run: dict) -> None:
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
         return
-    cmd = run.get("cmd", "").split()
-    if "--queue-pattern" not in cmd:
+    path = Path(run.get("run_dir", "")) / "run.json"     # the load tool's queues
+    queues = [q["queue"] for q in json.loads(path.read_text()).get("queues", [])] \
+        if path.is_file() else []
+    if not queues:
         return
-    pattern = cmd[cmd.index("--queue-pattern") + 1]
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     try:
         ch = conn.channel()
-        for i in range(int(cmd[cmd.index("--queues") + 1]) if "--queues" in cmd else 1):
-            ch.queue_delete(pattern.replace("%d", str(i + 1)))
+        for q in queues:
+            ch.queue_delete(q)
     finally:
         conn.close()
 
